@@ -1,0 +1,260 @@
+//! Brokers a drill starts and stops: MQTT as a local `mosquitto` process, or embedded
+//! (`rumqttd` in this process) when mosquitto is not installed.
+//!
+//! A broker is configured so that it never drops a record on the verifier's behalf: persistence
+//! on, queue and in-flight limits lifted. Every broker binds 127.0.0.1 on a free port, and is
+//! stopped when its [`Broker`] is dropped (a child process is killed; it never outlives drill).
+//! This module must never point a client at the broker directly except the verifier: the
+//! engine only ever gets the proxy's address.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+use crate::scenario::RuntimeChoice;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error(
+        "mosquitto is not installed (looked for `mosquitto` on PATH and in /usr/sbin); install it (Debian: apt-get install mosquitto) or use --runtime embedded"
+    )]
+    MosquittoMissing,
+    #[error("the container runtime is not built yet; use --runtime process or embedded")]
+    ContainerUnsupported,
+    #[error("{what} did not start: {why}")]
+    Start { what: String, why: String },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running MQTT broker.
+pub struct Broker {
+    /// Where the broker itself listens (the proxy's upstream; the verifier's address).
+    pub addr: SocketAddr,
+    /// `process` or `embedded`.
+    pub runtime: &'static str,
+    /// What ran, e.g. `mosquitto 2.0.11`.
+    pub version: String,
+    /// Why this runtime was chosen, when `auto` fell back.
+    pub note: Option<String>,
+    child: Option<Child>,
+}
+
+impl Broker {
+    /// Stops the broker (SIGTERM, then SIGKILL after 5 s).
+    pub async fn stop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            if let Some(pid) = child.id() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            if tokio::time::timeout(Duration::from_secs(5), child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.kill().await;
+            }
+        }
+        self.child = None;
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; callers retry if it is taken meanwhile).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Finds the mosquitto binary, if installed.
+pub fn mosquitto_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/local/sbin".into()])
+        .map(|d| d.join("mosquitto"))
+        .find(|p| p.is_file())
+}
+
+/// Starts an MQTT broker on the chosen runtime; `work` holds its config and store.
+pub async fn start_mqtt(choice: RuntimeChoice, work: &Path) -> Result<Broker, BrokerError> {
+    match choice {
+        RuntimeChoice::Process => start_mosquitto(work).await,
+        RuntimeChoice::Embedded => start_embedded().await,
+        RuntimeChoice::Container => Err(BrokerError::ContainerUnsupported),
+        RuntimeChoice::Auto => match mosquitto_path() {
+            Some(_) => start_mosquitto(work).await,
+            None => {
+                let mut broker = start_embedded().await?;
+                broker.note = Some(
+                    "mosquitto is not installed: using the embedded broker (rumqttd)".to_string(),
+                );
+                Ok(broker)
+            }
+        },
+    }
+}
+
+async fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> Result<(), BrokerError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(BrokerError::Start {
+                what: what.to_string(),
+                why: format!("exited with {status}"),
+            });
+        }
+        if Instant::now() > deadline {
+            return Err(BrokerError::Start {
+                what: what.to_string(),
+                why: format!("nothing listening on {addr} after 10 s"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn mosquitto_version(bin: &Path) -> String {
+    // `mosquitto -h` prints "mosquitto version 2.0.11" on its first line (and exits non-zero).
+    let out = Command::new(bin).arg("-h").output().await;
+    out.ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .chain(String::from_utf8_lossy(&o.stderr).lines())
+                .find(|l| l.contains("version"))
+                .map(|l| l.trim().to_string())
+        })
+        .unwrap_or_else(|| "mosquitto (version unknown)".to_string())
+}
+
+async fn start_mosquitto(work: &Path) -> Result<Broker, BrokerError> {
+    let bin = mosquitto_path().ok_or(BrokerError::MosquittoMissing)?;
+    let store = work.join("mosquitto");
+    std::fs::create_dir_all(&store)?;
+    let mut last_error = String::new();
+    for _ in 0..5 {
+        let port = free_port()?;
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let conf = store.join("mosquitto.conf");
+        // Limits lifted so the broker never drops a record for the verifier (0 = no maximum).
+        let text = format!(
+            "listener {port} 127.0.0.1\n\
+             allow_anonymous true\n\
+             persistence true\n\
+             persistence_location {store}/\n\
+             max_queued_messages 0\n\
+             max_queued_bytes 0\n\
+             max_inflight_messages 0\n\
+             max_keepalive 65535\n\
+             log_dest file {store}/mosquitto.log\n\
+             log_type error\n\
+             log_type warning\n\
+             log_type notice\n",
+            store = store.display()
+        );
+        std::fs::write(&conf, text)?;
+        let mut child = Command::new(&bin)
+            .arg("-c")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| BrokerError::Start {
+                what: bin.display().to_string(),
+                why: e.to_string(),
+            })?;
+        match wait_listening(addr, &mut child, "mosquitto").await {
+            Ok(()) => {
+                return Ok(Broker {
+                    addr,
+                    runtime: "process",
+                    version: mosquitto_version(&bin).await,
+                    note: None,
+                    child: Some(child),
+                });
+            }
+            Err(e) => {
+                let _ = child.kill().await;
+                last_error = format!(
+                    "{e} (log: {})",
+                    std::fs::read_to_string(store.join("mosquitto.log"))
+                        .unwrap_or_default()
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                );
+            }
+        }
+    }
+    Err(BrokerError::Start {
+        what: "mosquitto".to_string(),
+        why: last_error,
+    })
+}
+
+async fn start_embedded() -> Result<Broker, BrokerError> {
+    let port = free_port()?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    // rumqttd keeps a commit log per filter; make it large enough that nothing a drill sends
+    // is ever rotated out before the verifier reads it.
+    let config = serde_json::json!({
+        "id": 0,
+        "router": {
+            "max_connections": 1000,
+            "max_outgoing_packet_count": 100000,
+            "max_segment_size": 104857600,
+            "max_segment_count": 100
+        },
+        "v5": {
+            "1": {
+                "name": "v5-1",
+                "listen": addr.to_string(),
+                "next_connection_delay_ms": 0,
+                "connections": {
+                    "connection_timeout_ms": 10000,
+                    "max_payload_size": 1048576,
+                    "max_inflight_count": 1000,
+                    "dynamic_filters": true
+                }
+            }
+        }
+    });
+    let config: rumqttd::Config =
+        serde_json::from_value(config).map_err(|e| BrokerError::Start {
+            what: "embedded broker (rumqttd)".to_string(),
+            why: e.to_string(),
+        })?;
+    std::thread::Builder::new()
+        .name("rumqttd".to_string())
+        .spawn(move || {
+            let mut broker = rumqttd::Broker::new(config);
+            if let Err(e) = broker.start() {
+                eprintln!("drill: embedded broker stopped: {e}");
+            }
+        })?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        if Instant::now() > deadline {
+            return Err(BrokerError::Start {
+                what: "embedded broker (rumqttd)".to_string(),
+                why: format!("nothing listening on {addr} after 10 s"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(Broker {
+        addr,
+        runtime: "embedded",
+        version: "rumqttd 0.20.0 (in-process)".to_string(),
+        note: None,
+        child: None,
+    })
+}

@@ -1,0 +1,678 @@
+//! The reference store-and-forward engine (DESIGN.md §1), run as `drill engine --config FILE`.
+//!
+//! Data flows: `POST /ingest` (NDJSON) → the writer thread appends the batch to the record log
+//! and syncs it (group commit) → only then the HTTP answer lists the write keys → the records go
+//! to each output's worker, which forwards them and journals every attempt. `GET /stats` reports
+//! held = delivered + waiting + failed from the engine's own state.
+//!
+//! This module owns the process shell: configuration, the writer thread, the journal of attempts
+//! and delivery marks, and the HTTP API. The decisions live in [`output::Output`]; the bytes on
+//! disk in [`log`]. The engine never acknowledges a record before it is on disk, never drops a
+//! stored record, and never lets an outage expire or spend anything.
+
+pub mod log;
+pub mod output;
+
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::mqtt::{self, Packet};
+use crate::scenario::{Dur, Order, Promise};
+use log::{DeliveryMarks, RecordLog, StoredRecord};
+use output::{AttemptCounts, Effect, Output, RefusalPolicy};
+
+/// `engine.yaml`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// Where the HTTP API (ingest, stats) listens.
+    pub listen: SocketAddr,
+    /// The durable buffer, attempt journal and failed messages.
+    pub data_dir: PathBuf,
+    pub outputs: Vec<OutputConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputConfig {
+    pub name: String,
+    pub kind: OutputKind,
+    /// The destination (for a drill: the proxy link in front of the broker).
+    pub address: SocketAddr,
+    pub topic: String,
+    #[serde(default)]
+    pub client_id: Option<String>,
+    #[serde(default)]
+    pub promise: Promise,
+    #[serde(default)]
+    pub order: Order,
+    /// How often a PINGREQ probes an idle connection.
+    #[serde(default = "default_keepalive")]
+    pub keepalive: DurText,
+    /// How long an unanswered probe, connect or blocked write may last before the connection
+    /// is declared lost (its open attempts end `possibly_sent`).
+    #[serde(default = "default_answer_timeout")]
+    pub answer_timeout: DurText,
+    /// Open attempts at once.
+    #[serde(default = "default_window")]
+    pub window: usize,
+    #[serde(default)]
+    pub refusals: Option<RefusalConfig>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputKind {
+    Mqtt,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefusalConfig {
+    pub max: u32,
+    /// `[first, cap]`, e.g. `[1s, 60s]`.
+    pub backoff: [DurText; 2],
+}
+
+/// A duration as text in the config file (`2s`), parsed with the scenario's rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DurText(pub Duration);
+
+impl Serialize for DurText {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format!("{}ms", self.0.as_millis()))
+    }
+}
+
+impl<'de> Deserialize<'de> for DurText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Dur::deserialize(d).map(|d| DurText(d.0))
+    }
+}
+
+fn default_keepalive() -> DurText {
+    DurText(Duration::from_secs(2))
+}
+fn default_answer_timeout() -> DurText {
+    DurText(Duration::from_secs(3))
+}
+fn default_window() -> usize {
+    64
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{path}: cannot read the engine config: {source}")]
+    ReadConfig {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Config { path: PathBuf, message: String },
+    #[error(transparent)]
+    Log(#[from] log::LogError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+impl EngineConfig {
+    pub fn load(path: &Path) -> Result<EngineConfig, EngineError> {
+        let text = std::fs::read_to_string(path).map_err(|source| EngineError::ReadConfig {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let config: EngineConfig = serde_saphyr::from_str(&text).map_err(|e| {
+            let at = e
+                .location()
+                .map(|l| format!("{}:{}: ", l.line(), l.column()))
+                .unwrap_or_default();
+            EngineError::Config {
+                path: path.to_path_buf(),
+                message: format!("{at}{}", e.to_string().lines().next().unwrap_or("invalid")),
+            }
+        })?;
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), EngineError> {
+        let err = |message: String| EngineError::Config {
+            path: path.to_path_buf(),
+            message,
+        };
+        if self.outputs.len() != 1 {
+            return Err(err(format!(
+                "`outputs` has {} entries; this build forwards to exactly one output",
+                self.outputs.len()
+            )));
+        }
+        for o in &self.outputs {
+            // DESIGN.md §1.7: claiming more than an output can keep is a configuration error.
+            if o.promise != Promise::AtLeastOnce {
+                return Err(err(format!(
+                    "output `{}` declares `{}`, but an MQTT 5 QoS 1 output keeps `at_least_once` (a lost PUBACK means a resend); declare at_least_once",
+                    o.name,
+                    o.promise.name()
+                )));
+            }
+            if o.name.is_empty() || !o.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                return Err(err(format!("output name `{}`: use letters, digits, `-` or `_`", o.name)));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one output reports in `/stats`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct OutputStats {
+    pub name: String,
+    pub connected: bool,
+    pub delivered: u64,
+    pub waiting: u64,
+    pub failed: u64,
+    pub in_flight: u64,
+    pub attempts: AttemptCountsView,
+}
+
+/// Attempts by outcome (DESIGN.md §6).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AttemptCountsView {
+    pub delivered: u64,
+    pub refused: u64,
+    pub possibly_sent: u64,
+    pub sent_unconfirmed: u64,
+}
+
+impl From<AttemptCounts> for AttemptCountsView {
+    fn from(a: AttemptCounts) -> Self {
+        AttemptCountsView {
+            delivered: a.delivered,
+            refused: a.refused,
+            possibly_sent: a.possibly_sent,
+            sent_unconfirmed: a.sent_unconfirmed,
+        }
+    }
+}
+
+/// `GET /stats` (DESIGN.md §6).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Stats {
+    pub held: u64,
+    pub delivered: u64,
+    pub waiting: u64,
+    pub failed: u64,
+    pub attempts: AttemptCountsView,
+    pub disk_free_bytes: u64,
+    pub outputs: Vec<OutputStats>,
+}
+
+struct Shared {
+    held: Arc<AtomicU64>,
+    data_dir: PathBuf,
+    outputs: Mutex<Vec<OutputStats>>,
+    ingest: mpsc::Sender<IngestJob>,
+}
+
+struct IngestJob {
+    lines: Vec<String>,
+    reply: oneshot::Sender<Result<Vec<String>, String>>,
+}
+
+/// The append-only journals of one output: attempts, delivery marks, failed messages.
+struct Journal {
+    attempts: BufWriter<File>,
+    failed: File,
+    failed_path: PathBuf,
+    marks: DeliveryMarks,
+    pending_marks: Vec<u64>,
+}
+
+impl Journal {
+    fn open(dir: &Path, output: &str) -> Result<(Journal, HashSet<u64>, HashSet<u64>), EngineError> {
+        let (marks, delivered) = DeliveryMarks::open(dir, output)?;
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| EngineError::Log(log::LogError::Io { path, source })
+        };
+        let attempts_path = dir.join("attempts.jsonl");
+        let attempts = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&attempts_path)
+            .map_err(io(&attempts_path))?;
+        let failed_path = dir.join(format!("failed-{output}.jsonl"));
+        let failed_seqs = std::fs::read_to_string(&failed_path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v.get("seq").and_then(|s| s.as_u64()))
+            .collect();
+        let failed = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&failed_path)
+            .map_err(io(&failed_path))?;
+        Ok((
+            Journal {
+                attempts: BufWriter::new(attempts),
+                failed,
+                failed_path,
+                marks,
+                pending_marks: Vec::new(),
+            },
+            delivered,
+            failed_seqs,
+        ))
+    }
+
+    fn record(&mut self, effects: Vec<Effect>) {
+        for effect in effects {
+            match effect {
+                Effect::Closed(attempt) => {
+                    if let Ok(line) = serde_json::to_string(&attempt) {
+                        let _ = writeln!(self.attempts, "{line}");
+                    }
+                }
+                Effect::Delivered(seq) => self.pending_marks.push(seq),
+                Effect::Failed(failed) => {
+                    // A failed message is the only copy from now on: make it durable at once.
+                    let line = serde_json::to_string(&failed).unwrap_or_default();
+                    let synced = writeln!(self.failed, "{line}").and_then(|_| self.failed.sync_data());
+                    if let Err(e) = synced {
+                        eprintln!("drill engine: {}: {e}", self.failed_path.display());
+                    }
+                }
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        let _ = self.attempts.flush();
+        if !self.pending_marks.is_empty() {
+            let marks = std::mem::take(&mut self.pending_marks);
+            if let Err(e) = self.marks.mark(&marks) {
+                eprintln!("drill engine: {e}");
+            }
+        }
+    }
+
+    fn sync(&mut self) {
+        self.flush();
+        let _ = self.attempts.get_ref().sync_data();
+        let _ = self.marks.sync();
+    }
+}
+
+fn disk_free(dir: &Path) -> u64 {
+    nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+        .unwrap_or(0)
+}
+
+/// Runs the engine until `cancel` fires. Prints `listening on ADDR` once ready.
+pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), EngineError> {
+    let (mut log, records, recovery) = RecordLog::open(&config.data_dir)?;
+    if recovery.torn_bytes > 0 {
+        eprintln!(
+            "drill engine: recovered {} records; dropped a torn tail of {} bytes (never acknowledged)",
+            recovery.records, recovery.torn_bytes
+        );
+    }
+    let (ingest_tx, mut ingest_rx) = mpsc::channel::<IngestJob>(1024);
+    let shared = Arc::new(Shared {
+        held: Arc::new(AtomicU64::new(records.len() as u64)),
+        data_dir: config.data_dir.clone(),
+        outputs: Mutex::new(Vec::new()),
+        ingest: ingest_tx,
+    });
+
+    let mut to_outputs = Vec::new();
+    let mut drivers = Vec::new();
+    for (index, o) in config.outputs.iter().enumerate() {
+        let (journal, delivered, failed) = Journal::open(&config.data_dir, &o.name)?;
+        let refusals = o
+            .refusals
+            .as_ref()
+            .map(|r| RefusalPolicy {
+                max: r.max.max(1),
+                backoff_min: r.backoff[0].0,
+                backoff_max: r.backoff[1].0,
+            })
+            .unwrap_or_default();
+        let mut out = Output::new(&o.name, &o.topic, o.order, refusals, o.window);
+        out.delivered = delivered.len() as u64;
+        out.failed = failed.len() as u64;
+        out.ingest(
+            records
+                .iter()
+                .filter(|r| !delivered.contains(&r.seq) && !failed.contains(&r.seq))
+                .cloned(),
+        );
+        shared.outputs.lock().map(|mut v| v.push(OutputStats {
+            name: o.name.clone(),
+            ..OutputStats::default()
+        })).ok();
+        let (tx, rx) = mpsc::unbounded_channel::<Vec<Arc<StoredRecord>>>();
+        to_outputs.push(tx);
+        drivers.push(tokio::spawn(drive_mqtt(
+            out,
+            o.clone(),
+            index,
+            rx,
+            journal,
+            shared.clone(),
+            cancel.clone(),
+        )));
+    }
+
+    // The writer thread: group commit. Every job waiting when a sync starts shares it.
+    let held = shared.held.clone();
+    let writer = std::thread::spawn(move || {
+        while let Some(first) = ingest_rx.blocking_recv() {
+            let mut jobs = vec![first];
+            while let Ok(more) = ingest_rx.try_recv() {
+                jobs.push(more);
+            }
+            let lines: Vec<String> = jobs.iter().flat_map(|j| j.lines.iter().cloned()).collect();
+            match log.append(&lines) {
+                Ok(stored) => {
+                    held.fetch_add(stored.len() as u64, Ordering::SeqCst);
+                    for tx in &to_outputs {
+                        let _ = tx.send(stored.clone());
+                    }
+                    let mut keys = stored.iter().map(|r| r.key.clone());
+                    for job in jobs {
+                        let mine: Vec<String> = keys.by_ref().take(job.lines.len()).collect();
+                        let _ = job.reply.send(Ok(mine));
+                    }
+                }
+                Err(e) => {
+                    for job in jobs {
+                        let _ = job.reply.send(Err(e.to_string()));
+                    }
+                }
+            }
+        }
+    });
+
+    let app = Router::new()
+        .route("/ingest", post(ingest))
+        .route("/stats", get(stats))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| EngineError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let bound = listener.local_addr().unwrap_or(config.listen);
+    println!("listening on {bound}");
+    let stop = cancel.clone();
+    let _ = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
+    for d in drivers {
+        let _ = d.await;
+    }
+    drop(shared);
+    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+    Ok(())
+}
+
+async fn ingest(State(shared): State<Arc<Shared>>, body: String) -> Response {
+    let lines: Vec<String> = body
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    if lines.is_empty() {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(serde_json::json!({"error": "empty body: send one record per line (NDJSON)"})),
+        )
+            .into_response();
+    }
+    let (reply, answer) = oneshot::channel();
+    if shared.ingest.send(IngestJob { lines, reply }).await.is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "engine is stopping").into_response();
+    }
+    match answer.await {
+        Ok(Ok(keys)) => {
+            Json(serde_json::json!({ "accepted": keys.len(), "write_keys": keys })).into_response()
+        }
+        Ok(Err(e)) => (
+            StatusCode::INSUFFICIENT_STORAGE,
+            Json(serde_json::json!({"error": format!("not stored, nothing acknowledged: {e}")})),
+        )
+            .into_response(),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "engine is stopping").into_response(),
+    }
+}
+
+async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
+    let outputs = shared.outputs.lock().map(|v| v.clone()).unwrap_or_default();
+    let held = shared.held.load(Ordering::SeqCst);
+    // An engine-level record is delivered once every output delivered it (one output today).
+    let delivered = outputs.iter().map(|o| o.delivered).min().unwrap_or(0);
+    let failed = outputs.iter().map(|o| o.failed).max().unwrap_or(0);
+    let mut attempts = AttemptCountsView::default();
+    for o in &outputs {
+        attempts.delivered += o.attempts.delivered;
+        attempts.refused += o.attempts.refused;
+        attempts.possibly_sent += o.attempts.possibly_sent;
+        attempts.sent_unconfirmed += o.attempts.sent_unconfirmed;
+    }
+    Json(Stats {
+        held,
+        delivered,
+        waiting: held.saturating_sub(delivered + failed),
+        failed,
+        attempts,
+        disk_free_bytes: disk_free(&shared.data_dir),
+        outputs,
+    })
+}
+
+fn publish_stats(shared: &Shared, index: usize, out: &Output, connected: bool) {
+    if let Ok(mut outputs) = shared.outputs.lock()
+        && let Some(s) = outputs.get_mut(index)
+    {
+        s.connected = connected;
+        s.delivered = out.delivered;
+        s.failed = out.failed;
+        s.waiting = out.waiting();
+        s.in_flight = out.in_flight() as u64;
+        s.attempts = out.attempts.into();
+    }
+}
+
+/// Connects and probes: CONNECT/CONNACK, then a PINGREQ/PINGRESP round trip. Writes no data.
+async fn connect_and_probe(cfg: &OutputConfig, client_id: &str) -> Result<mqtt::Session, String> {
+    let limit = cfg.answer_timeout.0;
+    let mut session = mqtt::connect(cfg.address, client_id, cfg.keepalive.0, limit)
+        .await
+        .map_err(|e| e.to_string())?;
+    let probe = async {
+        session
+            .framed
+            .send(Packet::PingReq(mqtt::PingReq))
+            .await
+            .map_err(|e| e.to_string())?;
+        loop {
+            match session.framed.next().await {
+                Some(Ok(Packet::PingResp(_))) => return Ok(()),
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => return Err(e.to_string()),
+                None => return Err("closed during probe".to_string()),
+            }
+        }
+    };
+    tokio::time::timeout(limit, probe)
+        .await
+        .map_err(|_| format!("no PINGRESP within {limit:?}"))??;
+    Ok(session)
+}
+
+/// The I/O side of one MQTT output. Runs until `cancel` fires or the ingest channel closes.
+async fn drive_mqtt(
+    mut out: Output,
+    cfg: OutputConfig,
+    index: usize,
+    mut rx: mpsc::UnboundedReceiver<Vec<Arc<StoredRecord>>>,
+    mut journal: Journal,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    let client_id = cfg
+        .client_id
+        .clone()
+        .unwrap_or_else(|| format!("drill-engine-{}", cfg.name));
+    let answer_timeout = cfg.answer_timeout.0;
+    let mut retry = Duration::from_millis(100);
+    let mut said_down = false;
+    publish_stats(&shared, index, &out, false);
+    'outer: loop {
+        // Connect and probe, still taking in new records meanwhile.
+        let attempt = connect_and_probe(&cfg, &client_id);
+        tokio::pin!(attempt);
+        let session = loop {
+            tokio::select! {
+                result = &mut attempt => break result,
+                batch = rx.recv() => match batch {
+                    Some(b) => { out.ingest(b); publish_stats(&shared, index, &out, false); }
+                    None => break 'outer,
+                },
+                _ = cancel.cancelled() => break 'outer,
+            }
+        };
+        let session = match session {
+            Ok(s) => s,
+            Err(why) => {
+                if !said_down {
+                    eprintln!("drill engine: output {}: destination unreachable: {why}", cfg.name);
+                    said_down = true;
+                }
+                let wake = tokio::time::sleep(retry);
+                tokio::pin!(wake);
+                loop {
+                    tokio::select! {
+                        _ = &mut wake => break,
+                        batch = rx.recv() => match batch {
+                            Some(b) => { out.ingest(b); publish_stats(&shared, index, &out, false); }
+                            None => break 'outer,
+                        },
+                        _ = cancel.cancelled() => break 'outer,
+                    }
+                }
+                retry = (retry * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        if said_down {
+            eprintln!("drill engine: output {}: destination back (probe answered)", cfg.name);
+        }
+        retry = Duration::from_millis(100);
+        let (mut tx, mut incoming) = session.framed.split();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut last_ping = Instant::now();
+        let mut ping_out: Option<Instant> = None;
+        let mut last_heard = Instant::now();
+        publish_stats(&shared, index, &out, true);
+        let lost: String = loop {
+            let now = Instant::now();
+            let sends = out.next_sends(now);
+            if !sends.is_empty() {
+                let write = async {
+                    for p in sends {
+                        tx.feed(p).await?;
+                    }
+                    tx.flush().await
+                };
+                match tokio::time::timeout(answer_timeout, write).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => break format!("write failed: {e}"),
+                    Err(_) => break format!("writes blocked for {answer_timeout:?}"),
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {
+                    let _ = tx.send(Packet::Disconnect(mqtt::Disconnect::new(
+                        mqtt::DisconnectReasonCode::NormalDisconnection,
+                    ))).await;
+                    break "engine stopping".to_string();
+                }
+                packet = incoming.next() => match packet {
+                    Some(Ok(Packet::PubAck(ack))) => {
+                        last_heard = Instant::now();
+                        let effects = out.on_puback(&ack, last_heard);
+                        journal.record(effects);
+                    }
+                    Some(Ok(Packet::PingResp(_))) => { last_heard = Instant::now(); ping_out = None; }
+                    Some(Ok(Packet::Disconnect(d))) => break format!("broker disconnected: {:?}", d.reason_code),
+                    Some(Ok(_)) => { last_heard = Instant::now(); }
+                    Some(Err(e)) => break format!("connection error: {e}"),
+                    None => break "connection closed".to_string(),
+                },
+                batch = rx.recv() => match batch {
+                    Some(b) => out.ingest(b),
+                    None => break "ingest closed".to_string(),
+                },
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    if let Some(sent) = ping_out {
+                        if now.duration_since(sent) > answer_timeout {
+                            break format!("no PINGRESP within {answer_timeout:?}");
+                        }
+                    } else {
+                        // Probe when idle for a keepalive, or at once when an attempt has waited
+                        // half the answer timeout with nothing heard since.
+                        let stalled = out.in_flight() > 0
+                            && now.duration_since(last_heard) > answer_timeout / 2;
+                        if now.duration_since(last_ping) >= cfg.keepalive.0 || stalled {
+                            match tokio::time::timeout(answer_timeout, tx.send(Packet::PingReq(mqtt::PingReq))).await {
+                                Ok(Ok(())) => { ping_out = Some(now); last_ping = now; }
+                                Ok(Err(e)) => break format!("write failed: {e}"),
+                                Err(_) => break format!("writes blocked for {answer_timeout:?}"),
+                            }
+                        }
+                    }
+                    journal.flush();
+                    publish_stats(&shared, index, &out, true);
+                }
+            }
+        };
+        let effects = out.on_link_lost(&lost);
+        journal.record(effects);
+        journal.flush();
+        publish_stats(&shared, index, &out, false);
+        if cancel.is_cancelled() {
+            break;
+        }
+        eprintln!("drill engine: output {}: connection lost: {lost}", cfg.name);
+        said_down = true;
+    }
+    journal.sync();
+    publish_stats(&shared, index, &out, false);
+}

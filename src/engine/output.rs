@@ -1,0 +1,476 @@
+//! One output of the engine: the attempt ledger as a state machine, and the MQTT 5 driver.
+//!
+//! [`Output`] is synchronous state (STYLE.md, crucible's `apply`): it decides what to send next,
+//! opens and closes attempts, and classifies outcomes. It never touches a socket, so it is unit
+//! tested without one. [`drive_mqtt`] is the I/O side: it turns the socket, the ingest channel
+//! and timers into calls on `Output`, and persists what `Output` reports.
+//!
+//! Rules kept here (DESIGN.md §1): no age limit anywhere; at most one open attempt per write key
+//! (a record with an open attempt is never put on the wire again); every attempt ends
+//! `delivered`, `refused` or `possibly_sent`; only a PUBACK with an error reason (the destination
+//! itself said no while the connection worked) counts toward the refusal limit — a cut, a
+//! timeout or a refused connect spends nothing; a record whose attempt ended `possibly_sent` is
+//! held and sent again with the same write key only after a data-free probe (CONNACK and a
+//! PINGREQ/PINGRESP round trip) shows the destination back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use super::log::StoredRecord;
+use crate::mqtt::{Packet, PubAck, PubAckReason};
+use crate::scenario::Order;
+
+/// How counted refusals back off and when a record is set aside as failed.
+#[derive(Debug, Clone, Copy)]
+pub struct RefusalPolicy {
+    pub max: u32,
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for RefusalPolicy {
+    fn default() -> Self {
+        RefusalPolicy {
+            max: 10,
+            backoff_min: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RefusalPolicy {
+    /// Backoff after the `n`th refusal (1-based): min, 2·min, 4·min … capped at max.
+    pub fn backoff(&self, n: u32) -> Duration {
+        let factor = 2u32.saturating_pow(n.saturating_sub(1).min(30));
+        self.backoff_min
+            .saturating_mul(factor)
+            .min(self.backoff_max)
+    }
+}
+
+/// How an attempt ended (DESIGN.md §1.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Delivered,
+    Refused,
+    PossiblySent,
+    SentUnconfirmed,
+}
+
+/// One closed attempt, as written to `attempts.jsonl`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttemptRecord {
+    pub output: String,
+    pub key: String,
+    pub seq: u64,
+    pub attempt: u32,
+    pub opened_ms: u64,
+    pub closed_ms: u64,
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A record set aside after its last counted refusal (`failed.jsonl`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FailedRecord {
+    pub output: String,
+    pub key: String,
+    pub seq: u64,
+    pub data: String,
+    pub error: String,
+    pub refusals: u32,
+    pub first_attempt_ms: u64,
+    pub last_attempt_ms: u64,
+}
+
+/// What the I/O side must persist after a call on [`Output`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    Closed(AttemptRecord),
+    Delivered(u64),
+    Failed(FailedRecord),
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    record: Arc<StoredRecord>,
+    attempts: u32,
+    refusals: u32,
+    first_attempt_ms: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Open {
+    entry: Entry,
+    opened_ms: u64,
+}
+
+/// Attempts by outcome, for `/stats`.
+#[derive(Debug, Default, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct AttemptCounts {
+    pub delivered: u64,
+    pub refused: u64,
+    pub possibly_sent: u64,
+    pub sent_unconfirmed: u64,
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The state of one output: which records wait, which have an open attempt, what happened.
+pub struct Output {
+    pub name: String,
+    topic: String,
+    order: Order,
+    refusals: RefusalPolicy,
+    window: usize,
+    /// Waiting records with no open attempt, by sequence.
+    ready: BTreeMap<u64, Entry>,
+    /// Refused records waiting out their backoff: sequence → (not before, entry).
+    delayed: BTreeMap<u64, (Instant, Entry)>,
+    /// Open attempts by MQTT packet id.
+    open: HashMap<u16, Open>,
+    next_pkid: u16,
+    pub attempts: AttemptCounts,
+    pub delivered: u64,
+    pub failed: u64,
+}
+
+impl Output {
+    pub fn new(
+        name: &str,
+        topic: &str,
+        order: Order,
+        refusals: RefusalPolicy,
+        window: usize,
+    ) -> Output {
+        Output {
+            name: name.to_string(),
+            topic: topic.to_string(),
+            order,
+            refusals,
+            window: window.clamp(1, 65_000),
+            ready: BTreeMap::new(),
+            delayed: BTreeMap::new(),
+            open: HashMap::new(),
+            next_pkid: 1,
+            attempts: AttemptCounts::default(),
+            delivered: 0,
+            failed: 0,
+        }
+    }
+
+    /// Records the engine accepted (or recovered) that this output has not delivered.
+    pub fn ingest(&mut self, records: impl IntoIterator<Item = Arc<StoredRecord>>) {
+        for record in records {
+            self.ready.insert(
+                record.seq,
+                Entry {
+                    record,
+                    attempts: 0,
+                    refusals: 0,
+                    first_attempt_ms: None,
+                },
+            );
+        }
+    }
+
+    pub fn waiting(&self) -> u64 {
+        (self.ready.len() + self.delayed.len() + self.open.len()) as u64
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Is there a write key with two open attempts? (Never; checked by tests.)
+    pub fn open_keys_unique(&self) -> bool {
+        let mut seen = std::collections::HashSet::new();
+        self.open.values().all(|o| seen.insert(o.entry.record.seq))
+    }
+
+    /// Opens attempts for as many waiting records as the window allows and returns the
+    /// publishes to put on the wire, in order.
+    pub fn next_sends(&mut self, now: Instant) -> Vec<Packet> {
+        let due: Vec<u64> = self
+            .delayed
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in due {
+            if let Some((_, entry)) = self.delayed.remove(&seq) {
+                self.ready.insert(seq, entry);
+            }
+        }
+        let mut sends = Vec::new();
+        while self.open.len() < self.window {
+            let Some((&seq, _)) = self.ready.first_key_value() else {
+                break;
+            };
+            if self.order == Order::InOrder
+                && self.delayed.first_key_value().is_some_and(|(d, _)| *d < seq)
+            {
+                // A refused record blocks those behind it until it is delivered or set aside.
+                break;
+            }
+            let Some(mut entry) = self.ready.remove(&seq) else {
+                break;
+            };
+            let pkid = self.free_pkid();
+            entry.attempts += 1;
+            let opened_ms = wall_ms();
+            entry.first_attempt_ms.get_or_insert(opened_ms);
+            sends.push(crate::mqtt::publish_with_key(
+                &self.topic,
+                pkid,
+                bytes::Bytes::from(entry.record.data.clone().into_bytes()),
+                &entry.record.key,
+            ));
+            self.open.insert(pkid, Open { entry, opened_ms });
+        }
+        sends
+    }
+
+    fn free_pkid(&mut self) -> u16 {
+        loop {
+            let pkid = self.next_pkid;
+            self.next_pkid = self.next_pkid.checked_add(1).unwrap_or(1);
+            if !self.open.contains_key(&pkid) {
+                return pkid;
+            }
+        }
+    }
+
+    /// When the next delayed (refused) record may be sent again.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.delayed.values().map(|(at, _)| *at).min()
+    }
+
+    /// The destination answered one publish.
+    pub fn on_puback(&mut self, ack: &PubAck, now: Instant) -> Vec<Effect> {
+        let Some(open) = self.open.remove(&ack.pkid) else {
+            return Vec::new();
+        };
+        let closed_ms = wall_ms();
+        let mut entry = open.entry;
+        let accepted = matches!(
+            ack.reason,
+            PubAckReason::Success | PubAckReason::NoMatchingSubscribers
+        );
+        let attempt = |outcome, error| AttemptRecord {
+            output: self.name.clone(),
+            key: entry.record.key.clone(),
+            seq: entry.record.seq,
+            attempt: entry.attempts,
+            opened_ms: open.opened_ms,
+            closed_ms,
+            outcome,
+            error,
+        };
+        if accepted {
+            self.attempts.delivered += 1;
+            self.delivered += 1;
+            return vec![
+                Effect::Closed(attempt(Outcome::Delivered, None)),
+                Effect::Delivered(entry.record.seq),
+            ];
+        }
+        let error = match ack.properties.as_ref().and_then(|p| p.reason_string.clone()) {
+            Some(text) => format!("{:?}: {text}", ack.reason),
+            None => format!("{:?}", ack.reason),
+        };
+        self.attempts.refused += 1;
+        let closed = Effect::Closed(attempt(Outcome::Refused, Some(error.clone())));
+        entry.refusals += 1;
+        if entry.refusals >= self.refusals.max {
+            self.failed += 1;
+            let failed = FailedRecord {
+                output: self.name.clone(),
+                key: entry.record.key.clone(),
+                seq: entry.record.seq,
+                data: entry.record.data.clone(),
+                error,
+                refusals: entry.refusals,
+                first_attempt_ms: entry.first_attempt_ms.unwrap_or(open.opened_ms),
+                last_attempt_ms: open.opened_ms,
+            };
+            return vec![closed, Effect::Failed(failed)];
+        }
+        let at = now + self.refusals.backoff(entry.refusals);
+        self.delayed.insert(entry.record.seq, (at, entry));
+        vec![closed]
+    }
+
+    /// The connection is gone (cut, reset, or silent past the answer timeout). Every open
+    /// attempt ends `possibly_sent`; its record is held for a resend after the next probe.
+    /// No refusal is counted: an outage spends nothing.
+    pub fn on_link_lost(&mut self, reason: &str) -> Vec<Effect> {
+        let closed_ms = wall_ms();
+        let mut effects = Vec::new();
+        let mut open: Vec<Open> = self.open.drain().map(|(_, o)| o).collect();
+        open.sort_by_key(|o| o.entry.record.seq);
+        for o in open {
+            self.attempts.possibly_sent += 1;
+            effects.push(Effect::Closed(AttemptRecord {
+                output: self.name.clone(),
+                key: o.entry.record.key.clone(),
+                seq: o.entry.record.seq,
+                attempt: o.entry.attempts,
+                opened_ms: o.opened_ms,
+                closed_ms,
+                outcome: Outcome::PossiblySent,
+                error: Some(reason.to_string()),
+            }));
+            self.ready.insert(o.entry.record.seq, o.entry);
+        }
+        effects
+    }
+
+    /// The age of the oldest open attempt.
+    pub fn oldest_open_ms(&self) -> Option<u64> {
+        self.open.values().map(|o| o.opened_ms).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(n: u64) -> Vec<Arc<StoredRecord>> {
+        (0..n)
+            .map(|seq| {
+                Arc::new(StoredRecord {
+                    seq,
+                    key: format!("k-{seq}"),
+                    data: format!("{{\"seq\":{seq}}}"),
+                })
+            })
+            .collect()
+    }
+
+    fn pkids(packets: &[Packet]) -> Vec<u16> {
+        packets
+            .iter()
+            .map(|p| match p {
+                Packet::Publish(p) => p.pkid,
+                _ => 0,
+            })
+            .collect()
+    }
+
+    fn ack(pkid: u16, reason: PubAckReason) -> PubAck {
+        PubAck {
+            pkid,
+            reason,
+            properties: None,
+        }
+    }
+
+    fn policy() -> RefusalPolicy {
+        RefusalPolicy {
+            max: 3,
+            backoff_min: Duration::from_millis(10),
+            backoff_max: Duration::from_millis(40),
+        }
+    }
+
+    #[test]
+    fn the_window_bounds_open_attempts_and_keys_are_never_open_twice() {
+        let mut out = Output::new("o", "t", Order::InOrder, policy(), 4);
+        out.ingest(records(10));
+        let now = Instant::now();
+        assert_eq!(out.next_sends(now).len(), 4);
+        assert!(out.next_sends(now).is_empty(), "window is full");
+        assert!(out.open_keys_unique());
+        assert_eq!(out.waiting(), 10);
+    }
+
+    #[test]
+    fn a_cut_ends_open_attempts_possibly_sent_and_spends_no_refusal() {
+        let mut out = Output::new("o", "t", Order::InOrder, policy(), 2);
+        out.ingest(records(3));
+        let now = Instant::now();
+        out.next_sends(now);
+        let effects = out.on_link_lost("cut");
+        assert_eq!(effects.len(), 2);
+        assert!(effects.iter().all(|e| matches!(e,
+            Effect::Closed(a) if a.outcome == Outcome::PossiblySent)));
+        assert_eq!(out.attempts.possibly_sent, 2);
+        assert_eq!(out.attempts.refused, 0);
+        // Resent in order, same keys, after the link is back.
+        let again = out.next_sends(now);
+        let keys: Vec<_> = again
+            .iter()
+            .map(|p| match p {
+                Packet::Publish(p) => crate::mqtt::write_key_of(p).unwrap(),
+                _ => String::new(),
+            })
+            .collect();
+        assert_eq!(keys, vec!["k-0", "k-1"]);
+    }
+
+    #[test]
+    fn refusals_back_off_then_the_record_fails_and_the_rest_flows() {
+        let mut out = Output::new("o", "t", Order::InOrder, policy(), 8);
+        out.ingest(records(3));
+        let mut now = Instant::now();
+        let sent = pkids(&out.next_sends(now));
+        assert_eq!(sent.len(), 3);
+        // Record 0 refused; 1 and 2 delivered.
+        out.on_puback(&ack(sent[0], PubAckReason::QuotaExceeded), now);
+        out.on_puback(&ack(sent[1], PubAckReason::Success), now);
+        out.on_puback(&ack(sent[2], PubAckReason::Success), now);
+        assert_eq!(out.delivered, 2);
+        assert!(out.next_sends(now).is_empty(), "backing off");
+        let mut failed = None;
+        for refusal in 2..=3 {
+            now = out.next_due().unwrap();
+            let sent = pkids(&out.next_sends(now));
+            assert_eq!(sent.len(), 1);
+            let effects = out.on_puback(&ack(sent[0], PubAckReason::QuotaExceeded), now);
+            if refusal == 3 {
+                failed = effects.into_iter().find_map(|e| match e {
+                    Effect::Failed(f) => Some(f),
+                    _ => None,
+                });
+            }
+        }
+        let failed = failed.expect("set aside after 3 refusals");
+        assert_eq!((failed.seq, failed.refusals), (0, 3));
+        assert!(failed.error.contains("QuotaExceeded"));
+        assert_eq!((out.failed, out.waiting()), (1, 0));
+    }
+
+    #[test]
+    fn in_order_blocks_behind_a_refused_record() {
+        let mut out = Output::new("o", "t", Order::InOrder, policy(), 1);
+        out.ingest(records(2));
+        let now = Instant::now();
+        let sent = pkids(&out.next_sends(now));
+        out.on_puback(&ack(sent[0], PubAckReason::QuotaExceeded), now);
+        assert!(out.next_sends(now).is_empty(), "record 1 waits behind 0");
+        let mut any = Output::new("o", "t", Order::Any, policy(), 1);
+        any.ingest(records(2));
+        let sent = pkids(&any.next_sends(now));
+        any.on_puback(&ack(sent[0], PubAckReason::QuotaExceeded), now);
+        assert_eq!(any.next_sends(now).len(), 1, "record 1 overtakes");
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let p = RefusalPolicy::default();
+        assert_eq!(p.backoff(1), Duration::from_secs(1));
+        assert_eq!(p.backoff(2), Duration::from_secs(2));
+        assert_eq!(p.backoff(7), Duration::from_secs(60));
+    }
+}

@@ -1,0 +1,228 @@
+//! The `drill` command line: `run`, `engine`, `proxy`.
+//!
+//! Exit codes (DESIGN.md §6): 0 every expectation held, 1 an expectation failed, 2 invalid
+//! input (scenario, flags), 3 infrastructure failure (a broker or the engine could not start).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use drill::proxy::{Link, Proxy};
+use drill::scenario::RuntimeChoice;
+use drill::{engine, report, runner, scenario};
+
+#[derive(Parser)]
+#[command(name = "drill", version, about = "Proves what a store-and-forward pipeline promises.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one or more drills and write their reports.
+    Run {
+        /// Scenario files (YAML).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Where reports go: DIR/<scenario name>/report.{md,json}.
+        #[arg(long, default_value = "reports")]
+        out: PathBuf,
+        /// Override the scenario's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Override the scenario's broker runtime.
+        #[arg(long, value_enum)]
+        runtime: Option<RuntimeChoice>,
+    },
+    /// Run the built-in store-and-forward engine.
+    Engine {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run fault-proxy links standalone with an HTTP control API.
+    Proxy {
+        /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable), e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883
+        #[arg(long = "link", required = true)]
+        links: Vec<String>,
+        /// Where the control API listens.
+        #[arg(long, default_value = "127.0.0.1:8474")]
+        api: SocketAddr,
+    },
+}
+
+const PASS: u8 = 0;
+const FAIL: u8 = 1;
+const INVALID: u8 = 2;
+const INFRASTRUCTURE: u8 = 3;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { INVALID } else { PASS });
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("drill: cannot start the async runtime: {e}");
+            return ExitCode::from(INFRASTRUCTURE);
+        }
+    };
+    ExitCode::from(runtime.block_on(dispatch(cli.command)))
+}
+
+/// Cancels `token` on SIGINT or SIGTERM, so every child is stopped before drill exits.
+fn cancel_on_signals(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        token.cancel();
+    });
+}
+
+async fn dispatch(command: Command) -> u8 {
+    let cancel = CancellationToken::new();
+    cancel_on_signals(cancel.clone());
+    match command {
+        Command::Run { files, out, seed, runtime } => run(files, out, seed, runtime, cancel).await,
+        Command::Engine { config } => {
+            let config = match engine::EngineConfig::load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("drill engine: {e}");
+                    return INVALID;
+                }
+            };
+            match engine::run(config, cancel).await {
+                Ok(()) => PASS,
+                Err(e) => {
+                    eprintln!("drill engine: {e}");
+                    INFRASTRUCTURE
+                }
+            }
+        }
+        Command::Proxy { links, api } => proxy(links, api, cancel).await,
+    }
+}
+
+async fn run(
+    files: Vec<PathBuf>,
+    out: PathBuf,
+    seed: Option<u64>,
+    runtime: Option<RuntimeChoice>,
+    cancel: CancellationToken,
+) -> u8 {
+    // Validate every scenario before starting anything.
+    let mut plans = Vec::new();
+    for file in &files {
+        match scenario::load(file) {
+            Ok(plan) => plans.push(plan),
+            Err(e) => {
+                eprintln!("drill: {e}");
+                return INVALID;
+            }
+        }
+    }
+    let engine_exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("drill: cannot find my own executable to run the engine: {e}");
+            return INFRASTRUCTURE;
+        }
+    };
+    let options = runner::Options { out: out.clone(), runtime, seed, engine_exe };
+    let mut worst = PASS;
+    for plan in &plans {
+        let facts = match runner::run(plan, &options, cancel.clone()).await {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("drill: {}: {e}", plan.name);
+                return INFRASTRUCTURE;
+            }
+        };
+        let report = report::judge(&facts);
+        let dir = out.join(&plan.name);
+        match report::write(&report, &dir) {
+            Ok(paths) => {
+                let l = &report.ledger;
+                println!(
+                    "{}: {} — {} {} held = {} delivered + {} waiting + {} failed + {} lost ({}); {} duplicates, {} reordered",
+                    plan.name,
+                    report.verdict.to_uppercase(),
+                    report.headline,
+                    l.held,
+                    l.delivered,
+                    l.waiting,
+                    l.failed,
+                    l.lost,
+                    if report.closes { "closes" } else { "does not close" },
+                    l.duplicates,
+                    l.reordered
+                );
+                for x in report.expectations.iter().filter(|x| !x.ok) {
+                    println!("  expectation failed: {}: expected {}, got {}", x.name, x.expected, x.actual);
+                }
+                for p in paths {
+                    println!("  wrote {}", p.display());
+                }
+            }
+            Err(e) => {
+                eprintln!("drill: cannot write the report to {}: {e}", dir.display());
+                return INFRASTRUCTURE;
+            }
+        }
+        if report.verdict != "pass" {
+            worst = FAIL;
+        }
+    }
+    worst
+}
+
+async fn proxy(specs: Vec<String>, api: SocketAddr, cancel: CancellationToken) -> u8 {
+    let mut proxy = Proxy::new();
+    for spec in &specs {
+        let parsed = spec.split_once('=').and_then(|(name, addrs)| {
+            let (listen, upstream) = addrs.split_once(',')?;
+            Some((name.to_string(), listen.parse::<SocketAddr>().ok()?, upstream.parse::<SocketAddr>().ok()?))
+        });
+        let Some((name, listen, upstream)) = parsed else {
+            eprintln!("drill proxy: --link {spec}: expected NAME=LISTEN_ADDR,UPSTREAM_ADDR, e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883");
+            return INVALID;
+        };
+        match Link::start(&name, listen, upstream, cancel.child_token()).await {
+            Ok(link) => {
+                println!("link {name}: {} -> {upstream}", link.listen_addr());
+                proxy.add(link);
+            }
+            Err(e) => {
+                eprintln!("drill proxy: {e}");
+                return INFRASTRUCTURE;
+            }
+        }
+    }
+    match drill::proxy::api::serve(proxy.clone(), api, cancel.clone()).await {
+        Ok((bound, handle)) => {
+            println!("control API on http://{bound} (GET /links, PUT|DELETE /links/NAME/fault)");
+            cancel.cancelled().await;
+            let _ = handle.await;
+            proxy.shutdown().await;
+            PASS
+        }
+        Err(e) => {
+            eprintln!("drill proxy: cannot serve the control API on {api}: {e}");
+            INFRASTRUCTURE
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The proxy's HTTP control API (DESIGN.md §6), served by `drill proxy`.
+//!
+//! `GET /links` lists every link with its condition and counters; `PUT /links/NAME/fault` puts a
+//! fault in force (`{"fault":"swallow","direction":"downstream"}`, direction defaults to `both`);
+//! `DELETE /links/NAME/fault` heals. A handler only publishes a new condition and waits for the
+//! listener to follow (bounded): it never waits on data flow.
+
+use std::net::SocketAddr;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use super::{Direction, Fault, LinkStatus, Proxy};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultRequest {
+    fault: Fault,
+    #[serde(default)]
+    direction: Direction,
+}
+
+fn problem(status: StatusCode, message: String) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+async fn list(State(proxy): State<Proxy>) -> Json<Vec<LinkStatus>> {
+    Json(proxy.links().map(|l| l.status()).collect())
+}
+
+async fn put_fault(
+    State(proxy): State<Proxy>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let Some(link) = proxy.link(&name) else {
+        return problem(StatusCode::NOT_FOUND, format!("no link named `{name}`"));
+    };
+    let request: FaultRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "{e}; send e.g. {{\"fault\":\"swallow\",\"direction\":\"downstream\"}} (faults: refuse, reset, swallow, hang, heal; directions: upstream, downstream, both)"
+                ),
+            );
+        }
+    };
+    if matches!(request.fault, Fault::Refuse | Fault::Reset) && request.direction != Direction::Both
+    {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "`{}` acts on whole connections; leave `direction` out",
+                request.fault.name()
+            ),
+        );
+    }
+    link.apply_settled(request.fault, request.direction).await;
+    Json(link.status()).into_response()
+}
+
+async fn heal(State(proxy): State<Proxy>, Path(name): Path<String>) -> Response {
+    let Some(link) = proxy.link(&name) else {
+        return problem(StatusCode::NOT_FOUND, format!("no link named `{name}`"));
+    };
+    link.apply_settled(Fault::Heal, Direction::Both).await;
+    Json(link.status()).into_response()
+}
+
+pub fn router(proxy: Proxy) -> Router {
+    Router::new()
+        .route("/links", get(list))
+        .route("/links/{name}/fault", put(put_fault).delete(heal))
+        .with_state(proxy)
+}
+
+/// Serves the control API on `addr` until `cancel` fires. Returns the bound address.
+pub async fn serve(
+    proxy: Proxy,
+    addr: SocketAddr,
+    cancel: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = router(proxy);
+    let handle = tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { cancel.cancelled().await })
+            .await;
+    });
+    Ok((bound, handle))
+}

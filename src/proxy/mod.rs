@@ -1,0 +1,427 @@
+//! The fault proxy: one [`Link`] per broker listener, and the fault vocabulary of DESIGN.md §3.
+//!
+//! A link listens on a local port and forwards every accepted connection to its upstream (the
+//! broker). Its condition — pass-through or one fault in one direction — lives in a
+//! `tokio::sync::watch` channel. Applying a fault is a `send_replace`: it never waits on data
+//! flow, however many connections are stalled, and every connection task and the accept loop
+//! see the new condition at once. What this module must never do: let a fault leak bytes it
+//! claims to hold or drop, or let a "healed" connection carry a byte stream with a hole in it
+//! (after `swallow`, a connection that lost bytes is reset at the heal, as DESIGN.md §3 says).
+
+pub mod api;
+mod connection;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// A network fault (DESIGN.md §3). `Heal` returns the link to pass-through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// Nothing listens: new connections get ECONNREFUSED, existing ones are reset.
+    Refuse,
+    /// New connections are accepted and reset at once; existing ones are reset now.
+    Reset,
+    /// Bytes in `direction` are read and thrown away; the sender never blocks. Half-open.
+    Swallow,
+    /// Nothing is read in `direction`; the sender's buffers fill and its writes block.
+    Hang,
+    /// Back to pass-through.
+    Heal,
+}
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Refuse => "refuse",
+            Fault::Reset => "reset",
+            Fault::Swallow => "swallow",
+            Fault::Hang => "hang",
+            Fault::Heal => "heal",
+        }
+    }
+}
+
+/// Which way a fault acts: `upstream` is client → broker, `downstream` broker → client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    Upstream,
+    Downstream,
+    #[default]
+    Both,
+}
+
+impl Direction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Upstream => "upstream",
+            Direction::Downstream => "downstream",
+            Direction::Both => "both",
+        }
+    }
+
+    fn covers(self, side: Side) -> bool {
+        matches!(
+            (self, side),
+            (Direction::Both, _)
+                | (Direction::Upstream, Side::Up)
+                | (Direction::Downstream, Side::Down)
+        )
+    }
+}
+
+/// One way through a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    Up,
+    Down,
+}
+
+/// What one side of a connection does under the link's condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Pass,
+    Swallow,
+    Hang,
+    /// Reset the connection (`refuse` and `reset` both cut existing connections).
+    Cut,
+}
+
+/// A fault in force: never `Heal` (healed is `None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ActiveFault {
+    pub fault: Fault,
+    pub direction: Direction,
+}
+
+/// The link's condition, published to every task of the link.
+#[derive(Debug, Clone)]
+pub(crate) struct Condition {
+    pub(crate) active: Option<ActiveFault>,
+    pub(crate) since: Instant,
+    pub(crate) epoch: u64,
+}
+
+impl Condition {
+    pub(crate) fn flow(&self, side: Side) -> Flow {
+        match self.active {
+            None => Flow::Pass,
+            Some(ActiveFault {
+                fault: Fault::Refuse | Fault::Reset,
+                ..
+            }) => Flow::Cut,
+            Some(ActiveFault { fault, direction }) if direction.covers(side) => match fault {
+                Fault::Swallow => Flow::Swallow,
+                Fault::Hang => Flow::Hang,
+                _ => Flow::Pass,
+            },
+            Some(_) => Flow::Pass,
+        }
+    }
+
+    pub(crate) fn swallows(&self) -> bool {
+        matches!(
+            self.active,
+            Some(ActiveFault {
+                fault: Fault::Swallow,
+                ..
+            })
+        )
+    }
+
+    fn refuses(&self) -> bool {
+        matches!(
+            self.active,
+            Some(ActiveFault {
+                fault: Fault::Refuse,
+                ..
+            })
+        )
+    }
+}
+
+/// Per-link counters, shared by its tasks.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) reset: AtomicU64,
+    pub(crate) active: AtomicU64,
+    pub(crate) bytes_up: AtomicU64,
+    pub(crate) bytes_down: AtomicU64,
+    pub(crate) swallowed_up: AtomicU64,
+    pub(crate) swallowed_down: AtomicU64,
+}
+
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// What `GET /links` and the report show of a link.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LinkStatus {
+    pub name: String,
+    pub listen: SocketAddr,
+    pub upstream: SocketAddr,
+    /// `pass` when healed.
+    pub fault: String,
+    pub direction: Option<String>,
+    /// How long the current condition has been in force.
+    pub since_ms: u64,
+    pub connections_accepted: u64,
+    pub connections_reset: u64,
+    pub connections_open: u64,
+    pub bytes_upstream: u64,
+    pub bytes_downstream: u64,
+    pub bytes_swallowed_upstream: u64,
+    pub bytes_swallowed_downstream: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("link {name}: cannot listen on {listen}: {source}")]
+    Listen {
+        name: String,
+        listen: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+pub(crate) struct LinkShared {
+    pub(crate) name: String,
+    pub(crate) listen: SocketAddr,
+    pub(crate) upstream: SocketAddr,
+    pub(crate) condition: watch::Sender<Condition>,
+    /// The last epoch the accept loop has acted on (refuse closes the listener, heal reopens it).
+    settled: watch::Sender<u64>,
+    pub(crate) counters: Counters,
+    pub(crate) tasks: TaskTracker,
+}
+
+/// One proxied listener. Cheap to clone; all clones drive the same link.
+#[derive(Clone)]
+pub struct Link {
+    shared: Arc<LinkShared>,
+    cancel: CancellationToken,
+}
+
+impl Link {
+    /// Binds `listen` (port 0 picks a free port) and starts forwarding to `upstream`.
+    pub async fn start(
+        name: &str,
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        cancel: CancellationToken,
+    ) -> Result<Link, ProxyError> {
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| ProxyError::Listen {
+                name: name.to_string(),
+                listen,
+                source,
+            })?;
+        let listen = listener.local_addr().map_err(|source| ProxyError::Listen {
+            name: name.to_string(),
+            listen,
+            source,
+        })?;
+        let (condition, _) = watch::channel(Condition {
+            active: None,
+            since: Instant::now(),
+            epoch: 0,
+        });
+        let (settled, _) = watch::channel(0);
+        let shared = Arc::new(LinkShared {
+            name: name.to_string(),
+            listen,
+            upstream,
+            condition,
+            settled,
+            counters: Counters::default(),
+            tasks: TaskTracker::new(),
+        });
+        let link = Link { shared, cancel };
+        let accept = link.clone();
+        link.shared
+            .tasks
+            .spawn(async move { accept.accept_loop(Some(listener)).await });
+        Ok(link)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.shared.listen
+    }
+
+    pub fn upstream_addr(&self) -> SocketAddr {
+        self.shared.upstream
+    }
+
+    /// Puts `fault` in force at once for every connection of the link, new and existing.
+    /// Never blocks: it only publishes the new condition. `Heal` returns to pass-through.
+    pub fn apply(&self, fault: Fault, direction: Direction) -> u64 {
+        let active = match fault {
+            Fault::Heal => None,
+            fault => Some(ActiveFault { fault, direction }),
+        };
+        let mut epoch = 0;
+        self.shared.condition.send_modify(|c| {
+            c.epoch += 1;
+            epoch = c.epoch;
+            if c.active != active {
+                c.since = Instant::now();
+            }
+            c.active = active;
+        });
+        epoch
+    }
+
+    /// Waits (at most `limit`) until the listener has acted on condition `epoch`: after a
+    /// `refuse`, nothing listens any more; after the heal, the port accepts again.
+    pub async fn settled(&self, epoch: u64, limit: Duration) -> bool {
+        let mut rx = self.shared.settled.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|e| *e >= epoch))
+            .await
+            .map(|r| r.is_ok())
+            .unwrap_or(false)
+    }
+
+    /// Applies a fault and waits for the listener to follow (bounded; never on data flow).
+    pub async fn apply_settled(&self, fault: Fault, direction: Direction) {
+        let epoch = self.apply(fault, direction);
+        self.settled(epoch, Duration::from_secs(2)).await;
+    }
+
+    pub fn status(&self) -> LinkStatus {
+        let c = self.shared.condition.borrow().clone();
+        let n = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        LinkStatus {
+            name: self.shared.name.clone(),
+            listen: self.shared.listen,
+            upstream: self.shared.upstream,
+            fault: c
+                .active
+                .map(|a| a.fault.name())
+                .unwrap_or("pass")
+                .to_string(),
+            direction: c.active.map(|a| a.direction.name().to_string()),
+            since_ms: c.since.elapsed().as_millis() as u64,
+            connections_accepted: get(&n.accepted),
+            connections_reset: get(&n.reset),
+            connections_open: get(&n.active),
+            bytes_upstream: get(&n.bytes_up),
+            bytes_downstream: get(&n.bytes_down),
+            bytes_swallowed_upstream: get(&n.swallowed_up),
+            bytes_swallowed_downstream: get(&n.swallowed_down),
+        }
+    }
+
+    /// Stops listening and resets every connection of the link.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.shared.tasks.close();
+        self.shared.tasks.wait().await;
+    }
+
+    async fn accept_loop(self, mut listener: Option<TcpListener>) {
+        let mut rx = self.shared.condition.subscribe();
+        loop {
+            let condition = rx.borrow_and_update().clone();
+            if condition.refuses() {
+                // Nothing listens: the kernel answers new connects with RST (ECONNREFUSED).
+                listener = None;
+            } else if listener.is_none() {
+                listener = self.rebind().await;
+                if listener.is_none() {
+                    return;
+                }
+            }
+            self.shared.settled.send_replace(condition.epoch);
+            match &listener {
+                None => {
+                    tokio::select! {
+                        _ = rx.changed() => {}
+                        _ = self.cancel.cancelled() => return,
+                    }
+                }
+                Some(l) => {
+                    tokio::select! {
+                        accepted = l.accept() => {
+                            if let Ok((socket, _)) = accepted {
+                                add(&self.shared.counters.accepted, 1);
+                                let shared = self.shared.clone();
+                                let abort = self.cancel.child_token();
+                                self.shared.tasks.spawn(connection::serve(shared, socket, abort));
+                            }
+                        }
+                        _ = rx.changed() => {}
+                        _ = self.cancel.cancelled() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Listens again on the same address after a `refuse` (SO_REUSEADDR is set by tokio).
+    async fn rebind(&self) -> Option<TcpListener> {
+        for _ in 0..200 {
+            match TcpListener::bind(self.shared.listen).await {
+                Ok(l) => return Some(l),
+                Err(_) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+                        _ = self.cancel.cancelled() => return None,
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "drill: link {}: could not listen again on {}",
+            self.shared.name, self.shared.listen
+        );
+        None
+    }
+}
+
+/// A set of named links, as `drill proxy` and the runner use them.
+#[derive(Clone, Default)]
+pub struct Proxy {
+    links: BTreeMap<String, Link>,
+}
+
+impl Proxy {
+    pub fn new() -> Proxy {
+        Proxy::default()
+    }
+
+    pub fn add(&mut self, link: Link) {
+        self.links.insert(link.name().to_string(), link);
+    }
+
+    pub fn link(&self, name: &str) -> Option<&Link> {
+        self.links.get(name)
+    }
+
+    pub fn links(&self) -> impl Iterator<Item = &Link> {
+        self.links.values()
+    }
+
+    pub async fn shutdown(&self) {
+        for link in self.links.values() {
+            link.shutdown().await;
+        }
+    }
+}

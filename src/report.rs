@@ -1,0 +1,495 @@
+//! The verdict and the reports: `report.md` (for a person) and `report.json` (DESIGN.md §6).
+//!
+//! [`judge`] closes the ledger — `held = delivered + waiting + failed + lost` — from facts the
+//! runner collected: *held* is what the source was told was accepted, *delivered* what the
+//! reader found at the destination, *waiting* and *failed* what the engine says it still holds,
+//! and *lost* what is left. The ledger closes when nothing is lost and the engine's own account
+//! agrees. Duplicates are judged against the declared promise (DESIGN.md §5): under
+//! `at_least_once`, an extra copy is allowed only if it carries the original's write key and
+//! that write had a `possibly_sent` attempt or lived through an engine crash.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::engine::{AttemptCountsView, Stats};
+use crate::proxy::LinkStatus;
+use crate::scenario::Plan;
+use crate::verify::{Received, Reconciliation};
+use crate::workload::Sent;
+
+/// A fault as it was applied (times relative to the drill's start).
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    #[serde(skip)]
+    pub index: usize,
+    pub at_ms: u64,
+    pub target: String,
+    pub fault: String,
+    pub direction: Option<String>,
+    pub until_ms: Option<u64>,
+}
+
+/// How fast delivery came back after a fault ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoveryRecord {
+    pub fault: String,
+    pub heal_ms: u64,
+    pub first_delivery_ms: Option<u64>,
+    pub drained_ms: Option<u64>,
+}
+
+/// Everything the runner observed; [`judge`] turns it into a verdict.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    pub plan: Plan,
+    pub seed: u64,
+    pub runtime: String,
+    pub reconciliation: Reconciliation,
+    pub allowed_duplicates: u64,
+    pub engine: Option<Stats>,
+    pub faults: Vec<FaultRecord>,
+    pub recovery: Vec<RecoveryRecord>,
+    pub link: LinkStatus,
+    pub versions: BTreeMap<String, String>,
+    pub notes: Vec<String>,
+    pub verifier_fault: bool,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Ledger {
+    pub held: u64,
+    pub delivered: u64,
+    pub waiting: u64,
+    pub failed: u64,
+    pub lost: u64,
+    pub duplicates: u64,
+    pub duplicates_same_key: u64,
+    pub duplicates_other_key: u64,
+    pub duplicates_beyond_promise: u64,
+    pub reordered: u64,
+    pub unexpected: u64,
+    pub ingest_unknown: u64,
+    pub recovered: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ExpectationResult {
+    pub name: String,
+    pub expected: String,
+    pub actual: String,
+    pub ok: bool,
+}
+
+/// `report.json` (DESIGN.md §6), plus a few fields a person needs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub about: Option<String>,
+    pub seed: u64,
+    pub verdict: &'static str,
+    pub headline: String,
+    pub ledger: Ledger,
+    pub closes: bool,
+    pub engine_account: Option<EngineAccount>,
+    pub expectations: Vec<ExpectationResult>,
+    pub faults: Vec<FaultRecord>,
+    pub recovery: Vec<RecoveryRecord>,
+    pub attempts: AttemptCountsView,
+    pub promise: &'static str,
+    pub runtime: String,
+    pub link: LinkStatus,
+    pub versions: BTreeMap<String, String>,
+    pub missing_examples: Vec<String>,
+    pub duplicate_examples: Vec<String>,
+    pub notes: Vec<String>,
+    pub duration_ms: u64,
+}
+
+/// What the engine said of itself at the end.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineAccount {
+    pub held: u64,
+    pub delivered: u64,
+    pub waiting: u64,
+    pub failed: u64,
+}
+
+/// Extra copies the declared promise allows: same write key as the original, and that write
+/// had a `possibly_sent` attempt or was accepted before an engine crash.
+pub fn allowed_duplicates(
+    sent: &Sent,
+    received: &Received,
+    possibly_sent: &HashSet<String>,
+    crashed: &HashSet<String>,
+) -> u64 {
+    let keys: HashMap<&str, &str> = sent
+        .accepted()
+        .map(|(r, k, _)| (r.id.as_str(), k))
+        .collect();
+    let mut seen: HashSet<&str> = HashSet::new();
+    let mut allowed = 0;
+    for a in &received.arrivals {
+        let Some(id) = a.id.as_deref() else { continue };
+        let Some(&key) = keys.get(id) else { continue };
+        if !seen.insert(id) {
+            let same = a.write_key.as_deref() == Some(key);
+            if same && (possibly_sent.contains(key) || crashed.contains(key)) {
+                allowed += 1;
+            }
+        }
+    }
+    allowed
+}
+
+/// For each fault that ended: heal → first delivery after it, and → every record accepted
+/// before the heal had arrived.
+pub fn recovery(
+    faults: &[FaultRecord],
+    sent: &Sent,
+    received: &Received,
+    drained_at: Duration,
+) -> Vec<RecoveryRecord> {
+    let mut first_arrival: HashMap<&str, Duration> = HashMap::new();
+    for a in &received.arrivals {
+        if let Some(id) = a.id.as_deref() {
+            first_arrival.entry(id).or_insert(a.at);
+        }
+    }
+    faults
+        .iter()
+        .filter_map(|f| f.until_ms.map(|heal| (f, heal)))
+        .map(|(f, heal)| {
+            let heal_d = Duration::from_millis(heal);
+            let first = received
+                .arrivals
+                .iter()
+                .map(|a| a.at)
+                .filter(|at| *at >= heal_d)
+                .min();
+            let mut drained = Some(heal_d);
+            for (r, _, at) in sent.accepted() {
+                if at > heal_d {
+                    continue;
+                }
+                match first_arrival.get(r.id.as_str()) {
+                    Some(t) => drained = drained.map(|d| d.max(*t)),
+                    None => {
+                        drained = None;
+                        break;
+                    }
+                }
+            }
+            RecoveryRecord {
+                fault: format!(
+                    "{} {}{}",
+                    f.target,
+                    f.fault,
+                    f.direction.as_ref().map(|d| format!(" {d}")).unwrap_or_default()
+                ),
+                heal_ms: heal,
+                first_delivery_ms: first.map(|d| d.as_millis() as u64),
+                drained_ms: drained.map(|d| d.min(drained_at.max(d)).as_millis() as u64),
+            }
+        })
+        .collect()
+}
+
+/// Closes the ledger and checks every expectation.
+pub fn judge(facts: &Facts) -> Report {
+    let r = &facts.reconciliation;
+    let (waiting, failed) = facts
+        .engine
+        .as_ref()
+        .map(|s| (s.waiting, s.failed))
+        .unwrap_or((0, 0));
+    let held = r.accepted;
+    let delivered = r.delivered;
+    // What is neither at the destination nor still held by the engine is lost.
+    let lost = r.missing.saturating_sub(waiting + failed);
+    let duplicates_beyond_promise = r.duplicates.saturating_sub(facts.allowed_duplicates);
+    let ledger = Ledger {
+        held,
+        delivered,
+        waiting,
+        failed,
+        lost,
+        duplicates: r.duplicates,
+        duplicates_same_key: r.duplicates_same_key,
+        duplicates_other_key: r.duplicates_other_key,
+        duplicates_beyond_promise,
+        reordered: r.reordered,
+        unexpected: r.unexpected,
+        ingest_unknown: r.ingest_unknown,
+        recovered: r.recovered,
+    };
+    let engine_account = facts.engine.as_ref().map(|s| EngineAccount {
+        held: s.held,
+        delivered: s.delivered,
+        waiting: s.waiting,
+        failed: s.failed,
+    });
+    // The ledger closes when the equation holds with nothing lost, and the engine's own
+    // account agrees with what the source and the destination saw.
+    let engine_agrees = facts.engine.as_ref().is_some_and(|s| {
+        s.held == held + r.recovered && s.delivered + s.waiting + s.failed == s.held
+    });
+    let closes = lost == 0 && delivered + waiting + failed == held && engine_agrees;
+
+    let e = &facts.plan.expect;
+    let mut expectations = Vec::new();
+    let mut check = |name: &str, expected: String, actual: String, ok: bool| {
+        expectations.push(ExpectationResult {
+            name: name.to_string(),
+            expected,
+            actual,
+            ok,
+        })
+    };
+    if let Some(n) = e.lost {
+        check("lost", n.to_string(), lost.to_string(), lost <= n);
+    }
+    if let Some(n) = e.duplicates {
+        check(
+            &format!("duplicates beyond {}", facts.plan.engine.promise.name()),
+            n.to_string(),
+            duplicates_beyond_promise.to_string(),
+            duplicates_beyond_promise <= n,
+        );
+    }
+    if let Some(n) = e.reordered {
+        check("reordered", n.to_string(), r.reordered.to_string(), r.reordered <= n);
+    }
+    if e.ledger_closes {
+        check(
+            "ledger",
+            "closes".to_string(),
+            if closes { "closes" } else { "does not close" }.to_string(),
+            closes,
+        );
+    }
+    if let Some(bound) = e.recovery_within {
+        for rec in &facts.recovery {
+            let took = rec.first_delivery_ms.map(|f| f.saturating_sub(rec.heal_ms));
+            check(
+                &format!("recovery after {}", rec.fault),
+                format!("≤ {} ms", bound.as_millis()),
+                took.map(|t| format!("{t} ms")).unwrap_or_else(|| "no delivery".to_string()),
+                took.is_some_and(|t| u128::from(t) <= bound.as_millis()),
+            );
+        }
+    }
+    let mut all_ok = expectations.iter().all(|x| x.ok);
+    let mut notes = facts.notes.clone();
+    if facts.verifier_fault {
+        all_ok = false;
+        notes.push("the verdict is fail because the reader itself failed; fix the verifier, the engine was not judged".to_string());
+    }
+    let headline = if lost == 0 {
+        "Nothing lost.".to_string()
+    } else if lost == 1 {
+        "1 record lost.".to_string()
+    } else {
+        format!("{lost} records lost.")
+    };
+    Report {
+        scenario: facts.plan.name.clone(),
+        about: facts.plan.about.clone(),
+        seed: facts.seed,
+        verdict: if all_ok { "pass" } else { "fail" },
+        headline,
+        ledger,
+        closes,
+        engine_account,
+        expectations,
+        faults: facts.faults.clone(),
+        recovery: facts.recovery.clone(),
+        attempts: facts.engine.as_ref().map(|s| s.attempts).unwrap_or_default(),
+        promise: facts.plan.engine.promise.name(),
+        runtime: facts.runtime.clone(),
+        link: facts.link.clone(),
+        versions: facts.versions.clone(),
+        missing_examples: r.missing_examples.clone(),
+        duplicate_examples: r.duplicate_examples.clone(),
+        notes,
+        duration_ms: facts.duration_ms,
+    }
+}
+
+fn secs(ms: u64) -> String {
+    format!("{:.1}s", ms as f64 / 1000.0)
+}
+
+/// Renders `report.md`.
+pub fn markdown(report: &Report) -> String {
+    let l = &report.ledger;
+    let mut md = String::new();
+    let _ = writeln!(md, "# drill report: {}", report.scenario);
+    let _ = writeln!(md);
+    if let Some(about) = &report.about {
+        let _ = writeln!(md, "{about}");
+        let _ = writeln!(md);
+    }
+    let verdict = if report.verdict == "pass" { "PASS" } else { "FAIL" };
+    let _ = writeln!(md, "## {verdict} — {}", report.headline);
+    let _ = writeln!(md);
+    let _ = writeln!(md, "| held | delivered | waiting | failed | lost | duplicates | reordered |");
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "| {} | {} | {} | {} | **{}** | {} | {} |",
+        l.held, l.delivered, l.waiting, l.failed, l.lost, l.duplicates, l.reordered
+    );
+    let _ = writeln!(md);
+    let _ = writeln!(
+        md,
+        "Ledger: `{} held = {} delivered + {} waiting + {} failed + {} lost` — {}.",
+        l.held,
+        l.delivered,
+        l.waiting,
+        l.failed,
+        l.lost,
+        if report.closes { "closes" } else { "**does not close**" }
+    );
+    if let Some(e) = &report.engine_account {
+        let _ = writeln!(
+            md,
+            "The engine's own account: {} held = {} delivered + {} waiting + {} failed.",
+            e.held, e.delivered, e.waiting, e.failed
+        );
+    }
+    let _ = writeln!(md);
+    let _ = writeln!(
+        md,
+        "Duplicates: {} extra copies ({} with the original's write key, {} without); {} beyond what `{}` allows. Unexpected: {}. Ingests with a lost answer: {} ({} found at the destination).",
+        l.duplicates,
+        l.duplicates_same_key,
+        l.duplicates_other_key,
+        l.duplicates_beyond_promise,
+        report.promise,
+        l.unexpected,
+        l.ingest_unknown,
+        l.recovered
+    );
+    let _ = writeln!(md);
+    let _ = writeln!(md, "## Expectations");
+    let _ = writeln!(md);
+    let _ = writeln!(md, "| expectation | expected | actual | |");
+    let _ = writeln!(md, "|---|---|---|---|");
+    for x in &report.expectations {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} |",
+            x.name,
+            x.expected,
+            x.actual,
+            if x.ok { "ok" } else { "**FAILED**" }
+        );
+    }
+    let _ = writeln!(md);
+    let _ = writeln!(md, "## Fault timeline");
+    let _ = writeln!(md);
+    if report.faults.is_empty() {
+        let _ = writeln!(md, "No faults.");
+    } else {
+        let _ = writeln!(md, "| at | until | target | fault |");
+        let _ = writeln!(md, "|---:|---:|---|---|");
+        for f in &report.faults {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {}{} |",
+                secs(f.at_ms),
+                f.until_ms.map(secs).unwrap_or_else(|| "—".to_string()),
+                f.target,
+                f.fault,
+                f.direction.as_ref().map(|d| format!(" ({d})")).unwrap_or_default()
+            );
+        }
+    }
+    if !report.recovery.is_empty() {
+        let _ = writeln!(md);
+        let _ = writeln!(md, "| recovery after | healed at | first delivery | backlog drained |");
+        let _ = writeln!(md, "|---|---:|---:|---:|");
+        for r in &report.recovery {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} |",
+                r.fault,
+                secs(r.heal_ms),
+                r.first_delivery_ms
+                    .map(|f| format!("+{} ms", f.saturating_sub(r.heal_ms)))
+                    .unwrap_or_else(|| "none".to_string()),
+                r.drained_ms
+                    .map(|f| format!("+{} ms", f.saturating_sub(r.heal_ms)))
+                    .unwrap_or_else(|| "not drained".to_string())
+            );
+        }
+    }
+    let _ = writeln!(md);
+    let _ = writeln!(md, "## Attempts and link");
+    let _ = writeln!(md);
+    let a = &report.attempts;
+    let _ = writeln!(
+        md,
+        "Attempts: {} delivered, {} refused, {} possibly sent, {} sent unconfirmed (promise: `{}`).",
+        a.delivered, a.refused, a.possibly_sent, a.sent_unconfirmed, report.promise
+    );
+    let k = &report.link;
+    let _ = writeln!(
+        md,
+        "Link `{}` ({} → {}): {} connections accepted, {} reset; {} bytes up, {} down; {} bytes swallowed up, {} down.",
+        k.name,
+        k.listen,
+        k.upstream,
+        k.connections_accepted,
+        k.connections_reset,
+        k.bytes_upstream,
+        k.bytes_downstream,
+        k.bytes_swallowed_upstream,
+        k.bytes_swallowed_downstream
+    );
+    if !report.missing_examples.is_empty() {
+        let _ = writeln!(md);
+        let _ = writeln!(md, "Missing (first {}): {}", report.missing_examples.len(), report.missing_examples.join(", "));
+    }
+    if !report.duplicate_examples.is_empty() {
+        let _ = writeln!(md);
+        let _ = writeln!(md, "Duplicated (first {}): {}", report.duplicate_examples.len(), report.duplicate_examples.join(", "));
+    }
+    if !report.notes.is_empty() {
+        let _ = writeln!(md);
+        let _ = writeln!(md, "## Notes");
+        let _ = writeln!(md);
+        for n in &report.notes {
+            let _ = writeln!(md, "- {n}");
+        }
+    }
+    let _ = writeln!(md);
+    let _ = writeln!(md, "## Run");
+    let _ = writeln!(md);
+    let versions: Vec<String> = report.versions.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let _ = writeln!(
+        md,
+        "Seed {}; runtime `{}`; {}; took {}.",
+        report.seed,
+        report.runtime,
+        versions.join(", "),
+        secs(report.duration_ms)
+    );
+    md
+}
+
+/// Writes `report.md` and `report.json` into `dir`; returns their paths.
+pub fn write(report: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let md = dir.join("report.md");
+    std::fs::write(&md, markdown(report))?;
+    let json = dir.join("report.json");
+    let text = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
+    std::fs::write(&json, text + "\n")?;
+    Ok(vec![md, json])
+}

@@ -1,0 +1,449 @@
+//! One drill, start to finish: provision the broker and the proxy link, start the reader and
+//! the system under test, play the workload and the fault timeline, drain, read back, judge.
+//!
+//! The runner owns the clock of a drill (`t0`) and every child it starts; when [`run`] returns —
+//! normally, with an error, or because the caller's token was cancelled — the engine process,
+//! the broker and the proxy are stopped. It never judges: it collects facts and hands them to
+//! [`verdict`](crate::report::judge).
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::brokers::{self, Broker};
+use crate::engine::{EngineConfig, OutputConfig, OutputKind, Stats};
+use crate::proxy::{Direction, Fault, Link};
+use crate::report::{self, Facts, FaultRecord};
+use crate::scenario::{FaultAction, Plan, ProcessAction, RuntimeChoice};
+use crate::sut::EngineProcess;
+use crate::verify::{self, Reader};
+use crate::workload::{self, Sent};
+
+/// Why a drill could not be carried out (exit code 3): not a verdict on the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("broker: {0}")]
+    Broker(#[from] brokers::BrokerError),
+    #[error("proxy: {0}")]
+    Proxy(#[from] crate::proxy::ProxyError),
+    #[error("engine: {0}")]
+    Engine(#[from] crate::sut::SutError),
+    #[error("reader: {0}")]
+    Reader(#[from] crate::mqtt::MqttError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("interrupted")]
+    Interrupted,
+}
+
+/// How to run a plan.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where `<scenario name>/` with the reports goes.
+    pub out: PathBuf,
+    /// Overrides the scenario's runtime.
+    pub runtime: Option<RuntimeChoice>,
+    /// Overrides the scenario's seed.
+    pub seed: Option<u64>,
+    /// The `drill` binary that runs the engine (`drill engine --config`).
+    pub engine_exe: PathBuf,
+}
+
+/// One scheduled step of the timeline.
+#[derive(Debug, Clone)]
+enum Step {
+    Link {
+        index: usize,
+        link: String,
+        fault: Fault,
+        direction: Direction,
+    },
+    Heal {
+        index: Option<usize>,
+        link: String,
+    },
+    Engine {
+        index: usize,
+        action: ProcessAction,
+        wipe_data: bool,
+    },
+    RestartEngine,
+}
+
+fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
+    let mut steps = Vec::new();
+    for (index, f) in plan.faults.iter().enumerate() {
+        match &f.what {
+            FaultAction::Link {
+                link,
+                fault,
+                direction,
+                lasts,
+            } => {
+                steps.push((
+                    f.at,
+                    Step::Link {
+                        index,
+                        link: link.clone(),
+                        fault: *fault,
+                        direction: *direction,
+                    },
+                ));
+                if let Some(d) = lasts {
+                    steps.push((
+                        f.at + *d,
+                        Step::Heal {
+                            index: Some(index),
+                            link: link.clone(),
+                        },
+                    ));
+                }
+            }
+            FaultAction::Heal { link } => steps.push((
+                f.at,
+                Step::Heal {
+                    index: None,
+                    link: link.clone(),
+                },
+            )),
+            FaultAction::Engine {
+                action,
+                restart_after,
+                wipe_data,
+            } => {
+                steps.push((
+                    f.at,
+                    Step::Engine {
+                        index,
+                        action: *action,
+                        wipe_data: *wipe_data,
+                    },
+                ));
+                if let Some(d) = restart_after {
+                    steps.push((f.at + *d, Step::RestartEngine));
+                }
+            }
+        }
+    }
+    steps.sort_by_key(|(at, _)| *at);
+    steps
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+fn say(line: &str) {
+    println!("{line}");
+}
+
+/// Runs one drill. Returns the facts for the report (the caller judges and writes).
+pub async fn run(plan: &Plan, options: &Options, cancel: CancellationToken) -> Result<Facts, RunError> {
+    let seed = options.seed.unwrap_or(plan.seed);
+    let runtime = options.runtime.unwrap_or(plan.destination.runtime);
+    let dir = options.out.join(&plan.name);
+    let work = dir.join("work");
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| RunError::Io { path, source }
+    };
+    if work.exists() {
+        std::fs::remove_dir_all(&work).map_err(io(&work))?;
+    }
+    std::fs::create_dir_all(&work).map_err(io(&work))?;
+    let run_id = format!("{}-{seed}", plan.name);
+
+    say(&format!("drill {}: {}", plan.name, plan.about.as_deref().unwrap_or("")));
+    let mut broker: Broker = brokers::start_mqtt(runtime, &work).await?;
+    if let Some(note) = &broker.note {
+        say(&format!("  {note}"));
+    }
+    say(&format!(
+        "  broker: {} ({}) on {}",
+        broker.version, broker.runtime, broker.addr
+    ));
+
+    let link_cancel = cancel.child_token();
+    let link_name = plan.destination.link_name();
+    let link = Link::start(
+        link_name,
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        broker.addr,
+        link_cancel.clone(),
+    )
+    .await?;
+    say(&format!(
+        "  proxy link {link_name}: {} -> {}",
+        link.listen_addr(),
+        broker.addr
+    ));
+
+    let engine_port = brokers::free_port().map_err(io(&work))?;
+    let config = EngineConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], engine_port)),
+        data_dir: work.join("engine-data"),
+        outputs: vec![OutputConfig {
+            name: link_name.to_string(),
+            kind: OutputKind::Mqtt,
+            address: link.listen_addr(),
+            topic: plan.destination.topic.clone(),
+            client_id: None,
+            promise: plan.engine.promise,
+            order: plan.engine.order,
+            keepalive: crate::engine::DurText(plan.engine.keepalive),
+            answer_timeout: crate::engine::DurText(plan.engine.answer_timeout),
+            window: plan.engine.window,
+            refusals: None,
+        }],
+    };
+    let mut engine = EngineProcess::start(&options.engine_exe, config, &work).await?;
+    say(&format!("  engine: built-in, pid-managed, api http://{}", engine.addr()));
+
+    // The reader subscribes before the first record; then the workload and the timeline run
+    // side by side on the drill's clock.
+    let t0 = Instant::now();
+    let reader_cancel = cancel.child_token();
+    let reader = Reader::start(broker.addr, &plan.destination.topic, t0, reader_cancel.clone()).await?;
+    let sent = Arc::new(Mutex::new(Sent::default()));
+    let workload_cancel = cancel.child_token();
+    let workload = tokio::spawn(workload::drive(
+        plan.workload.clone(),
+        run_id.clone(),
+        seed,
+        engine.addr(),
+        t0,
+        sent.clone(),
+        workload_cancel.clone(),
+    ));
+    say(&format!(
+        "  workload: {} records at {}/s over {:?}, {} keys, seed {seed}",
+        plan.workload.total_records(),
+        plan.workload.rate_per_s,
+        plan.workload.duration,
+        plan.workload.keys
+    ));
+
+    let mut faults: Vec<FaultRecord> = Vec::new();
+    let mut crashes: Vec<Duration> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let mut progress = tokio::time::interval(Duration::from_secs(5));
+    progress.tick().await;
+    let steps = timeline(plan);
+    let mut next = 0;
+    let mut workload = workload;
+    let mut workload_done = false;
+    let interrupted = loop {
+        if next >= steps.len() && workload_done {
+            break false;
+        }
+        let wake = steps
+            .get(next)
+            .map(|(at, _)| tokio::time::Instant::from_std(t0 + *at));
+        tokio::select! {
+            _ = cancel.cancelled() => break true,
+            _ = &mut workload, if !workload_done => workload_done = true,
+            _ = progress.tick() => {
+                let accepted = sent.lock().map(|s| s.accepted().count()).unwrap_or(0);
+                let status = link.status();
+                say(&format!(
+                    "  {:>4}s  accepted {accepted:>6}  read back {:>6}  link {link_name}: {}{}",
+                    t0.elapsed().as_secs(),
+                    reader.count(),
+                    status.fault,
+                    status.direction.map(|d| format!(" {d}")).unwrap_or_default()
+                ));
+            }
+            _ = async { if let Some(w) = wake { tokio::time::sleep_until(w).await } }, if wake.is_some() => {
+                let (_, step) = &steps[next];
+                next += 1;
+                let now = t0.elapsed();
+                match step {
+                    Step::Link { index, link: name, fault, direction } => {
+                        link.apply_settled(*fault, *direction).await;
+                        say(&format!("  {:>4}s  fault: link {name} {} {}", now.as_secs(), fault.name(), direction.name()));
+                        faults.push(FaultRecord {
+                            index: *index,
+                            at_ms: ms(now),
+                            target: format!("link {name}"),
+                            fault: fault.name().to_string(),
+                            direction: Some(direction.name().to_string()),
+                            until_ms: None,
+                        });
+                    }
+                    Step::Heal { index, link: name } => {
+                        link.apply_settled(Fault::Heal, Direction::Both).await;
+                        say(&format!("  {:>4}s  heal: link {name}", now.as_secs()));
+                        let open = faults.iter_mut().rev().find(|f| {
+                            f.until_ms.is_none()
+                                && f.target == format!("link {name}")
+                                && index.is_none_or(|i| f.index == i)
+                        });
+                        if let Some(f) = open {
+                            f.until_ms = Some(ms(now));
+                        }
+                    }
+                    Step::Engine { index, action, wipe_data } => {
+                        match action {
+                            ProcessAction::Kill => engine.kill().await,
+                            ProcessAction::Stop => engine.stop(Duration::from_secs(10)).await,
+                        }
+                        crashes.push(now);
+                        let mut what = match action {
+                            ProcessAction::Kill => "kill (SIGKILL)".to_string(),
+                            ProcessAction::Stop => "stop (SIGTERM)".to_string(),
+                        };
+                        if *wipe_data {
+                            let data = engine.data_dir().to_path_buf();
+                            if data.exists() {
+                                std::fs::remove_dir_all(&data).map_err(io(&data))?;
+                            }
+                            what.push_str(", data directory removed");
+                        }
+                        say(&format!("  {:>4}s  fault: engine {what}", now.as_secs()));
+                        faults.push(FaultRecord {
+                            index: *index,
+                            at_ms: ms(now),
+                            target: "engine".to_string(),
+                            fault: what,
+                            direction: None,
+                            until_ms: None,
+                        });
+                    }
+                    Step::RestartEngine => {
+                        engine.spawn().await?;
+                        engine.note("restarted by the drill").await;
+                        say(&format!("  {:>4}s  engine restarted", now.as_secs()));
+                        if let Some(f) = faults.iter_mut().rev().find(|f| f.target == "engine" && f.until_ms.is_none()) {
+                            f.until_ms = Some(ms(t0.elapsed()));
+                        }
+                    }
+                }
+            }
+        }
+    };
+    if interrupted {
+        workload_cancel.cancel();
+        engine.kill().await;
+        broker.stop().await;
+        link.shutdown().await;
+        return Err(RunError::Interrupted);
+    }
+    // A link left faulted by the scenario stays so: a drill may test a permanent outage.
+    if !engine.is_running() {
+        notes.push("the engine was down at the end of the timeline; drill restarted it to drain".to_string());
+        engine.spawn().await?;
+    }
+
+    // Drain: until the engine says nothing waits, or the drain timeout.
+    let workload_done = t0.elapsed();
+    say(&format!("  {:>4}s  workload done; draining (up to {:?})", workload_done.as_secs(), plan.drain_timeout));
+    let drain_deadline = Instant::now() + plan.drain_timeout;
+    let mut last_stats: Option<Stats> = None;
+    loop {
+        if let Ok(stats) = engine.stats().await {
+            let idle = stats.waiting == 0 && stats.outputs.iter().all(|o| o.in_flight == 0);
+            last_stats = Some(stats);
+            if idle {
+                break;
+            }
+        }
+        if Instant::now() > drain_deadline {
+            notes.push(format!("drain timed out after {:?}", plan.drain_timeout));
+            break;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => {
+                engine.kill().await;
+                broker.stop().await;
+                link.shutdown().await;
+                return Err(RunError::Interrupted);
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+    let drained_at = t0.elapsed();
+    // Let the reader catch up: until its count has been still for 1.5 s (at most 20 s).
+    let settle_deadline = Instant::now() + Duration::from_secs(20);
+    let mut count = reader.count();
+    let mut still_since = Instant::now();
+    while Instant::now() < settle_deadline && still_since.elapsed() < Duration::from_millis(1500) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = reader.count();
+        if now != count {
+            count = now;
+            still_since = Instant::now();
+        }
+    }
+    let final_stats = engine.stats().await.ok().or(last_stats);
+    let attempts_log = engine.data_dir().join("attempts.jsonl");
+    let possibly_sent_keys = possibly_sent_keys(&attempts_log);
+    engine.stop(Duration::from_secs(10)).await;
+    let received = reader.stop().await;
+    reader_cancel.cancel();
+    let link_status = link.status();
+    link.shutdown().await;
+    broker.stop().await;
+
+    let sent = match Arc::try_unwrap(sent) {
+        Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
+        Err(shared) => {
+            let s = shared.lock().map(|s| Sent { order: s.order.clone() });
+            s.unwrap_or_default()
+        }
+    };
+    let reconciliation = verify::reconcile(&sent, &received);
+    let crash_keys: HashSet<String> = match crashes.first() {
+        Some(first) => sent
+            .accepted()
+            .filter(|(_, _, at)| at <= crashes.last().unwrap_or(first))
+            .map(|(_, k, _)| k.to_string())
+            .collect(),
+        None => HashSet::new(),
+    };
+    let allowed = report::allowed_duplicates(&sent, &received, &possibly_sent_keys, &crash_keys);
+    let recovery = report::recovery(&faults, &sent, &received, drained_at);
+
+    let mut versions = BTreeMap::new();
+    versions.insert("drill".to_string(), env!("CARGO_PKG_VERSION").to_string());
+    versions.insert("broker".to_string(), broker.version.clone());
+    versions.insert("runtime".to_string(), broker.runtime.to_string());
+    if let Some(note) = &broker.note {
+        notes.push(note.clone());
+    }
+    if let Some(f) = &received.verifier_fault {
+        notes.push(format!("verifier fault: {f} — read-back counts may be low; this is not engine loss"));
+    }
+    Ok(Facts {
+        plan: plan.clone(),
+        seed,
+        runtime: broker.runtime.to_string(),
+        reconciliation,
+        allowed_duplicates: allowed,
+        engine: final_stats,
+        faults,
+        recovery,
+        link: link_status,
+        versions,
+        notes,
+        verifier_fault: received.verifier_fault.is_some(),
+        duration_ms: ms(t0.elapsed()),
+    })
+}
+
+/// Write keys that had an attempt end `possibly_sent` (from the engine's attempt journal).
+fn possibly_sent_keys(path: &Path) -> HashSet<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("outcome").and_then(|o| o.as_str()) == Some("possibly_sent"))
+        .filter_map(|v| v.get("key").and_then(|k| k.as_str()).map(str::to_string))
+        .collect()
+}

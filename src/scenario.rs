@@ -1,0 +1,757 @@
+//! Scenario files: YAML in, a validated [`Plan`] out.
+//!
+//! This module owns the scenario language (DESIGN.md §4). Parsing is two steps, as in ripgrep:
+//! raw YAML is deserialized with `serde-saphyr` into `Raw*` types that reject unknown fields, and
+//! then validated into a [`Plan`] whose values can be trusted. Every error names the file, line,
+//! column and field, and says what to write instead. Nothing is started on an invalid plan: the
+//! runner only ever sees a `Plan`.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+use serde_saphyr::Spanned;
+
+use crate::proxy::{Direction, Fault};
+
+/// Why a scenario could not be turned into a plan. Both variants mean "invalid input" (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("{path}: cannot read the scenario: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        path: String,
+        line: u32,
+        column: u32,
+        message: String,
+    },
+}
+
+/// A duration written with a unit: `500ms`, `20s`, `5m`, `1h`, or a sum such as `2m30s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Dur(pub Duration);
+
+impl Dur {
+    pub fn parse(text: &str) -> Result<Dur, String> {
+        let hint = "write a number with a unit, e.g. 500ms, 20s, 5m or 1h";
+        let s = text.trim();
+        if s.is_empty() {
+            return Err(format!("empty duration: {hint}"));
+        }
+        if s.starts_with('-') {
+            return Err(format!("negative duration `{s}`: {hint}"));
+        }
+        let mut total = Duration::ZERO;
+        let mut rest = s;
+        while !rest.is_empty() {
+            let digits = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .ok_or_else(|| format!("duration `{s}` has no unit: {hint}"))?;
+            if digits == 0 {
+                return Err(format!("invalid duration `{s}`: {hint}"));
+            }
+            let number: f64 = rest[..digits]
+                .parse()
+                .map_err(|_| format!("invalid number in duration `{s}`: {hint}"))?;
+            let after = &rest[digits..];
+            let unit_len = after
+                .find(|c: char| c.is_ascii_digit())
+                .unwrap_or(after.len());
+            let seconds = match &after[..unit_len] {
+                "ms" => number / 1000.0,
+                "s" => number,
+                "m" => number * 60.0,
+                "h" => number * 3600.0,
+                other => return Err(format!("unknown unit `{other}` in duration `{s}`: {hint}")),
+            };
+            total += Duration::from_secs_f64(seconds);
+            rest = &after[unit_len..];
+        }
+        Ok(Dur(total))
+    }
+}
+
+impl fmt::Display for Dur {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 60_000 == 0 && ms > 0 {
+            write!(f, "{}m", ms / 60_000)
+        } else if ms % 1000 == 0 {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Dur::parse(&text).map_err(de::Error::custom)
+    }
+}
+
+/// Records per second, written `100/s`, `6000/m` or a bare number (per second). Must be > 0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate(pub f64);
+
+impl Rate {
+    pub fn parse(text: &str) -> Result<Rate, String> {
+        let hint = "write a positive rate such as 100/s or 6000/m";
+        let s = text.trim();
+        let (number, per) = match s.split_once('/') {
+            Some((n, unit)) => (n.trim(), unit.trim()),
+            None => (s, "s"),
+        };
+        let n: f64 = number
+            .parse()
+            .map_err(|_| format!("invalid rate `{s}`: {hint}"))?;
+        let per_second = match per {
+            "s" => n,
+            "m" => n / 60.0,
+            "h" => n / 3600.0,
+            other => return Err(format!("unknown rate unit `/{other}` in `{s}`: {hint}")),
+        };
+        if !per_second.is_finite() || per_second <= 0.0 {
+            return Err(format!("rate `{s}` must be greater than zero: {hint}"));
+        }
+        Ok(Rate(per_second))
+    }
+}
+
+impl<'de> Deserialize<'de> for Rate {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Text {
+            Number(f64),
+            Text(String),
+        }
+        let text = match Text::deserialize(deserializer)? {
+            Text::Number(n) => n.to_string(),
+            Text::Text(s) => s,
+        };
+        Rate::parse(&text).map_err(de::Error::custom)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DestinationKind {
+    Mqtt,
+    Kafka,
+    Nats,
+}
+
+impl DestinationKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DestinationKind::Mqtt => "mqtt",
+            DestinationKind::Kafka => "kafka",
+            DestinationKind::Nats => "nats",
+        }
+    }
+}
+
+/// Where a broker runs (DESIGN.md §2). `auto` picks the best one available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeChoice {
+    Auto,
+    Container,
+    Process,
+    Embedded,
+}
+
+/// The order an output keeps (DESIGN.md §1.9).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    #[default]
+    InOrder,
+    Any,
+}
+
+/// What an output promises (DESIGN.md §1.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Promise {
+    AtMostOnce,
+    #[default]
+    AtLeastOnce,
+    EffectivelyOnce,
+}
+
+impl Promise {
+    pub fn name(self) -> &'static str {
+        match self {
+            Promise::AtMostOnce => "at_most_once",
+            Promise::AtLeastOnce => "at_least_once",
+            Promise::EffectivelyOnce => "effectively_once",
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    name: Spanned<String>,
+    #[serde(default)]
+    about: Option<String>,
+    #[serde(default)]
+    seed: Option<u64>,
+    destination: RawDestination,
+    #[serde(default)]
+    system: Option<RawSystem>,
+    workload: RawWorkload,
+    #[serde(default)]
+    faults: Vec<Spanned<RawFault>>,
+    #[serde(default)]
+    expect: Option<RawExpect>,
+    #[serde(default)]
+    drain_timeout: Option<Dur>,
+    #[serde(default)]
+    tags: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDestination {
+    kind: Spanned<DestinationKind>,
+    #[serde(default)]
+    runtime: Option<RuntimeChoice>,
+    #[serde(default)]
+    topic: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSystem {
+    #[serde(default)]
+    builtin: Option<RawBuiltin>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawBuiltin {
+    #[serde(default)]
+    order: Option<Order>,
+    #[serde(default)]
+    promise: Option<Promise>,
+    #[serde(default)]
+    keepalive: Option<Dur>,
+    #[serde(default)]
+    answer_timeout: Option<Dur>,
+    #[serde(default)]
+    window: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorkload {
+    rate: Rate,
+    duration: Dur,
+    #[serde(default)]
+    keys: Option<Spanned<u32>>,
+    #[serde(default)]
+    payload_bytes: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFault {
+    at: Dur,
+    #[serde(default)]
+    link: Option<String>,
+    #[serde(default)]
+    fault: Option<Fault>,
+    #[serde(default)]
+    direction: Option<Direction>,
+    #[serde(default, rename = "for")]
+    for_: Option<Dur>,
+    #[serde(default)]
+    target: Option<String>,
+    #[serde(default)]
+    action: Option<ProcessAction>,
+    #[serde(default)]
+    restart_after: Option<Dur>,
+    #[serde(default)]
+    wipe_data: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExpect {
+    #[serde(default)]
+    lost: Option<u64>,
+    #[serde(default)]
+    duplicates: Option<u64>,
+    #[serde(default)]
+    reordered: Option<u64>,
+    #[serde(default)]
+    ledger: Option<LedgerExpectation>,
+    #[serde(default)]
+    recovery_within: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LedgerExpectation {
+    Closes,
+}
+
+/// A process fault (DESIGN.md §3). Only the engine is a target so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessAction {
+    /// SIGKILL, then (with `restart_after`) start again on the same data directory.
+    Kill,
+    /// SIGTERM, then (with `restart_after`) start again.
+    Stop,
+}
+
+/// A validated drill: everything the runner needs, nothing it has to check again.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub name: String,
+    pub about: Option<String>,
+    pub source: PathBuf,
+    pub seed: u64,
+    pub destination: Destination,
+    pub engine: EngineSpec,
+    pub workload: WorkloadSpec,
+    pub faults: Vec<ScheduledFault>,
+    pub expect: Expectations,
+    pub drain_timeout: Duration,
+    pub tags: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Destination {
+    pub kind: DestinationKind,
+    pub runtime: RuntimeChoice,
+    pub topic: String,
+}
+
+impl Destination {
+    /// The proxy link in front of this destination's broker is named after its kind.
+    pub fn link_name(&self) -> &'static str {
+        self.kind.name()
+    }
+}
+
+/// Settings of the built-in engine under test.
+#[derive(Debug, Clone)]
+pub struct EngineSpec {
+    pub order: Order,
+    pub promise: Promise,
+    pub keepalive: Duration,
+    pub answer_timeout: Duration,
+    pub window: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkloadSpec {
+    pub rate_per_s: f64,
+    pub duration: Duration,
+    pub keys: u32,
+    pub payload_bytes: usize,
+}
+
+impl WorkloadSpec {
+    /// How many records a complete run generates.
+    pub fn total_records(&self) -> u64 {
+        (self.rate_per_s * self.duration.as_secs_f64()).round() as u64
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduledFault {
+    pub at: Duration,
+    pub what: FaultAction,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum FaultAction {
+    Link {
+        link: String,
+        fault: Fault,
+        direction: Direction,
+        /// `for:` — the link heals by itself this long after `at`.
+        lasts: Option<Duration>,
+    },
+    Heal {
+        link: String,
+    },
+    Engine {
+        action: ProcessAction,
+        restart_after: Option<Duration>,
+        wipe_data: bool,
+    },
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Expectations {
+    pub lost: Option<u64>,
+    pub duplicates: Option<u64>,
+    pub reordered: Option<u64>,
+    pub ledger_closes: bool,
+    pub recovery_within: Option<Duration>,
+}
+
+/// Reads and validates a scenario file.
+pub fn load(path: &Path) -> Result<Plan, ScenarioError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
+/// Validates scenario text; `path` is only used to name the file in errors.
+pub fn parse(path: &Path, text: &str) -> Result<Plan, ScenarioError> {
+    let shown = path.display().to_string();
+    let raw: RawScenario = serde_saphyr::from_str(text).map_err(|e| {
+        let (line, column) = e
+            .location()
+            .map(|l| (l.line() as u32, l.column() as u32))
+            .unwrap_or((0, 0));
+        ScenarioError::Invalid {
+            path: shown.clone(),
+            line,
+            column,
+            message: plain_message(&e),
+        }
+    })?;
+    validate(&shown, raw, path)
+}
+
+/// serde-saphyr renders a snippet around the error; drill prints `file:line:col: message`, so
+/// keep only the message, and name the field when serde named it.
+fn plain_message(e: &serde_saphyr::Error) -> String {
+    let full = e.to_string();
+    let first = full.lines().next().unwrap_or("invalid scenario").trim();
+    let message = first
+        .strip_prefix("error: ")
+        .unwrap_or(first)
+        .trim()
+        .to_string();
+    // Drop a trailing " at line X column Y" that duplicates our prefix.
+    match message.find(" at line ") {
+        Some(i) => message[..i].to_string(),
+        None => message,
+    }
+}
+
+fn invalid(path: &str, loc: &serde_saphyr::Location, message: String) -> ScenarioError {
+    ScenarioError::Invalid {
+        path: path.to_string(),
+        line: loc.line() as u32,
+        column: loc.column() as u32,
+        message,
+    }
+}
+
+fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, ScenarioError> {
+    let name = raw.name.value.trim().to_string();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+    {
+        return Err(invalid(
+            shown,
+            &raw.name.referenced,
+            format!(
+                "field `name`: `{name}` is not a usable name; use letters, digits, `-`, `_` or `.` (it names the report folder)"
+            ),
+        ));
+    }
+    let kind = raw.destination.kind.value;
+    if kind != DestinationKind::Mqtt {
+        return Err(invalid(
+            shown,
+            &raw.destination.kind.referenced,
+            format!(
+                "field `destination.kind`: `{}` is not supported by this build yet; use `mqtt`",
+                kind.name()
+            ),
+        ));
+    }
+    let destination = Destination {
+        kind,
+        runtime: raw.destination.runtime.unwrap_or(RuntimeChoice::Auto),
+        topic: raw.destination.topic.unwrap_or_else(|| "drill".to_string()),
+    };
+    let builtin = raw.system.and_then(|s| s.builtin).unwrap_or_default();
+    let engine = EngineSpec {
+        order: builtin.order.unwrap_or_default(),
+        promise: builtin.promise.unwrap_or_default(),
+        keepalive: builtin.keepalive.map(|d| d.0).unwrap_or(Duration::from_secs(2)),
+        answer_timeout: builtin
+            .answer_timeout
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(3)),
+        window: builtin.window.unwrap_or(64).max(1),
+    };
+    let keys = match raw.workload.keys {
+        Some(k) if k.value == 0 => {
+            return Err(invalid(
+                shown,
+                &k.referenced,
+                "field `workload.keys`: must be at least 1".to_string(),
+            ));
+        }
+        Some(k) => k.value,
+        None => 4,
+    };
+    let workload = WorkloadSpec {
+        rate_per_s: raw.workload.rate.0,
+        duration: raw.workload.duration.0,
+        keys,
+        payload_bytes: raw.workload.payload_bytes.unwrap_or(120),
+    };
+    let links: BTreeSet<&str> = [destination.link_name()].into_iter().collect();
+    let mut faults = Vec::new();
+    for (i, spanned) in raw.faults.iter().enumerate() {
+        let f = &spanned.value;
+        let loc = &spanned.referenced;
+        let field = |name: &str| format!("field `faults[{i}].{name}`");
+        match (&f.link, &f.target) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    shown,
+                    loc,
+                    format!(
+                        "faults[{i}]: give either `link` (a network fault) or `target` (a process fault), not both"
+                    ),
+                ));
+            }
+            (None, None) => {
+                return Err(invalid(
+                    shown,
+                    loc,
+                    format!(
+                        "faults[{i}]: missing `link` (e.g. link: {}) or `target` (e.g. target: engine)",
+                        destination.link_name()
+                    ),
+                ));
+            }
+            (Some(link), None) => {
+                if !links.contains(link.as_str()) {
+                    return Err(invalid(
+                        shown,
+                        loc,
+                        format!(
+                            "{}: no link named `{link}`; this scenario has: {}",
+                            field("link"),
+                            links.iter().copied().collect::<Vec<_>>().join(", ")
+                        ),
+                    ));
+                }
+                for (set, name) in [
+                    (f.action.is_some(), "action"),
+                    (f.restart_after.is_some(), "restart_after"),
+                    (f.wipe_data.is_some(), "wipe_data"),
+                ] {
+                    if set {
+                        return Err(invalid(
+                            shown,
+                            loc,
+                            format!("{}: only process faults (`target:`) take it", field(name)),
+                        ));
+                    }
+                }
+                let fault = f.fault.ok_or_else(|| {
+                    invalid(
+                        shown,
+                        loc,
+                        format!(
+                            "{}: missing; one of refuse, reset, swallow, hang, heal",
+                            field("fault")
+                        ),
+                    )
+                })?;
+                let direction = f.direction.unwrap_or(Direction::Both);
+                match fault {
+                    Fault::Heal => {
+                        if f.for_.is_some() {
+                            return Err(invalid(
+                                shown,
+                                loc,
+                                format!("{}: a heal has no duration", field("for")),
+                            ));
+                        }
+                        faults.push(ScheduledFault {
+                            at: f.at.0,
+                            what: FaultAction::Heal { link: link.clone() },
+                        });
+                    }
+                    _ => {
+                        if matches!(fault, Fault::Refuse | Fault::Reset)
+                            && direction != Direction::Both
+                        {
+                            return Err(invalid(
+                                shown,
+                                loc,
+                                format!(
+                                    "{}: `{}` acts on whole connections; leave `direction` out",
+                                    field("direction"),
+                                    fault.name()
+                                ),
+                            ));
+                        }
+                        faults.push(ScheduledFault {
+                            at: f.at.0,
+                            what: FaultAction::Link {
+                                link: link.clone(),
+                                fault,
+                                direction,
+                                lasts: f.for_.map(|d| d.0),
+                            },
+                        });
+                    }
+                }
+            }
+            (None, Some(target)) => {
+                if target != "engine" {
+                    return Err(invalid(
+                        shown,
+                        loc,
+                        format!(
+                            "{}: `{target}` is not a target this build can act on; use `engine`",
+                            field("target")
+                        ),
+                    ));
+                }
+                for (set, name) in [
+                    (f.fault.is_some(), "fault"),
+                    (f.direction.is_some(), "direction"),
+                    (f.for_.is_some(), "for"),
+                ] {
+                    if set {
+                        return Err(invalid(
+                            shown,
+                            loc,
+                            format!(
+                                "{}: only link faults (`link:`) take it; a process fault uses `action`",
+                                field(name)
+                            ),
+                        ));
+                    }
+                }
+                let action = f.action.ok_or_else(|| {
+                    invalid(
+                        shown,
+                        loc,
+                        format!("{}: missing; one of kill, stop", field("action")),
+                    )
+                })?;
+                faults.push(ScheduledFault {
+                    at: f.at.0,
+                    what: FaultAction::Engine {
+                        action,
+                        restart_after: f.restart_after.map(|d| d.0),
+                        wipe_data: f.wipe_data.unwrap_or(false),
+                    },
+                });
+            }
+        }
+    }
+    faults.sort_by_key(|f| f.at);
+    let expect = raw
+        .expect
+        .map(|e| Expectations {
+            lost: e.lost,
+            duplicates: e.duplicates,
+            reordered: e.reordered,
+            ledger_closes: e.ledger == Some(LedgerExpectation::Closes),
+            recovery_within: e.recovery_within.map(|d| d.0),
+        })
+        .unwrap_or(Expectations {
+            lost: Some(0),
+            ledger_closes: true,
+            ..Expectations::default()
+        });
+    Ok(Plan {
+        name,
+        about: raw.about,
+        source: source.to_path_buf(),
+        seed: raw.seed.unwrap_or(1),
+        destination,
+        engine,
+        workload,
+        faults,
+        expect,
+        drain_timeout: raw
+            .drain_timeout
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(60)),
+        tags: raw.tags,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "\
+name: t
+destination: { kind: mqtt }
+workload: { rate: 100/s, duration: 10s }
+faults:
+  - { at: 2s, link: mqtt, fault: swallow, for: 3s }
+  - { at: 4s, target: engine, action: kill, restart_after: 1s }
+";
+
+    fn err(text: &str) -> String {
+        parse(Path::new("s.yaml"), text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn durations_and_rates() {
+        assert_eq!(Dur::parse("2m30s").unwrap().0, Duration::from_secs(150));
+        assert_eq!(Dur::parse("500ms").unwrap().0, Duration::from_millis(500));
+        assert!(Dur::parse("5").is_err());
+        assert!(Dur::parse("-5s").is_err());
+        assert!(Dur::parse("5 parsecs").is_err());
+        assert_eq!(Rate::parse("6000/m").unwrap().0, 100.0);
+        assert!(Rate::parse("-5/s").is_err());
+        assert!(Rate::parse("0/s").is_err());
+    }
+
+    #[test]
+    fn a_good_scenario_becomes_a_plan() {
+        let plan = parse(Path::new("s.yaml"), GOOD).unwrap();
+        assert_eq!(plan.workload.total_records(), 1000);
+        assert_eq!(plan.faults.len(), 2);
+        assert!(plan.expect.ledger_closes);
+    }
+
+    #[test]
+    fn unknown_field_names_file_line_column_and_field() {
+        let text = GOOD.replace("fault: swallow", "fualt: swallow");
+        let e = err(&text);
+        assert!(e.starts_with("s.yaml:5:"), "{e}");
+        assert!(e.contains("fualt"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_located() {
+        let e = err(&GOOD.replace("100/s", "-100/s"));
+        assert!(e.starts_with("s.yaml:3:"), "{e}");
+        assert!(e.contains("greater than zero"), "{e}");
+        let e = err(&GOOD.replace("10s", "10 seconds"));
+        assert!(e.starts_with("s.yaml:3:"), "{e}");
+        let e = err(&GOOD.replace("link: mqtt", "link: kafka"));
+        assert!(e.starts_with("s.yaml:5:"), "{e}");
+        assert!(e.contains("faults[0].link"), "{e}");
+    }
+}

@@ -1,0 +1,292 @@
+//! Reading back and reconciling: what reached the destination, by harness id.
+//!
+//! The [`Reader`] subscribes straight to the broker (never through the proxy) before the
+//! workload starts, and records every copy it receives with its write key. [`reconcile`] then
+//! compares what the source was told was accepted with what arrived: missing, duplicates (with
+//! and without the original's write key), reordered (per key), unexpected, and the fate of
+//! ingests whose answer was lost. If the reader itself lost its connection, that is a *verifier*
+//! fault and is reported as such — never as engine loss.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt, StreamExt};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::mqtt::{self, Packet, PubAck, PubAckReason};
+use crate::workload::{Ingested, Sent};
+
+/// One copy seen at the destination.
+#[derive(Debug, Clone)]
+pub struct Arrival {
+    pub id: Option<String>,
+    pub write_key: Option<String>,
+    pub at: Duration,
+}
+
+#[derive(Debug, Default)]
+pub struct Received {
+    pub arrivals: Vec<Arrival>,
+    /// Set when the reader lost its connection: it may have missed copies.
+    pub verifier_fault: Option<String>,
+}
+
+/// The MQTT read-back: one subscriber connected directly to the broker.
+pub struct Reader {
+    pub received: Arc<Mutex<Received>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reader {
+    /// Connects, subscribes to `topic` at QoS 1 and starts recording arrivals relative to `t0`.
+    pub async fn start(
+        broker: SocketAddr,
+        topic: &str,
+        t0: Instant,
+        cancel: CancellationToken,
+    ) -> Result<Reader, mqtt::MqttError> {
+        let limit = Duration::from_secs(10);
+        let mut session = mqtt::connect(broker, "drill-verifier", Duration::from_secs(60), limit).await?;
+        session.subscribe(topic, limit).await?;
+        let received = Arc::new(Mutex::new(Received::default()));
+        let sink = received.clone();
+        let task = tokio::spawn(async move {
+            let (mut tx, mut rx) = session.framed.split();
+            let mut ping = tokio::time::interval(Duration::from_secs(20));
+            let fault = loop {
+                tokio::select! {
+                    packet = rx.next() => match packet {
+                        Some(Ok(Packet::Publish(p))) => {
+                            let id = serde_json::from_slice::<serde_json::Value>(&p.payload)
+                                .ok()
+                                .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string));
+                            let arrival = Arrival { id, write_key: mqtt::write_key_of(&p), at: t0.elapsed() };
+                            if let Ok(mut r) = sink.lock() { r.arrivals.push(arrival); }
+                            if p.pkid != 0 {
+                                let ack = PubAck { pkid: p.pkid, reason: PubAckReason::Success, properties: None };
+                                if let Err(e) = tx.send(Packet::PubAck(ack)).await {
+                                    break Some(format!("verifier could not acknowledge: {e}"));
+                                }
+                            }
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => break Some(format!("verifier connection error: {e}")),
+                        None => break Some("verifier connection closed by the broker".to_string()),
+                    },
+                    _ = ping.tick() => {
+                        if let Err(e) = tx.send(Packet::PingReq(mqtt::PingReq)).await {
+                            break Some(format!("verifier ping failed: {e}"));
+                        }
+                    }
+                    _ = cancel.cancelled() => break None,
+                }
+            };
+            if let Some(f) = fault
+                && let Ok(mut r) = sink.lock()
+            {
+                r.verifier_fault = Some(f);
+            }
+        });
+        Ok(Reader { received, task })
+    }
+
+    pub fn count(&self) -> usize {
+        self.received.lock().map(|r| r.arrivals.len()).unwrap_or(0)
+    }
+
+    pub async fn stop(self) -> Received {
+        self.task.abort();
+        let _ = self.task.await;
+        match Arc::try_unwrap(self.received) {
+            Ok(m) => m.into_inner().unwrap_or_default(),
+            Err(shared) => {
+                let r = shared.lock().map(|r| Received {
+                    arrivals: r.arrivals.clone(),
+                    verifier_fault: r.verifier_fault.clone(),
+                });
+                r.unwrap_or_default()
+            }
+        }
+    }
+}
+
+/// The reconciliation of one drill, by harness id.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Reconciliation {
+    /// Records the source was told were accepted.
+    pub accepted: u64,
+    /// Accepted records found at the destination (at least one copy).
+    pub delivered: u64,
+    /// Accepted records not found at the destination.
+    pub missing: u64,
+    /// Extra copies beyond the first, over all records.
+    pub duplicates: u64,
+    /// Extra copies carrying the original's write key (a resend the engine knew about).
+    pub duplicates_same_key: u64,
+    /// Extra copies without it (a resend the engine could not tell apart): worse.
+    pub duplicates_other_key: u64,
+    /// Per key, first copies that arrived after a later sequence of the same key.
+    pub reordered: u64,
+    /// Copies at the destination of records never handed to the engine (or unreadable).
+    pub unexpected: u64,
+    /// Ingests whose answer was lost.
+    pub ingest_unknown: u64,
+    /// … of which found at the destination.
+    pub recovered: u64,
+    /// … of which not found (the engine did not take them).
+    pub not_accepted: u64,
+    /// Ids of the first missing records, for the report.
+    pub missing_examples: Vec<String>,
+    /// Ids that arrived more than once, for the report.
+    pub duplicate_examples: Vec<String>,
+}
+
+/// Compares what the source sent with what arrived.
+pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
+    let by_id = sent.by_id();
+    let mut copies: HashMap<&str, Vec<&Arrival>> = HashMap::new();
+    let mut rec = Reconciliation::default();
+    for a in &received.arrivals {
+        match a.id.as_deref() {
+            Some(id) if by_id.contains_key(id) => copies.entry(id).or_default().push(a),
+            _ => rec.unexpected += 1,
+        }
+    }
+    let mut seen_first: HashSet<&str> = HashSet::new();
+    let mut highest: HashMap<&str, u64> = HashMap::new();
+    let seq_of: HashMap<&str, (&str, u64)> = sent
+        .order
+        .iter()
+        .map(|(r, _)| (r.id.as_str(), (r.key.as_str(), r.seq)))
+        .collect();
+    for a in &received.arrivals {
+        let Some(id) = a.id.as_deref() else { continue };
+        let Some(&(key, seq)) = seq_of.get(id) else { continue };
+        if !seen_first.insert(id) {
+            continue;
+        }
+        let top = highest.entry(key).or_insert(seq);
+        if seq < *top {
+            rec.reordered += 1;
+        } else {
+            *top = seq;
+        }
+    }
+    for (record, ingested) in &sent.order {
+        let found = copies.get(record.id.as_str());
+        match ingested {
+            Ingested::Accepted { write_key, .. } => {
+                rec.accepted += 1;
+                match found {
+                    Some(c) => {
+                        rec.delivered += 1;
+                        let extra = c.len() as u64 - 1;
+                        if extra > 0 {
+                            rec.duplicates += extra;
+                            let same = c[1..]
+                                .iter()
+                                .filter(|a| a.write_key.as_deref() == Some(write_key.as_str()))
+                                .count() as u64;
+                            rec.duplicates_same_key += same;
+                            rec.duplicates_other_key += extra - same;
+                            if rec.duplicate_examples.len() < 10 {
+                                rec.duplicate_examples.push(record.id.clone());
+                            }
+                        }
+                    }
+                    None => {
+                        rec.missing += 1;
+                        if rec.missing_examples.len() < 10 {
+                            rec.missing_examples.push(record.id.clone());
+                        }
+                    }
+                }
+            }
+            Ingested::Unknown { .. } => {
+                rec.ingest_unknown += 1;
+                match found {
+                    Some(c) => {
+                        rec.recovered += 1;
+                        rec.duplicates += c.len() as u64 - 1;
+                        rec.duplicates_other_key += c.len() as u64 - 1;
+                    }
+                    None => rec.not_accepted += 1,
+                }
+            }
+            Ingested::NotAccepted { .. } => {
+                // The source was told no: a copy at the destination is unexpected.
+                if let Some(c) = found {
+                    rec.unexpected += c.len() as u64;
+                }
+            }
+        }
+    }
+    rec
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Record;
+
+    fn record(key: &str, seq: u64) -> Record {
+        Record {
+            id: format!("r/{key}/{seq}"),
+            key: key.to_string(),
+            seq,
+            index: 0,
+            pad: String::new(),
+        }
+    }
+
+    fn arrival(key: &str, seq: u64, wk: &str) -> Arrival {
+        Arrival {
+            id: Some(format!("r/{key}/{seq}")),
+            write_key: Some(wk.to_string()),
+            at: Duration::ZERO,
+        }
+    }
+
+    fn accepted(wk: &str) -> Ingested {
+        Ingested::Accepted {
+            write_key: wk.to_string(),
+            at: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn counts_missing_duplicates_reordered_and_unknowns() {
+        let sent = Sent {
+            order: vec![
+                (record("a", 0), accepted("w0")),
+                (record("a", 1), accepted("w1")),
+                (record("a", 2), accepted("w2")),
+                (record("b", 0), accepted("w3")),
+                (record("b", 1), Ingested::Unknown { at: Duration::ZERO }),
+                (record("b", 2), Ingested::Unknown { at: Duration::ZERO }),
+            ],
+        };
+        let received = Received {
+            arrivals: vec![
+                arrival("a", 1, "w1"),
+                arrival("a", 0, "w0"), // reordered
+                arrival("a", 1, "w1"), // duplicate, same key
+                arrival("a", 1, "zz"), // duplicate, other key
+                arrival("b", 1, "w9"), // unknown ingest, recovered
+                arrival("c", 0, "w8"), // unexpected
+            ],
+            verifier_fault: None,
+        };
+        let r = reconcile(&sent, &received);
+        assert_eq!(r.accepted, 4);
+        assert_eq!(r.delivered, 2);
+        assert_eq!(r.missing, 2);
+        assert_eq!((r.duplicates, r.duplicates_same_key, r.duplicates_other_key), (2, 1, 1));
+        assert_eq!(r.reordered, 1);
+        assert_eq!(r.unexpected, 1);
+        assert_eq!((r.ingest_unknown, r.recovered, r.not_accepted), (2, 1, 1));
+    }
+}
