@@ -97,7 +97,11 @@ pub async fn start_mqtt(choice: RuntimeChoice, work: &Path) -> Result<Broker, Br
     }
 }
 
-async fn wait_listening(addr: SocketAddr, child: &mut Child, what: &str) -> Result<(), BrokerError> {
+async fn wait_listening(
+    addr: SocketAddr,
+    child: &mut Child,
+    what: &str,
+) -> Result<(), BrokerError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {

@@ -15,7 +15,11 @@ use drill::scenario::RuntimeChoice;
 use drill::{engine, report, runner, scenario};
 
 #[derive(Parser)]
-#[command(name = "drill", version, about = "Proves what a store-and-forward pipeline promises.")]
+#[command(
+    name = "drill",
+    version,
+    about = "Proves what a store-and-forward pipeline promises."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -80,10 +84,11 @@ fn main() -> ExitCode {
 /// Cancels `token` on SIGINT or SIGTERM, so every child is stopped before drill exits.
 fn cancel_on_signals(token: CancellationToken) {
     tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return,
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -96,7 +101,12 @@ async fn dispatch(command: Command) -> u8 {
     let cancel = CancellationToken::new();
     cancel_on_signals(cancel.clone());
     match command {
-        Command::Run { files, out, seed, runtime } => run(files, out, seed, runtime, cancel).await,
+        Command::Run {
+            files,
+            out,
+            seed,
+            runtime,
+        } => run(files, out, seed, runtime, cancel).await,
         Command::Engine { config } => {
             let config = match engine::EngineConfig::load(&config) {
                 Ok(c) => c,
@@ -142,7 +152,12 @@ async fn run(
             return INFRASTRUCTURE;
         }
     };
-    let options = runner::Options { out: out.clone(), runtime, seed, engine_exe };
+    let options = runner::Options {
+        out: out.clone(),
+        runtime,
+        seed,
+        engine_exe,
+    };
     let mut worst = PASS;
     for plan in &plans {
         let facts = match runner::run(plan, &options, cancel.clone()).await {
@@ -167,12 +182,19 @@ async fn run(
                     l.waiting,
                     l.failed,
                     l.lost,
-                    if report.closes { "closes" } else { "does not close" },
+                    if report.closes {
+                        "closes"
+                    } else {
+                        "does not close"
+                    },
                     l.duplicates,
                     l.reordered
                 );
                 for x in report.expectations.iter().filter(|x| !x.ok) {
-                    println!("  expectation failed: {}: expected {}, got {}", x.name, x.expected, x.actual);
+                    println!(
+                        "  expectation failed: {}: expected {}, got {}",
+                        x.name, x.expected, x.actual
+                    );
                 }
                 for p in paths {
                     println!("  wrote {}", p.display());
@@ -195,10 +217,16 @@ async fn proxy(specs: Vec<String>, api: SocketAddr, cancel: CancellationToken) -
     for spec in &specs {
         let parsed = spec.split_once('=').and_then(|(name, addrs)| {
             let (listen, upstream) = addrs.split_once(',')?;
-            Some((name.to_string(), listen.parse::<SocketAddr>().ok()?, upstream.parse::<SocketAddr>().ok()?))
+            Some((
+                name.to_string(),
+                listen.parse::<SocketAddr>().ok()?,
+                upstream.parse::<SocketAddr>().ok()?,
+            ))
         });
         let Some((name, listen, upstream)) = parsed else {
-            eprintln!("drill proxy: --link {spec}: expected NAME=LISTEN_ADDR,UPSTREAM_ADDR, e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883");
+            eprintln!(
+                "drill proxy: --link {spec}: expected NAME=LISTEN_ADDR,UPSTREAM_ADDR, e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883"
+            );
             return INVALID;
         };
         match Link::start(&name, listen, upstream, cancel.child_token()).await {

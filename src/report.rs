@@ -189,7 +189,10 @@ pub fn recovery(
                     "{} {}{}",
                     f.target,
                     f.fault,
-                    f.direction.as_ref().map(|d| format!(" {d}")).unwrap_or_default()
+                    f.direction
+                        .as_ref()
+                        .map(|d| format!(" {d}"))
+                        .unwrap_or_default()
                 ),
                 heal_ms: heal,
                 first_delivery_ms: first.map(|d| d.as_millis() as u64),
@@ -262,7 +265,12 @@ pub fn judge(facts: &Facts) -> Report {
         );
     }
     if let Some(n) = e.reordered {
-        check("reordered", n.to_string(), r.reordered.to_string(), r.reordered <= n);
+        check(
+            "reordered",
+            n.to_string(),
+            r.reordered.to_string(),
+            r.reordered <= n,
+        );
     }
     if e.ledger_closes {
         check(
@@ -278,7 +286,8 @@ pub fn judge(facts: &Facts) -> Report {
             check(
                 &format!("recovery after {}", rec.fault),
                 format!("≤ {} ms", bound.as_millis()),
-                took.map(|t| format!("{t} ms")).unwrap_or_else(|| "no delivery".to_string()),
+                took.map(|t| format!("{t} ms"))
+                    .unwrap_or_else(|| "no delivery".to_string()),
                 took.is_some_and(|t| u128::from(t) <= bound.as_millis()),
             );
         }
@@ -308,7 +317,11 @@ pub fn judge(facts: &Facts) -> Report {
         expectations,
         faults: facts.faults.clone(),
         recovery: facts.recovery.clone(),
-        attempts: facts.engine.as_ref().map(|s| s.attempts).unwrap_or_default(),
+        attempts: facts
+            .engine
+            .as_ref()
+            .map(|s| s.attempts)
+            .unwrap_or_default(),
         promise: facts.plan.engine.promise.name(),
         runtime: facts.runtime.clone(),
         link: facts.link.clone(),
@@ -334,10 +347,17 @@ pub fn markdown(report: &Report) -> String {
         let _ = writeln!(md, "{about}");
         let _ = writeln!(md);
     }
-    let verdict = if report.verdict == "pass" { "PASS" } else { "FAIL" };
+    let verdict = if report.verdict == "pass" {
+        "PASS"
+    } else {
+        "FAIL"
+    };
     let _ = writeln!(md, "## {verdict} — {}", report.headline);
     let _ = writeln!(md);
-    let _ = writeln!(md, "| held | delivered | waiting | failed | lost | duplicates | reordered |");
+    let _ = writeln!(
+        md,
+        "| held | delivered | waiting | failed | lost | duplicates | reordered |"
+    );
     let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
     let _ = writeln!(
         md,
@@ -353,7 +373,11 @@ pub fn markdown(report: &Report) -> String {
         l.waiting,
         l.failed,
         l.lost,
-        if report.closes { "closes" } else { "**does not close**" }
+        if report.closes {
+            "closes"
+        } else {
+            "**does not close**"
+        }
     );
     if let Some(e) = &report.engine_account {
         let _ = writeln!(
@@ -406,13 +430,19 @@ pub fn markdown(report: &Report) -> String {
                 f.until_ms.map(secs).unwrap_or_else(|| "—".to_string()),
                 f.target,
                 f.fault,
-                f.direction.as_ref().map(|d| format!(" ({d})")).unwrap_or_default()
+                f.direction
+                    .as_ref()
+                    .map(|d| format!(" ({d})"))
+                    .unwrap_or_default()
             );
         }
     }
     if !report.recovery.is_empty() {
         let _ = writeln!(md);
-        let _ = writeln!(md, "| recovery after | healed at | first delivery | backlog drained |");
+        let _ = writeln!(
+            md,
+            "| recovery after | healed at | first delivery | backlog drained |"
+        );
         let _ = writeln!(md, "|---|---:|---:|---:|");
         for r in &report.recovery {
             let _ = writeln!(
@@ -454,11 +484,21 @@ pub fn markdown(report: &Report) -> String {
     );
     if !report.missing_examples.is_empty() {
         let _ = writeln!(md);
-        let _ = writeln!(md, "Missing (first {}): {}", report.missing_examples.len(), report.missing_examples.join(", "));
+        let _ = writeln!(
+            md,
+            "Missing (first {}): {}",
+            report.missing_examples.len(),
+            report.missing_examples.join(", ")
+        );
     }
     if !report.duplicate_examples.is_empty() {
         let _ = writeln!(md);
-        let _ = writeln!(md, "Duplicated (first {}): {}", report.duplicate_examples.len(), report.duplicate_examples.join(", "));
+        let _ = writeln!(
+            md,
+            "Duplicated (first {}): {}",
+            report.duplicate_examples.len(),
+            report.duplicate_examples.join(", ")
+        );
     }
     if !report.notes.is_empty() {
         let _ = writeln!(md);
@@ -471,7 +511,11 @@ pub fn markdown(report: &Report) -> String {
     let _ = writeln!(md);
     let _ = writeln!(md, "## Run");
     let _ = writeln!(md);
-    let versions: Vec<String> = report.versions.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    let versions: Vec<String> = report
+        .versions
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
     let _ = writeln!(
         md,
         "Seed {}; runtime `{}`; {}; took {}.",

@@ -145,7 +145,11 @@ fn say(line: &str) {
 }
 
 /// Runs one drill. Returns the facts for the report (the caller judges and writes).
-pub async fn run(plan: &Plan, options: &Options, cancel: CancellationToken) -> Result<Facts, RunError> {
+pub async fn run(
+    plan: &Plan,
+    options: &Options,
+    cancel: CancellationToken,
+) -> Result<Facts, RunError> {
     let seed = options.seed.unwrap_or(plan.seed);
     let runtime = options.runtime.unwrap_or(plan.destination.runtime);
     let dir = options.out.join(&plan.name);
@@ -160,7 +164,11 @@ pub async fn run(plan: &Plan, options: &Options, cancel: CancellationToken) -> R
     std::fs::create_dir_all(&work).map_err(io(&work))?;
     let run_id = format!("{}-{seed}", plan.name);
 
-    say(&format!("drill {}: {}", plan.name, plan.about.as_deref().unwrap_or("")));
+    say(&format!(
+        "drill {}: {}",
+        plan.name,
+        plan.about.as_deref().unwrap_or("")
+    ));
     let mut broker: Broker = brokers::start_mqtt(runtime, &work).await?;
     if let Some(note) = &broker.note {
         say(&format!("  {note}"));
@@ -204,13 +212,22 @@ pub async fn run(plan: &Plan, options: &Options, cancel: CancellationToken) -> R
         }],
     };
     let mut engine = EngineProcess::start(&options.engine_exe, config, &work).await?;
-    say(&format!("  engine: built-in, pid-managed, api http://{}", engine.addr()));
+    say(&format!(
+        "  engine: built-in, pid-managed, api http://{}",
+        engine.addr()
+    ));
 
     // The reader subscribes before the first record; then the workload and the timeline run
     // side by side on the drill's clock.
     let t0 = Instant::now();
     let reader_cancel = cancel.child_token();
-    let reader = Reader::start(broker.addr, &plan.destination.topic, t0, reader_cancel.clone()).await?;
+    let reader = Reader::start(
+        broker.addr,
+        &plan.destination.topic,
+        t0,
+        reader_cancel.clone(),
+    )
+    .await?;
     let sent = Arc::new(Mutex::new(Sent::default()));
     let workload_cancel = cancel.child_token();
     let workload = tokio::spawn(workload::drive(
@@ -337,13 +354,20 @@ pub async fn run(plan: &Plan, options: &Options, cancel: CancellationToken) -> R
     }
     // A link left faulted by the scenario stays so: a drill may test a permanent outage.
     if !engine.is_running() {
-        notes.push("the engine was down at the end of the timeline; drill restarted it to drain".to_string());
+        notes.push(
+            "the engine was down at the end of the timeline; drill restarted it to drain"
+                .to_string(),
+        );
         engine.spawn().await?;
     }
 
     // Drain: until the engine says nothing waits, or the drain timeout.
     let workload_done = t0.elapsed();
-    say(&format!("  {:>4}s  workload done; draining (up to {:?})", workload_done.as_secs(), plan.drain_timeout));
+    say(&format!(
+        "  {:>4}s  workload done; draining (up to {:?})",
+        workload_done.as_secs(),
+        plan.drain_timeout
+    ));
     let drain_deadline = Instant::now() + plan.drain_timeout;
     let mut last_stats: Option<Stats> = None;
     loop {
@@ -394,7 +418,9 @@ pub async fn run(plan: &Plan, options: &Options, cancel: CancellationToken) -> R
     let sent = match Arc::try_unwrap(sent) {
         Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
         Err(shared) => {
-            let s = shared.lock().map(|s| Sent { order: s.order.clone() });
+            let s = shared.lock().map(|s| Sent {
+                order: s.order.clone(),
+            });
             s.unwrap_or_default()
         }
     };
@@ -418,7 +444,9 @@ pub async fn run(plan: &Plan, options: &Options, cancel: CancellationToken) -> R
         notes.push(note.clone());
     }
     if let Some(f) = &received.verifier_fault {
-        notes.push(format!("verifier fault: {f} — read-back counts may be low; this is not engine loss"));
+        notes.push(format!(
+            "verifier fault: {f} — read-back counts may be low; this is not engine loss"
+        ));
     }
     Ok(Facts {
         plan: plan.clone(),

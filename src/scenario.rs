@@ -81,9 +81,9 @@ impl Dur {
 impl fmt::Display for Dur {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
-        if ms % 60_000 == 0 && ms > 0 {
+        if ms.is_multiple_of(60_000) && ms > 0 {
             write!(f, "{}m", ms / 60_000)
-        } else if ms % 1000 == 0 {
+        } else if ms.is_multiple_of(1000) {
             write!(f, "{}s", ms / 1000)
         } else {
             write!(f, "{ms}ms")
@@ -418,16 +418,31 @@ pub fn load(path: &Path) -> Result<Plan, ScenarioError> {
 /// Validates scenario text; `path` is only used to name the file in errors.
 pub fn parse(path: &Path, text: &str) -> Result<Plan, ScenarioError> {
     let shown = path.display().to_string();
-    let raw: RawScenario = serde_saphyr::from_str(text).map_err(|e| {
+    // serde_path_to_error names the field (`workload.duration`) a bad value sits in;
+    // serde-saphyr's own error keeps the line and column.
+    let mut field = String::new();
+    let raw: RawScenario = serde_saphyr::with_deserializer_from_str(text, |de| {
+        serde_path_to_error::deserialize::<_, RawScenario>(de).map_err(|e| {
+            field = e.path().to_string();
+            e.into_inner()
+        })
+    })
+    .map_err(|e| {
         let (line, column) = e
             .location()
             .map(|l| (l.line() as u32, l.column() as u32))
             .unwrap_or((0, 0));
+        let message = plain_message(&e);
+        let message = if field.is_empty() || field == "." || message.contains("unknown field") {
+            message
+        } else {
+            format!("field `{field}`: {message}")
+        };
         ScenarioError::Invalid {
             path: shown.clone(),
             line,
             column,
-            message: plain_message(&e),
+            message,
         }
     })?;
     validate(&shown, raw, path)
@@ -443,7 +458,15 @@ fn plain_message(e: &serde_saphyr::Error) -> String {
         .unwrap_or(first)
         .trim()
         .to_string();
-    // Drop a trailing " at line X column Y" that duplicates our prefix.
+    // Drop a "line X column Y: " prefix or " at line X column Y" suffix: drill prints
+    // `file:line:column:` itself.
+    let message = match message.strip_prefix("line ") {
+        Some(rest) => match rest.split_once(": ") {
+            Some((pos, msg)) if pos.contains("column") => msg.to_string(),
+            _ => message.clone(),
+        },
+        None => message,
+    };
     match message.find(" at line ") {
         Some(i) => message[..i].to_string(),
         None => message,
@@ -494,7 +517,10 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
     let engine = EngineSpec {
         order: builtin.order.unwrap_or_default(),
         promise: builtin.promise.unwrap_or_default(),
-        keepalive: builtin.keepalive.map(|d| d.0).unwrap_or(Duration::from_secs(2)),
+        keepalive: builtin
+            .keepalive
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(2)),
         answer_timeout: builtin
             .answer_timeout
             .map(|d| d.0)

@@ -49,7 +49,8 @@ impl Reader {
         cancel: CancellationToken,
     ) -> Result<Reader, mqtt::MqttError> {
         let limit = Duration::from_secs(10);
-        let mut session = mqtt::connect(broker, "drill-verifier", Duration::from_secs(60), limit).await?;
+        let mut session =
+            mqtt::connect(broker, "drill-verifier", Duration::from_secs(60), limit).await?;
         session.subscribe(topic, limit).await?;
         let received = Arc::new(Mutex::new(Received::default()));
         let sink = received.clone();
@@ -164,7 +165,9 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
         .collect();
     for a in &received.arrivals {
         let Some(id) = a.id.as_deref() else { continue };
-        let Some(&(key, seq)) = seq_of.get(id) else { continue };
+        let Some(&(key, seq)) = seq_of.get(id) else {
+            continue;
+        };
         if !seen_first.insert(id) {
             continue;
         }
@@ -284,7 +287,10 @@ mod tests {
         assert_eq!(r.accepted, 4);
         assert_eq!(r.delivered, 2);
         assert_eq!(r.missing, 2);
-        assert_eq!((r.duplicates, r.duplicates_same_key, r.duplicates_other_key), (2, 1, 1));
+        assert_eq!(
+            (r.duplicates, r.duplicates_same_key, r.duplicates_other_key),
+            (2, 1, 1)
+        );
         assert_eq!(r.reordered, 1);
         assert_eq!(r.unexpected, 1);
         assert_eq!((r.ingest_unknown, r.recovered, r.not_accepted), (2, 1, 1));

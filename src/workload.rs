@@ -181,13 +181,24 @@ pub async fn drive(
         match outcome {
             Answer::Accepted(keys) if keys.len() == batch.len() => {
                 for (r, k) in batch.into_iter().zip(keys) {
-                    sent.order.push((r, Ingested::Accepted { write_key: k, at }));
+                    sent.order
+                        .push((r, Ingested::Accepted { write_key: k, at }));
                 }
             }
             Answer::Accepted(keys) => {
-                let why = format!("engine answered {} keys for {} records", keys.len(), batch.len());
+                let why = format!(
+                    "engine answered {} keys for {} records",
+                    keys.len(),
+                    batch.len()
+                );
                 for r in batch {
-                    sent.order.push((r, Ingested::NotAccepted { at, why: why.clone() }));
+                    sent.order.push((
+                        r,
+                        Ingested::NotAccepted {
+                            at,
+                            why: why.clone(),
+                        },
+                    ));
                 }
             }
             Answer::Unknown => {
@@ -197,7 +208,13 @@ pub async fn drive(
             }
             Answer::NotAccepted(why) => {
                 for r in batch {
-                    sent.order.push((r, Ingested::NotAccepted { at, why: why.clone() }));
+                    sent.order.push((
+                        r,
+                        Ingested::NotAccepted {
+                            at,
+                            why: why.clone(),
+                        },
+                    ));
                 }
             }
         }
@@ -250,11 +267,15 @@ mod tests {
         };
         let a: Vec<String> = {
             let mut g = Generator::new("r", &spec, 7);
-            (0..20).map(|_| serde_json::to_string(&g.next_record()).unwrap()).collect()
+            (0..20)
+                .map(|_| serde_json::to_string(&g.next_record()).unwrap())
+                .collect()
         };
         let b: Vec<String> = {
             let mut g = Generator::new("r", &spec, 7);
-            (0..20).map(|_| serde_json::to_string(&g.next_record()).unwrap()).collect()
+            (0..20)
+                .map(|_| serde_json::to_string(&g.next_record()).unwrap())
+                .collect()
         };
         assert_eq!(a, b);
         assert!(a[0].len() >= 90 && a[0].len() <= 110, "{}", a[0].len());

@@ -105,7 +105,10 @@ async fn reset_resets_new_and_existing_connections_before_any_byte() {
     let link = link_to(&up).await;
     // An existing connection that never sent a byte.
     let mut quiet = TcpStream::connect(link.listen_addr()).await.unwrap();
-    wait_for("the link to accept", || link.status().connections_accepted == 1).await;
+    wait_for("the link to accept", || {
+        link.status().connections_accepted == 1
+    })
+    .await;
     link.apply_settled(Fault::Reset, Direction::Both).await;
     let r = read_within(&mut quiet, Duration::from_secs(5)).await;
     assert!(is_reset(&r), "existing quiet connection: {r:?}");
@@ -136,9 +139,15 @@ async fn swallow_never_blocks_the_sender_and_answers_nothing() {
         link.status().bytes_swallowed_upstream >= 32 * 1024 * 1024
     })
     .await;
-    assert_eq!(up.received.load(Ordering::SeqCst), before, "nothing reached upstream");
+    assert_eq!(
+        up.received.load(Ordering::SeqCst),
+        before,
+        "nothing reached upstream"
+    );
     assert!(
-        read_within(&mut c, Duration::from_millis(500)).await.is_none(),
+        read_within(&mut c, Duration::from_millis(500))
+            .await
+            .is_none(),
         "no answer, no EOF, no reset: the connection stays open"
     );
     // The stream lost bytes, so the heal resets it (DESIGN.md §3).
@@ -152,7 +161,8 @@ async fn swallow_downstream_is_a_half_open_link() {
     let up = echo().await;
     let link = link_to(&up).await;
     let mut c = established(&link).await;
-    link.apply_settled(Fault::Swallow, Direction::Downstream).await;
+    link.apply_settled(Fault::Swallow, Direction::Downstream)
+        .await;
     let before = up.received.load(Ordering::SeqCst);
     c.write_all(b"request").await.unwrap();
     wait_for("the request to reach upstream", || {
@@ -160,7 +170,9 @@ async fn swallow_downstream_is_a_half_open_link() {
     })
     .await;
     assert!(
-        read_within(&mut c, Duration::from_millis(500)).await.is_none(),
+        read_within(&mut c, Duration::from_millis(500))
+            .await
+            .is_none(),
         "the answer never comes back, the socket stays open"
     );
     c.write_all(b"again").await.unwrap();
@@ -192,10 +204,16 @@ async fn hang_blocks_the_sender_and_the_heal_delivers_held_bytes_in_order() {
             }
             Err(e) => panic!("write failed: {e}"),
         }
-        assert!(written < 64 * 1024 * 1024, "a hung link must block the sender");
+        assert!(
+            written < 64 * 1024 * 1024,
+            "a hung link must block the sender"
+        );
     }
     println!("sender blocked after {written} bytes");
-    assert!(written < 16 * 1024 * 1024, "blocked well before 16 MiB: {written}");
+    assert!(
+        written < 16 * 1024 * 1024,
+        "blocked well before 16 MiB: {written}"
+    );
     link.apply_settled(Fault::Heal, Direction::Both).await;
     let mut got = vec![0u8; written as usize];
     tokio::time::timeout(Duration::from_secs(20), c.read_exact(&mut got))
@@ -218,7 +236,10 @@ async fn the_heal_resets_only_connections_that_lost_bytes() {
     // A connection opened during the swallow, with nothing sent, has no far side yet.
     let mut late = TcpStream::connect(link.listen_addr()).await.unwrap();
     lossy.write_all(b"x").await.unwrap();
-    wait_for("one byte swallowed", || link.status().bytes_swallowed_upstream == 1).await;
+    wait_for("one byte swallowed", || {
+        link.status().bytes_swallowed_upstream == 1
+    })
+    .await;
     link.apply_settled(Fault::Heal, Direction::Both).await;
     let r = read_within(&mut lossy, Duration::from_secs(5)).await;
     assert!(is_reset(&r), "lossy: {r:?}");
@@ -241,9 +262,10 @@ async fn the_control_api_applies_and_heals_faults() {
     let listen = link.listen_addr();
     proxy.add(link);
     let cancel = CancellationToken::new();
-    let (api, _task) = drill::proxy::api::serve(proxy, "127.0.0.1:0".parse().unwrap(), cancel.clone())
-        .await
-        .unwrap();
+    let (api, _task) =
+        drill::proxy::api::serve(proxy, "127.0.0.1:0".parse().unwrap(), cancel.clone())
+            .await
+            .unwrap();
     let http = reqwest::Client::new();
     let put = http
         .put(format!("http://{api}/links/t/fault"))
@@ -272,7 +294,9 @@ async fn the_control_api_applies_and_heals_faults() {
         .await
         .unwrap();
     assert_eq!(del.status(), 200);
-    TcpStream::connect(listen).await.expect("listening again after the heal");
+    TcpStream::connect(listen)
+        .await
+        .expect("listening again after the heal");
     let bad = http
         .put(format!("http://{api}/links/t/fault"))
         .body(r#"{"fault":"explode"}"#)

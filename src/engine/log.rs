@@ -98,11 +98,8 @@ impl RecordLog {
         let mut offset = 0usize;
         while bytes.len() - offset >= HEADER {
             let len = u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap_or([0; 4]));
-            let crc = u32::from_le_bytes(
-                bytes[offset + 4..offset + 8]
-                    .try_into()
-                    .unwrap_or([0; 4]),
-            );
+            let crc =
+                u32::from_le_bytes(bytes[offset + 4..offset + 8].try_into().unwrap_or([0; 4]));
             if len > MAX_FRAME || bytes.len() - offset - HEADER < len as usize {
                 break;
             }
@@ -166,7 +163,10 @@ impl RecordLog {
             stored.push(Arc::new(record));
             seq += 1;
         }
-        let written = self.file.write_all(&buf).and_then(|_| self.file.sync_data());
+        let written = self
+            .file
+            .write_all(&buf)
+            .and_then(|_| self.file.sync_data());
         if let Err(source) = written {
             // Leave no half batch behind: a later batch must not follow unsynced garbage.
             let _ = self.truncate_to_synced();

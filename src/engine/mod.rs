@@ -174,8 +174,16 @@ impl EngineConfig {
                     o.promise.name()
                 )));
             }
-            if o.name.is_empty() || !o.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-                return Err(err(format!("output name `{}`: use letters, digits, `-` or `_`", o.name)));
+            if o.name.is_empty()
+                || !o
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(err(format!(
+                    "output name `{}`: use letters, digits, `-` or `_`",
+                    o.name
+                )));
             }
         }
         Ok(())
@@ -248,7 +256,10 @@ struct Journal {
 }
 
 impl Journal {
-    fn open(dir: &Path, output: &str) -> Result<(Journal, HashSet<u64>, HashSet<u64>), EngineError> {
+    fn open(
+        dir: &Path,
+        output: &str,
+    ) -> Result<(Journal, HashSet<u64>, HashSet<u64>), EngineError> {
         let (marks, delivered) = DeliveryMarks::open(dir, output)?;
         let io = |path: &Path| {
             let path = path.to_path_buf();
@@ -297,7 +308,8 @@ impl Journal {
                 Effect::Failed(failed) => {
                     // A failed message is the only copy from now on: make it durable at once.
                     let line = serde_json::to_string(&failed).unwrap_or_default();
-                    let synced = writeln!(self.failed, "{line}").and_then(|_| self.failed.sync_data());
+                    let synced =
+                        writeln!(self.failed, "{line}").and_then(|_| self.failed.sync_data());
                     if let Err(e) = synced {
                         eprintln!("drill engine: {}: {e}", self.failed_path.display());
                     }
@@ -325,7 +337,7 @@ impl Journal {
 
 fn disk_free(dir: &Path) -> u64 {
     nix::sys::statvfs::statvfs(dir)
-        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+        .map(|s| s.blocks_available() * s.fragment_size())
         .unwrap_or(0)
 }
 
@@ -368,10 +380,16 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
                 .filter(|r| !delivered.contains(&r.seq) && !failed.contains(&r.seq))
                 .cloned(),
         );
-        shared.outputs.lock().map(|mut v| v.push(OutputStats {
-            name: o.name.clone(),
-            ..OutputStats::default()
-        })).ok();
+        shared
+            .outputs
+            .lock()
+            .map(|mut v| {
+                v.push(OutputStats {
+                    name: o.name.clone(),
+                    ..OutputStats::default()
+                })
+            })
+            .ok();
         let (tx, rx) = mpsc::unbounded_channel::<Vec<Arc<StoredRecord>>>();
         to_outputs.push(tx);
         drivers.push(tokio::spawn(drive_mqtt(
@@ -454,7 +472,12 @@ async fn ingest(State(shared): State<Arc<Shared>>, body: String) -> Response {
             .into_response();
     }
     let (reply, answer) = oneshot::channel();
-    if shared.ingest.send(IngestJob { lines, reply }).await.is_err() {
+    if shared
+        .ingest
+        .send(IngestJob { lines, reply })
+        .await
+        .is_err()
+    {
         return (StatusCode::SERVICE_UNAVAILABLE, "engine is stopping").into_response();
     }
     match answer.await {
@@ -570,7 +593,10 @@ async fn drive_mqtt(
             Ok(s) => s,
             Err(why) => {
                 if !said_down {
-                    eprintln!("drill engine: output {}: destination unreachable: {why}", cfg.name);
+                    eprintln!(
+                        "drill engine: output {}: destination unreachable: {why}",
+                        cfg.name
+                    );
                     said_down = true;
                 }
                 let wake = tokio::time::sleep(retry);
@@ -590,7 +616,10 @@ async fn drive_mqtt(
             }
         };
         if said_down {
-            eprintln!("drill engine: output {}: destination back (probe answered)", cfg.name);
+            eprintln!(
+                "drill engine: output {}: destination back (probe answered)",
+                cfg.name
+            );
         }
         retry = Duration::from_millis(100);
         let (mut tx, mut incoming) = session.framed.split();

@@ -218,7 +218,10 @@ impl Output {
                 break;
             };
             if self.order == Order::InOrder
-                && self.delayed.first_key_value().is_some_and(|(d, _)| *d < seq)
+                && self
+                    .delayed
+                    .first_key_value()
+                    .is_some_and(|(d, _)| *d < seq)
             {
                 // A refused record blocks those behind it until it is delivered or set aside.
                 break;
@@ -285,7 +288,11 @@ impl Output {
                 Effect::Delivered(entry.record.seq),
             ];
         }
-        let error = match ack.properties.as_ref().and_then(|p| p.reason_string.clone()) {
+        let error = match ack
+            .properties
+            .as_ref()
+            .and_then(|p| p.reason_string.clone())
+        {
             Some(text) => format!("{:?}: {text}", ack.reason),
             None => format!("{:?}", ack.reason),
         };

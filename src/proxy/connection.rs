@@ -173,15 +173,13 @@ async fn pump_up(
                         let _ = w.shutdown().await;
                         return;
                     }
-                    Ok(n) => {
-                        match write_following(w, &buf[..n], &mut rx, &conn, Side::Up).await {
-                            Ok(()) => add(&shared.counters.bytes_up, n as u64),
-                            Err(()) => {
-                                reset(&from, to);
-                                return;
-                            }
+                    Ok(n) => match write_following(w, &buf[..n], &mut rx, &conn, Side::Up).await {
+                        Ok(()) => add(&shared.counters.bytes_up, n as u64),
+                        Err(()) => {
+                            reset(&from, to);
+                            return;
                         }
-                    }
+                    },
                     Err(_) => {
                         reset(&from, to);
                         return;

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs, when it is missing; does nothing when it is present.
+# Idempotent and safe to run on every CI start. Needs root (or sudo) only to install.
+set -euo pipefail
+
+need_apt=()
+if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
+  need_apt+=(mosquitto)
+fi
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "ci/setup.sh: installing ${need_apt[*]} (Debian packages)"
+  sudo_cmd=""
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # Debian's package may start a system broker on 1883; drill's tests never use it (they start
+  # their own on free ports), so leave it be.
+fi
+
+echo "ci/setup.sh: mosquitto: $( (mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null || true) | head -n1)"

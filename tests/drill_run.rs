@@ -1,0 +1,170 @@
+//! `drill run` end to end, through the real binary: a real broker (mosquitto when installed,
+//! else the embedded one), the real proxy, the engine as a child process, the real verifier.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn drill(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(args)
+        .output()
+        .expect("drill runs")
+}
+
+fn scenario(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+fn report(out: &Path, name: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(out.join(name).join("report.json")).expect("report.json");
+    serde_json::from_str(&text).unwrap()
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn a_misspelled_field_exits_2_naming_file_line_column_and_field_and_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "typo",
+        "name: typo\n\
+         destination: { kind: mqtt }\n\
+         workload: { rate: 100/s, duration: 5s }\n\
+         faults:\n  - { at: 1s, link: mqtt, falt: swallow }\n",
+    );
+    let out = dir.path().join("out");
+    let o = drill(&["run", &file, "--out", &out.display().to_string()]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains(&format!("{file}:5:")), "{stderr}");
+    assert!(stderr.contains("falt"), "{stderr}");
+    assert!(o.stdout.is_empty(), "nothing started: {}", show(&o));
+    assert!(!out.exists(), "no report folder for an invalid plan");
+
+    let bad_rate = scenario(
+        dir.path(),
+        "rate",
+        "name: rate\ndestination: { kind: mqtt }\nworkload: { rate: -3/s, duration: 5s }\n",
+    );
+    let o = drill(&["run", &bad_rate]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains(&format!("{bad_rate}:3:")));
+}
+
+#[test]
+fn records_really_lost_fail_the_drill_with_the_exact_count() {
+    // The link refuses from the start, so nothing can be delivered. All 200 records are
+    // acknowledged by 2 s; at 3 s the engine is SIGKILLed and its data directory removed, then
+    // it restarts empty. Exactly those 200 acknowledged records are gone.
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "wiped",
+        "name: wiped\n\
+         destination: { kind: mqtt, topic: t/wiped }\n\
+         workload: { rate: 100/s, duration: 2s, keys: 4 }\n\
+         faults:\n\
+         \x20 - { at: 0s, link: mqtt, fault: refuse, for: 5s }\n\
+         \x20 - { at: 3s, target: engine, action: kill, restart_after: 1s, wipe_data: true }\n\
+         expect: { lost: 0, ledger: closes }\n\
+         drain_timeout: 20s\n",
+    );
+    let out = dir.path().join("out");
+    let o = drill(&["run", &file, "--out", &out.display().to_string()]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    let r = report(&out, "wiped");
+    assert_eq!(r["verdict"], "fail");
+    assert_eq!(r["ledger"]["held"], 200, "{r:#}");
+    assert_eq!(r["ledger"]["delivered"], 0, "{r:#}");
+    assert_eq!(r["ledger"]["lost"], 200, "{r:#}");
+    assert_eq!(r["closes"], false);
+    assert_eq!(r["headline"], "200 records lost.");
+    let md = std::fs::read_to_string(out.join("wiped/report.md")).unwrap();
+    assert!(
+        md.contains("200 held = 0 delivered + 0 waiting + 0 failed + 200 lost"),
+        "{md}"
+    );
+    assert!(md.contains("does not close"), "{md}");
+}
+
+#[test]
+fn a_sigkill_during_a_swallow_loses_nothing_the_engine_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "crash",
+        "name: crash\n\
+         destination: { kind: mqtt, topic: t/crash }\n\
+         workload: { rate: 100/s, duration: 10s, keys: 4 }\n\
+         faults:\n\
+         \x20 - { at: 2s, link: mqtt, fault: swallow, for: 5s }\n\
+         \x20 - { at: 4s, target: engine, action: kill, restart_after: 1s }\n\
+         expect: { lost: 0, duplicates: 0, reordered: 0, ledger: closes, recovery_within: 5s }\n",
+    );
+    let out = dir.path().join("out");
+    let o = drill(&["run", &file, "--out", &out.display().to_string()]);
+    let r = report(&out, "crash");
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(&o));
+    assert_eq!(r["ledger"]["lost"], 0);
+    assert_eq!(r["closes"], true);
+    // Ingests refused while the engine was down are not held: held < 1000 is expected.
+    let held = r["ledger"]["held"].as_u64().unwrap();
+    assert!(held > 800 && held <= 1000, "held {held}");
+    assert_eq!(r["ledger"]["delivered"], held);
+}
+
+#[test]
+fn the_quickstart_scenario_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let quickstart = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/quickstart.yaml");
+    let o = drill(&["run", quickstart, "--out", &out.display().to_string()]);
+    let r = report(&out, "quickstart");
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(&o));
+    assert_eq!(r["verdict"], "pass");
+    assert_eq!(r["ledger"]["held"], 6000);
+    assert_eq!(r["ledger"]["delivered"], 6000);
+    assert_eq!(r["ledger"]["lost"], 0);
+    assert_eq!(r["ledger"]["duplicates_beyond_promise"], 0);
+    assert_eq!(r["closes"], true);
+    assert!(out.join("quickstart/report.md").exists());
+}
+
+#[test]
+fn the_embedded_broker_carries_a_drill() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "embedded",
+        "name: embedded\n\
+         destination: { kind: mqtt, topic: t/embedded }\n\
+         workload: { rate: 100/s, duration: 8s, keys: 4 }\n\
+         faults:\n\
+         \x20 - { at: 2s, link: mqtt, fault: swallow, for: 4s }\n\
+         expect: { lost: 0, duplicates: 0, reordered: 0, ledger: closes, recovery_within: 5s }\n",
+    );
+    let out = dir.path().join("out");
+    let o = drill(&[
+        "run",
+        &file,
+        "--out",
+        &out.display().to_string(),
+        "--runtime",
+        "embedded",
+    ]);
+    let r = report(&out, "embedded");
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(&o));
+    assert_eq!(r["runtime"], "embedded");
+    assert_eq!(r["ledger"]["delivered"], 800);
+    assert_eq!(r["closes"], true);
+}
