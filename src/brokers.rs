@@ -64,6 +64,19 @@ impl Broker {
     }
 }
 
+/// Makes a child die with drill: the kernel sends it SIGKILL when drill's thread that
+/// started it exits, even if drill itself is SIGKILLed and gets no chance to clean up.
+pub fn dies_with_drill(command: &mut Command) -> &mut Command {
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
+    // async-signal-safe; it allocates nothing and touches no lock.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        })
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound and released; callers retry if it is taken meanwhile).
 pub fn free_port() -> std::io::Result<u16> {
     Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -162,8 +175,15 @@ async fn start_mosquitto(work: &Path) -> Result<Broker, BrokerError> {
              log_type notice\n",
             store = store.display()
         );
+        // Started as root, mosquitto switches to user `mosquitto`; that credential change
+        // would clear the parent-death signal (and the store dir is drill's). Stay as we are.
+        let text = if nix::unistd::Uid::effective().is_root() {
+            format!("user root\n{text}")
+        } else {
+            text
+        };
         std::fs::write(&conf, text)?;
-        let mut child = Command::new(&bin)
+        let mut child = dies_with_drill(&mut Command::new(&bin))
             .arg("-c")
             .arg(&conf)
             .stdin(Stdio::null())

@@ -264,6 +264,7 @@ pub async fn run(
             .get(next)
             .map(|(at, _)| tokio::time::Instant::from_std(t0 + *at));
         tokio::select! {
+            biased;
             _ = cancel.cancelled() => break true,
             _ = &mut workload, if !workload_done => workload_done = true,
             _ = progress.tick() => {
@@ -345,7 +346,8 @@ pub async fn run(
             }
         }
     };
-    if interrupted {
+    // The workload also ends when cancelled; an interrupted drill never gets a verdict.
+    if interrupted || cancel.is_cancelled() {
         workload_cancel.cancel();
         engine.kill().await;
         broker.stop().await;
@@ -404,6 +406,12 @@ pub async fn run(
             count = now;
             still_since = Instant::now();
         }
+    }
+    if cancel.is_cancelled() {
+        engine.kill().await;
+        broker.stop().await;
+        link.shutdown().await;
+        return Err(RunError::Interrupted);
     }
     let final_stats = engine.stats().await.ok().or(last_stats);
     let attempts_log = engine.data_dir().join("attempts.jsonl");

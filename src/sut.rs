@@ -93,7 +93,7 @@ impl EngineProcess {
         let err = log
             .try_clone()
             .map_err(|e| SutError::Start(e.to_string()))?;
-        let mut child = Command::new(&self.exe)
+        let mut child = crate::brokers::dies_with_drill(&mut Command::new(&self.exe))
             .arg("engine")
             .arg("--config")
             .arg(&self.config_path)

@@ -168,3 +168,26 @@ fn the_embedded_broker_carries_a_drill() {
     assert_eq!(r["ledger"]["delivered"], 800);
     assert_eq!(r["closes"], true);
 }
+
+#[test]
+fn a_runtime_that_cannot_start_exits_3_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "nocontainer",
+        "name: nocontainer\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 1s }\n",
+    );
+    let out = dir.path().join("out");
+    let o = drill(&[
+        "run",
+        &file,
+        "--out",
+        &out.display().to_string(),
+        "--runtime",
+        "container",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("container runtime"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
