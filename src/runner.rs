@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::brokers::{self, Broker};
 use crate::engine::{EngineConfig, OutputConfig, OutputKind, Stats};
-use crate::proxy::{Direction, Fault, Link};
+use crate::proxy::{Direction, Fault, FaultSpec, Link};
 use crate::report::{self, Facts, FaultRecord};
 use crate::scenario::{FaultAction, Plan, ProcessAction, RuntimeChoice};
 use crate::sut::EngineProcess;
@@ -62,8 +62,10 @@ enum Step {
     Link {
         index: usize,
         link: String,
-        fault: Fault,
-        direction: Direction,
+        spec: FaultSpec,
+    },
+    ProxyDown {
+        index: usize,
     },
     Heal {
         index: Option<usize>,
@@ -81,19 +83,13 @@ fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
     let mut steps = Vec::new();
     for (index, f) in plan.faults.iter().enumerate() {
         match &f.what {
-            FaultAction::Link {
-                link,
-                fault,
-                direction,
-                lasts,
-            } => {
+            FaultAction::Link { link, spec, lasts } => {
                 steps.push((
                     f.at,
                     Step::Link {
                         index,
                         link: link.clone(),
-                        fault: *fault,
-                        direction: *direction,
+                        spec: *spec,
                     },
                 ));
                 if let Some(d) = lasts {
@@ -105,6 +101,16 @@ fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
                         },
                     ));
                 }
+            }
+            FaultAction::ProxyRestart { down_for } => {
+                steps.push((f.at, Step::ProxyDown { index }));
+                steps.push((
+                    f.at + *down_for,
+                    Step::Heal {
+                        index: Some(index),
+                        link: "proxy".to_string(),
+                    },
+                ));
             }
             FaultAction::Heal { link } => steps.push((
                 f.at,
@@ -134,6 +140,19 @@ fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
     }
     steps.sort_by_key(|(at, _)| *at);
     steps
+}
+
+/// `swallow`, `delay 100ms±10ms`, `throttle 50000 B/s`.
+fn describe(spec: &FaultSpec) -> String {
+    match spec.fault {
+        Fault::Delay => format!(
+            "delay {}ms±{}ms",
+            spec.latency.as_millis(),
+            spec.jitter.as_millis()
+        ),
+        Fault::Throttle => format!("throttle {} B/s", spec.bytes_per_s),
+        f => f.name().to_string(),
+    }
 }
 
 fn ms(d: Duration) -> u64 {
@@ -187,6 +206,7 @@ pub async fn run(
         link_cancel.clone(),
     )
     .await?;
+    link.seed(seed);
     say(&format!(
         "  proxy link {link_name}: {} -> {}",
         link.listen_addr(),
@@ -283,15 +303,29 @@ pub async fn run(
                 next += 1;
                 let now = t0.elapsed();
                 match step {
-                    Step::Link { index, link: name, fault, direction } => {
-                        link.apply_settled(*fault, *direction).await;
-                        say(&format!("  {:>4}s  fault: link {name} {} {}", now.as_secs(), fault.name(), direction.name()));
+                    Step::Link { index, link: name, spec } => {
+                        link.apply_spec_settled(*spec).await;
+                        let what = describe(spec);
+                        say(&format!("  {:>4}s  fault: link {name} {what} {}", now.as_secs(), spec.direction.name()));
                         faults.push(FaultRecord {
                             index: *index,
                             at_ms: ms(now),
                             target: format!("link {name}"),
-                            fault: fault.name().to_string(),
-                            direction: Some(direction.name().to_string()),
+                            fault: what,
+                            direction: Some(spec.direction.name().to_string()),
+                            until_ms: None,
+                        });
+                    }
+                    Step::ProxyDown { index } => {
+                        // A proxy restart: every connection dropped, nothing listens.
+                        link.apply_settled(Fault::Refuse, Direction::Both).await;
+                        say(&format!("  {:>4}s  fault: proxy restart (down)", now.as_secs()));
+                        faults.push(FaultRecord {
+                            index: *index,
+                            at_ms: ms(now),
+                            target: "link proxy".to_string(),
+                            fault: "restart".to_string(),
+                            direction: None,
                             until_ms: None,
                         });
                     }
@@ -310,12 +344,12 @@ pub async fn run(
                     Step::Engine { index, action, wipe_data } => {
                         match action {
                             ProcessAction::Kill => engine.kill().await,
-                            ProcessAction::Stop => engine.stop(Duration::from_secs(10)).await,
+                            ProcessAction::Stop | ProcessAction::Restart => engine.stop(Duration::from_secs(10)).await,
                         }
                         crashes.push(now);
                         let mut what = match action {
                             ProcessAction::Kill => "kill (SIGKILL)".to_string(),
-                            ProcessAction::Stop => "stop (SIGTERM)".to_string(),
+                            ProcessAction::Stop | ProcessAction::Restart => "stop (SIGTERM)".to_string(),
                         };
                         if *wipe_data {
                             let data = engine.data_dir().to_path_buf();

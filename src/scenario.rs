@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer};
 use serde_saphyr::Spanned;
 
-use crate::proxy::{Direction, Fault};
+use crate::proxy::{Direction, Fault, FaultSpec};
 
 /// Why a scenario could not be turned into a plan. Both variants mean "invalid input" (exit 2).
 #[derive(Debug, thiserror::Error)]
@@ -284,6 +284,18 @@ struct RawFault {
     restart_after: Option<Dur>,
     #[serde(default)]
     wipe_data: Option<bool>,
+    #[serde(default)]
+    latency: Option<Dur>,
+    #[serde(default)]
+    jitter: Option<Dur>,
+    #[serde(default)]
+    bytes_per_s: Option<u64>,
+    #[serde(default)]
+    repeat: Option<u32>,
+    #[serde(default)]
+    every: Option<Dur>,
+    #[serde(default)]
+    down_for: Option<Dur>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -307,7 +319,7 @@ pub enum LedgerExpectation {
     Closes,
 }
 
-/// A process fault (DESIGN.md §3). Only the engine is a target so far.
+/// A process fault (DESIGN.md §3): `kill` and `stop` for the engine, `restart` for the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcessAction {
@@ -315,6 +327,9 @@ pub enum ProcessAction {
     Kill,
     /// SIGTERM, then (with `restart_after`) start again.
     Stop,
+    /// The proxy: every connection dropped, the port refused for `down_for`, then listening
+    /// again on the same port.
+    Restart,
 }
 
 /// A validated drill: everything the runner needs, nothing it has to check again.
@@ -382,10 +397,12 @@ pub struct ScheduledFault {
 pub enum FaultAction {
     Link {
         link: String,
-        fault: Fault,
-        direction: Direction,
+        spec: FaultSpec,
         /// `for:` — the link heals by itself this long after `at`.
         lasts: Option<Duration>,
+    },
+    ProxyRestart {
+        down_for: Duration,
     },
     Heal {
         link: String,
@@ -586,6 +603,7 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                     (f.action.is_some(), "action"),
                     (f.restart_after.is_some(), "restart_after"),
                     (f.wipe_data.is_some(), "wipe_data"),
+                    (f.down_for.is_some(), "down_for"),
                 ] {
                     if set {
                         return Err(invalid(
@@ -600,67 +618,105 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                         shown,
                         loc,
                         format!(
-                            "{}: missing; one of refuse, reset, swallow, hang, heal",
+                            "{}: missing; one of refuse, reset, swallow, hang, delay, throttle, heal",
                             field("fault")
                         ),
                     )
                 })?;
-                let direction = f.direction.unwrap_or(Direction::Both);
-                match fault {
-                    Fault::Heal => {
-                        if f.for_.is_some() {
-                            return Err(invalid(
-                                shown,
-                                loc,
-                                format!("{}: a heal has no duration", field("for")),
-                            ));
-                        }
-                        faults.push(ScheduledFault {
-                            at: f.at.0,
-                            what: FaultAction::Heal { link: link.clone() },
-                        });
+                for (set, name, owner) in [
+                    (f.latency.is_some(), "latency", Fault::Delay),
+                    (f.jitter.is_some(), "jitter", Fault::Delay),
+                    (f.bytes_per_s.is_some(), "bytes_per_s", Fault::Throttle),
+                ] {
+                    if set && fault != owner {
+                        return Err(invalid(
+                            shown,
+                            loc,
+                            format!("{}: only `{}` takes it", field(name), owner.name()),
+                        ));
                     }
-                    _ => {
-                        if matches!(fault, Fault::Refuse | Fault::Reset)
-                            && direction != Direction::Both
-                        {
+                }
+                let spec = FaultSpec {
+                    fault,
+                    direction: f.direction.unwrap_or(Direction::Both),
+                    latency: f.latency.map(|d| d.0).unwrap_or_default(),
+                    jitter: f.jitter.map(|d| d.0).unwrap_or_default(),
+                    bytes_per_s: f.bytes_per_s.unwrap_or(0),
+                };
+                spec.validate()
+                    .map_err(|m| invalid(shown, loc, format!("faults[{i}]: {m}")))?;
+                if fault == Fault::Heal {
+                    if f.for_.is_some() || f.repeat.is_some() {
+                        return Err(invalid(
+                            shown,
+                            loc,
+                            format!("faults[{i}]: a heal has no `for` or `repeat`"),
+                        ));
+                    }
+                    faults.push(ScheduledFault {
+                        at: f.at.0,
+                        what: FaultAction::Heal { link: link.clone() },
+                    });
+                    continue;
+                }
+                let lasts = f.for_.map(|d| d.0);
+                // `repeat: N, every: P` makes a flapping link: N outages, one every P.
+                let (times, every) = match (f.repeat, f.every) {
+                    (None, None) => (1, Duration::ZERO),
+                    (Some(n), Some(every)) => {
+                        let Some(lasts) = lasts else {
                             return Err(invalid(
                                 shown,
                                 loc,
                                 format!(
-                                    "{}: `{}` acts on whole connections; leave `direction` out",
-                                    field("direction"),
-                                    fault.name()
+                                    "{}: a repeated fault needs `for` (how long each outage lasts)",
+                                    field("repeat")
+                                ),
+                            ));
+                        };
+                        if n == 0 || every.0 <= lasts {
+                            return Err(invalid(
+                                shown,
+                                loc,
+                                format!(
+                                    "{}: `every` must be longer than `for`, and `repeat` at least 1 (e.g. for: 2s, every: 4s, repeat: 30)",
+                                    field("every")
                                 ),
                             ));
                         }
-                        faults.push(ScheduledFault {
-                            at: f.at.0,
-                            what: FaultAction::Link {
-                                link: link.clone(),
-                                fault,
-                                direction,
-                                lasts: f.for_.map(|d| d.0),
-                            },
-                        });
+                        (n, every.0)
                     }
+                    _ => {
+                        return Err(invalid(
+                            shown,
+                            loc,
+                            format!(
+                                "faults[{i}]: `repeat` and `every` go together (e.g. for: 2s, every: 4s, repeat: 30)"
+                            ),
+                        ));
+                    }
+                };
+                for k in 0..times {
+                    faults.push(ScheduledFault {
+                        at: f.at.0 + every * k,
+                        what: FaultAction::Link {
+                            link: link.clone(),
+                            spec,
+                            lasts,
+                        },
+                    });
                 }
             }
             (None, Some(target)) => {
-                if target != "engine" {
-                    return Err(invalid(
-                        shown,
-                        loc,
-                        format!(
-                            "{}: `{target}` is not a target this build can act on; use `engine`",
-                            field("target")
-                        ),
-                    ));
-                }
                 for (set, name) in [
                     (f.fault.is_some(), "fault"),
                     (f.direction.is_some(), "direction"),
                     (f.for_.is_some(), "for"),
+                    (f.latency.is_some(), "latency"),
+                    (f.jitter.is_some(), "jitter"),
+                    (f.bytes_per_s.is_some(), "bytes_per_s"),
+                    (f.repeat.is_some(), "repeat"),
+                    (f.every.is_some(), "every"),
                 ] {
                     if set {
                         return Err(invalid(
@@ -677,17 +733,69 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                     invalid(
                         shown,
                         loc,
-                        format!("{}: missing; one of kill, stop", field("action")),
+                        format!(
+                            "{}: missing; kill or stop (engine), restart (proxy)",
+                            field("action")
+                        ),
                     )
                 })?;
-                faults.push(ScheduledFault {
-                    at: f.at.0,
-                    what: FaultAction::Engine {
-                        action,
-                        restart_after: f.restart_after.map(|d| d.0),
-                        wipe_data: f.wipe_data.unwrap_or(false),
-                    },
-                });
+                match (target.as_str(), action) {
+                    ("engine", ProcessAction::Kill | ProcessAction::Stop) => {
+                        if f.down_for.is_some() {
+                            return Err(invalid(
+                                shown,
+                                loc,
+                                format!("{}: the engine uses `restart_after`", field("down_for")),
+                            ));
+                        }
+                        faults.push(ScheduledFault {
+                            at: f.at.0,
+                            what: FaultAction::Engine {
+                                action,
+                                restart_after: f.restart_after.map(|d| d.0),
+                                wipe_data: f.wipe_data.unwrap_or(false),
+                            },
+                        });
+                    }
+                    ("proxy", ProcessAction::Restart) => {
+                        if f.restart_after.is_some() || f.wipe_data.is_some() {
+                            return Err(invalid(
+                                shown,
+                                loc,
+                                format!(
+                                    "faults[{i}]: a proxy restart takes `down_for` (how long the port refuses), nothing else"
+                                ),
+                            ));
+                        }
+                        faults.push(ScheduledFault {
+                            at: f.at.0,
+                            what: FaultAction::ProxyRestart {
+                                down_for: f.down_for.map(|d| d.0).unwrap_or(Duration::from_secs(1)),
+                            },
+                        });
+                    }
+                    (target @ ("engine" | "proxy"), action) => {
+                        return Err(invalid(
+                            shown,
+                            loc,
+                            format!(
+                                "{}: `{}` cannot `{action:?}`; the engine takes kill or stop, the proxy restart",
+                                field("action"),
+                                target
+                            ),
+                        ));
+                    }
+                    (other, _) => {
+                        return Err(invalid(
+                            shown,
+                            loc,
+                            format!(
+                                "{}: `{other}` is not a target this build can act on; use `engine` or `proxy`",
+                                field("target")
+                            ),
+                        ));
+                    }
+                }
             }
         }
     }
@@ -767,6 +875,26 @@ faults:
         let e = err(&text);
         assert!(e.starts_with("s.yaml:5:"), "{e}");
         assert!(e.contains("fualt"), "{e}");
+    }
+
+    #[test]
+    fn a_flapping_link_and_a_proxy_restart() {
+        let text = "name: f\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 2m }\nfaults:\n  - { at: 10s, link: mqtt, fault: refuse, for: 2s, every: 4s, repeat: 30 }\n  - { at: 5s, target: proxy, action: restart, down_for: 3s }\n  - { at: 1s, link: mqtt, fault: delay, direction: downstream, latency: 100ms, jitter: 10ms }\n";
+        let plan = parse(Path::new("f.yaml"), text).unwrap();
+        assert_eq!(plan.faults.len(), 32);
+        assert_eq!(
+            plan.faults.last().unwrap().at,
+            Duration::from_secs(10 + 29 * 4)
+        );
+        assert!(
+            matches!(plan.faults[1].what, FaultAction::ProxyRestart { down_for } if down_for == Duration::from_secs(3))
+        );
+        let e = err(&text.replace("every: 4s", "every: 1s"));
+        assert!(e.starts_with("f.yaml:5:"), "{e}");
+        let e = err(&text.replace("latency: 100ms, ", ""));
+        assert!(e.contains("jitter") || e.contains("latency"), "{e}");
+        let e = err(&text.replace("fault: delay", "fault: swallow"));
+        assert!(e.contains("only `delay` takes it"), "{e}");
     }
 
     #[test]

@@ -314,3 +314,270 @@ async fn the_control_api_applies_and_heals_faults() {
     assert_eq!(missing.status(), 404);
     cancel.cancel();
 }
+
+#[tokio::test]
+async fn swallow_upstream_drops_requests_and_never_blocks() {
+    let up = echo().await;
+    let link = link_to(&up).await;
+    let mut c = established(&link).await;
+    let before = up.received.load(Ordering::SeqCst);
+    link.apply_settled(Fault::Swallow, Direction::Upstream)
+        .await;
+    let chunk = vec![1u8; 1024 * 1024];
+    for _ in 0..16 {
+        tokio::time::timeout(Duration::from_secs(10), c.write_all(&chunk))
+            .await
+            .expect("never blocks")
+            .unwrap();
+    }
+    wait_for("16 MiB swallowed upstream", || {
+        link.status().bytes_swallowed_upstream >= 16 * 1024 * 1024
+    })
+    .await;
+    assert_eq!(up.received.load(Ordering::SeqCst), before);
+    assert!(
+        read_within(&mut c, Duration::from_millis(300))
+            .await
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn hang_upstream_holds_requests_and_hang_downstream_holds_answers() {
+    let up = echo().await;
+    let link = link_to(&up).await;
+    let mut c = established(&link).await;
+    // Upstream: the request is held at the proxy; nothing reaches the broker.
+    let before = up.received.load(Ordering::SeqCst);
+    link.apply_settled(Fault::Hang, Direction::Upstream).await;
+    c.write_all(b"held-request").await.unwrap();
+    assert!(
+        read_within(&mut c, Duration::from_millis(300))
+            .await
+            .is_none()
+    );
+    assert_eq!(up.received.load(Ordering::SeqCst), before);
+    link.apply_settled(Fault::Heal, Direction::Both).await;
+    let mut buf = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"held-request");
+    // Downstream: the request lands, the answer is held until the heal.
+    link.apply_settled(Fault::Hang, Direction::Downstream).await;
+    let before = up.received.load(Ordering::SeqCst);
+    c.write_all(b"held-answer").await.unwrap();
+    wait_for("the request to land", || {
+        up.received.load(Ordering::SeqCst) == before + 11
+    })
+    .await;
+    assert!(
+        read_within(&mut c, Duration::from_millis(300))
+            .await
+            .is_none()
+    );
+    link.apply_settled(Fault::Heal, Direction::Both).await;
+    let mut buf = [0u8; 11];
+    tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&buf, b"held-answer");
+}
+
+/// Median round trip of `n` 1-byte ping-pongs.
+async fn median_rtt(c: &mut TcpStream, n: usize) -> Duration {
+    let mut rtts = Vec::with_capacity(n);
+    let mut b = [0u8; 1];
+    for _ in 0..n {
+        let t = Instant::now();
+        c.write_all(b"p").await.unwrap();
+        c.read_exact(&mut b).await.unwrap();
+        rtts.push(t.elapsed());
+    }
+    rtts.sort();
+    rtts[n / 2]
+}
+
+#[tokio::test]
+async fn delay_adds_its_latency_in_each_direction_it_covers() {
+    let up = echo().await;
+    let link = link_to(&up).await;
+    link.seed(7);
+    let mut c = established(&link).await;
+    let base = median_rtt(&mut c, 20).await;
+    for (direction, expected) in [
+        (Direction::Upstream, 60u64),
+        (Direction::Downstream, 60),
+        (Direction::Both, 120),
+    ] {
+        link.apply_spec_settled(drill::proxy::FaultSpec::delay(
+            direction,
+            Duration::from_millis(60),
+            Duration::from_millis(10),
+        ))
+        .await;
+        let rtt = median_rtt(&mut c, 15).await;
+        println!("delay 60ms±10ms {direction:?}: median rtt {rtt:?} (base {base:?})");
+        let ms = rtt.as_millis() as u64;
+        let jitter = if direction == Direction::Both { 20 } else { 10 };
+        assert!(
+            ms + jitter >= expected && ms <= expected + jitter + 40,
+            "{direction:?}: {ms} ms for {expected} ms"
+        );
+    }
+    link.apply_settled(Fault::Heal, Direction::Both).await;
+    assert!(median_rtt(&mut c, 20).await < Duration::from_millis(20));
+}
+
+#[tokio::test]
+async fn throttle_caps_bytes_per_second_within_ten_percent() {
+    let up = echo().await;
+    let link = link_to(&up).await;
+    let c = established(&link).await;
+    let (mut r, mut w) = c.into_split();
+    let cap: u64 = 200_000;
+    for direction in [Direction::Upstream, Direction::Downstream] {
+        link.apply_spec_settled(drill::proxy::FaultSpec::throttle(direction, cap))
+            .await;
+        let total: usize = 600_000;
+        let started = Instant::now();
+        let writer = tokio::spawn(async move {
+            w.write_all(&vec![9u8; total]).await.unwrap();
+            w
+        });
+        let mut got = vec![0u8; total];
+        r.read_exact(&mut got).await.unwrap();
+        let took = started.elapsed();
+        w = writer.await.unwrap();
+        let rate = total as f64 / took.as_secs_f64();
+        println!("throttle {cap} B/s {direction:?}: {rate:.0} B/s over {took:?}");
+        assert!(
+            (rate - cap as f64).abs() <= 0.10 * cap as f64,
+            "{direction:?}: {rate:.0} B/s against a cap of {cap}"
+        );
+    }
+}
+
+/// `drill proxy` as a user runs it: its own process, its own runtime.
+struct ProxyProcess {
+    child: std::process::Child,
+    listen: SocketAddr,
+    api: SocketAddr,
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn drill_proxy(upstream: SocketAddr) -> ProxyProcess {
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let (listen, api) = (free(), free());
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args([
+            "proxy",
+            "--link",
+            &format!("t={listen},{upstream}"),
+            "--api",
+            &api.to_string(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reqwest::get(format!("http://{api}/links")).await.is_err() {
+        assert!(Instant::now() < deadline, "drill proxy did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ProxyProcess { child, listen, api }
+}
+
+async fn link_status(api: SocketAddr) -> serde_json::Value {
+    let links: serde_json::Value = reqwest::get(format!("http://{api}/links"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    links[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_answers_in_under_50ms_with_1000_stalled_connections() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    let up = echo().await;
+    let proxy = drill_proxy(up.addr).await;
+    // 1,000 clients that write but never read: the echo's answers fill their receive
+    // buffers, so the link's writes toward them block — every connection is stalled.
+    let mut clients = Vec::new();
+    for _ in 0..1000 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let c = socket.connect(proxy.listen).await.unwrap();
+        let (r, mut w) = c.into_split();
+        let writer = tokio::spawn(async move {
+            let _ = w.write_all(&vec![3u8; 512 * 1024]).await;
+            w
+        });
+        clients.push((r, writer));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = link_status(proxy.api).await;
+        if s["connections_open"] == 1000
+            && s["bytes_downstream"].as_u64().unwrap_or(0) > 1000 * 4096
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "connections did not stall: {s}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/links/t/fault", proxy.api);
+    let mut worst = Duration::ZERO;
+    for (method, body) in [
+        ("PUT", r#"{"fault":"hang"}"#),
+        ("DELETE", ""),
+        ("PUT", r#"{"fault":"swallow","direction":"downstream"}"#),
+        ("DELETE", ""),
+        ("PUT", r#"{"fault":"delay","latency_ms":100}"#),
+        ("DELETE", ""),
+        ("PUT", r#"{"fault":"reset"}"#),
+    ] {
+        let request = match method {
+            "PUT" => http.put(&url).body(body),
+            _ => http.delete(&url),
+        };
+        let t = Instant::now();
+        let answer = request.send().await.unwrap();
+        let took = t.elapsed();
+        assert_eq!(answer.status(), 200);
+        println!("{method} {body}: {took:?}");
+        worst = worst.max(took);
+    }
+    assert!(
+        worst < Duration::from_millis(50),
+        "slowest control call: {worst:?}"
+    );
+    // The reset cut all 1,000 stalled connections.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while link_status(proxy.api).await["connections_open"] != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "connections still open after the reset"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -15,7 +15,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::{Direction, Fault, LinkStatus, Proxy};
+use std::time::Duration;
+
+use super::{Direction, Fault, FaultSpec, LinkStatus, Proxy};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +25,24 @@ struct FaultRequest {
     fault: Fault,
     #[serde(default)]
     direction: Direction,
+    #[serde(default)]
+    latency_ms: u64,
+    #[serde(default)]
+    jitter_ms: u64,
+    #[serde(default)]
+    bytes_per_s: u64,
+}
+
+impl FaultRequest {
+    fn spec(&self) -> FaultSpec {
+        FaultSpec {
+            fault: self.fault,
+            direction: self.direction,
+            latency: Duration::from_millis(self.latency_ms),
+            jitter: Duration::from_millis(self.jitter_ms),
+            bytes_per_s: self.bytes_per_s,
+        }
+    }
 }
 
 fn problem(status: StatusCode, message: String) -> Response {
@@ -47,22 +67,16 @@ async fn put_fault(
             return problem(
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "{e}; send e.g. {{\"fault\":\"swallow\",\"direction\":\"downstream\"}} (faults: refuse, reset, swallow, hang, heal; directions: upstream, downstream, both)"
+                    "{e}; send e.g. {{\"fault\":\"swallow\",\"direction\":\"downstream\"}} (faults: refuse, reset, swallow, hang, delay with latency_ms/jitter_ms, throttle with bytes_per_s, heal; directions: upstream, downstream, both)"
                 ),
             );
         }
     };
-    if matches!(request.fault, Fault::Refuse | Fault::Reset) && request.direction != Direction::Both
-    {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "`{}` acts on whole connections; leave `direction` out",
-                request.fault.name()
-            ),
-        );
+    let spec = request.spec();
+    if let Err(message) = spec.validate() {
+        return problem(StatusCode::BAD_REQUEST, message);
     }
-    link.apply_settled(request.fault, request.direction).await;
+    link.apply_spec_settled(spec).await;
     Json(link.status()).into_response()
 }
 

@@ -1,15 +1,23 @@
 //! One proxied connection: two pumps (client → broker and broker → client) that follow the
-//! link's condition byte by byte.
+//! link's condition chunk by chunk.
 //!
 //! The upstream socket is dialled lazily: a connection accepted while its upstream direction is
 //! swallowed or hung has no far side yet (like a client behind a cut cable), and is dialled at
 //! the heal. A reset is a real RST: SO_LINGER 0 on both sockets, and the write halves are
 //! forgotten rather than shut down so no FIN goes out first.
+//!
+//! Bytes a pump has read but not yet written are *held*, in order, with the instant they are
+//! due: `delay` holds them `latency ± jitter` (never reordered), `throttle` spaces them to the
+//! cap, `hang` keeps them until the heal, `swallow` throws them away with everything after. A
+//! held queue is bounded, so a delayed or throttled sender feels back-pressure like on a real
+//! slow link.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use socket2::SockRef;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -20,6 +28,8 @@ use tokio_util::sync::CancellationToken;
 use super::{Condition, Flow, LinkShared, Side, add};
 
 const BUF: usize = 64 * 1024;
+/// What a delayed direction may hold before it stops reading (back-pressure).
+const HOLD_LIMIT: usize = 8 * 1024 * 1024;
 
 /// State both pumps of a connection share.
 struct Conn {
@@ -30,15 +40,6 @@ struct Conn {
     counted_reset: AtomicBool,
 }
 
-impl Conn {
-    fn reset(&self, shared: &LinkShared) {
-        if !self.counted_reset.swap(true, Ordering::SeqCst) {
-            add(&shared.counters.reset, 1);
-        }
-        self.abort.cancel();
-    }
-}
-
 fn rst(socket: &TcpStream) {
     let _ = SockRef::from(socket).set_linger(Some(Duration::ZERO));
 }
@@ -46,249 +47,337 @@ fn rst(socket: &TcpStream) {
 /// Serves one accepted client socket until both directions end or the connection is reset.
 pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: CancellationToken) {
     let _ = client.set_nodelay(true);
-    let conn = Arc::new(Conn {
-        lost: AtomicBool::new(false),
-        abort,
-        counted_reset: AtomicBool::new(false),
-    });
     // A fault in force at the instant of accept applies to this connection too.
     if shared.condition.borrow().flow(Side::Up) == Flow::Cut {
         rst(&client);
         add(&shared.counters.reset, 1);
         return;
     }
+    let conn = Arc::new(Conn {
+        lost: AtomicBool::new(false),
+        abort,
+        counted_reset: AtomicBool::new(false),
+    });
     add(&shared.counters.active, 1);
     let (client_read, client_write) = client.into_split();
     let (far_tx, far_rx) = oneshot::channel();
-    let up = pump_up(shared.clone(), conn.clone(), client_read, far_tx);
-    let down = pump_down(shared.clone(), conn.clone(), client_write, far_rx);
-    tokio::join!(up, down);
-    shared
-        .counters
-        .active
-        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    let up = Pump::new(
+        &shared,
+        &conn,
+        Side::Up,
+        Some(client_read),
+        None,
+        Far::Dial(Some(far_tx)),
+    );
+    let down = Pump::new(
+        &shared,
+        &conn,
+        Side::Down,
+        None,
+        Some(client_write),
+        Far::Await(Some(far_rx)),
+    );
+    tokio::join!(up.run(), down.run());
+    shared.counters.active.fetch_sub(1, Ordering::Relaxed);
 }
 
-/// What a pump does after the condition changed.
-enum Next {
-    Continue,
-    Reset,
+/// How a pump gets its far end: the client → broker pump dials the broker and hands the read
+/// half of that socket to the broker → client pump.
+enum Far {
+    Dial(Option<oneshot::Sender<OwnedReadHalf>>),
+    Await(Option<oneshot::Receiver<OwnedReadHalf>>),
 }
 
-fn after_change(conn: &Conn, condition: &Condition, side: Side) -> Next {
-    if condition.flow(side) == Flow::Cut {
-        return Next::Reset;
-    }
-    // DESIGN.md §3: after a swallow, a connection that lost bytes is reset at the heal.
-    if conn.lost.load(Ordering::SeqCst) && !condition.swallows() {
-        return Next::Reset;
-    }
-    Next::Continue
-}
-
-/// Client → broker. Owns the client's read half and the upstream write half, and dials.
-async fn pump_up(
+struct Pump {
     shared: Arc<LinkShared>,
     conn: Arc<Conn>,
-    mut from: OwnedReadHalf,
-    far_tx: oneshot::Sender<OwnedReadHalf>,
-) {
-    let mut rx = shared.condition.subscribe();
-    let mut to: Option<OwnedWriteHalf> = None;
-    let mut far_tx = Some(far_tx);
-    let mut at_eof = false;
-    let mut buf = vec![0u8; BUF];
-    let reset = |from: &OwnedReadHalf, to: Option<OwnedWriteHalf>| {
-        conn.reset(&shared);
-        rst(from.as_ref());
-        if let Some(w) = to {
+    side: Side,
+    rx: watch::Receiver<Condition>,
+    from: Option<OwnedReadHalf>,
+    to: Option<OwnedWriteHalf>,
+    far: Far,
+    held: VecDeque<(Instant, Bytes)>,
+    held_bytes: usize,
+    /// The latest due instant handed out: chunks never overtake each other.
+    last_due: Instant,
+    at_eof: bool,
+}
+
+/// Why a pump stopped waiting.
+enum Woke {
+    Changed,
+    Abort,
+}
+
+impl Pump {
+    fn new(
+        shared: &Arc<LinkShared>,
+        conn: &Arc<Conn>,
+        side: Side,
+        from: Option<OwnedReadHalf>,
+        to: Option<OwnedWriteHalf>,
+        far: Far,
+    ) -> Pump {
+        Pump {
+            shared: shared.clone(),
+            conn: conn.clone(),
+            side,
+            rx: shared.condition.subscribe(),
+            from,
+            to,
+            far,
+            held: VecDeque::new(),
+            held_bytes: 0,
+            last_due: Instant::now(),
+            at_eof: false,
+        }
+    }
+
+    /// Resets the whole connection: RST on every socket this pump holds.
+    fn reset(&mut self) {
+        if !self.conn.counted_reset.swap(true, Ordering::SeqCst) {
+            add(&self.shared.counters.reset, 1);
+        }
+        self.conn.abort.cancel();
+        if let Some(r) = self.from.as_ref() {
+            rst(r.as_ref());
+        }
+        if let Some(w) = self.to.take() {
             rst(w.as_ref());
             w.forget();
         }
-    };
-    loop {
-        let condition = rx.borrow_and_update().clone();
-        if let Next::Reset = after_change(&conn, &condition, Side::Up) {
-            reset(&from, to);
-            return;
+    }
+
+    fn counted(&self, forwarded: bool, n: usize) {
+        let c = &self.shared.counters;
+        let counter = match (self.side, forwarded) {
+            (Side::Up, true) => &c.bytes_up,
+            (Side::Down, true) => &c.bytes_down,
+            (Side::Up, false) => &c.swallowed_up,
+            (Side::Down, false) => &c.swallowed_down,
+        };
+        add(counter, n as u64);
+    }
+
+    fn lose(&mut self, n: usize) {
+        self.conn.lost.store(true, Ordering::SeqCst);
+        self.counted(false, n);
+    }
+
+    async fn wait(&mut self) -> Woke {
+        tokio::select! {
+            _ = self.rx.changed() => Woke::Changed,
+            _ = self.conn.abort.cancelled() => Woke::Abort,
         }
-        match condition.flow(Side::Up) {
-            Flow::Cut => unreachable!("handled by after_change"),
-            Flow::Hang => {
-                tokio::select! {
-                    _ = rx.changed() => {}
-                    _ = conn.abort.cancelled() => { reset(&from, to); return; }
-                }
+    }
+
+    async fn run(mut self) {
+        let mut buf = vec![0u8; BUF];
+        loop {
+            let condition = self.rx.borrow_and_update().clone();
+            let flow = condition.flow(self.side);
+            // DESIGN.md §3: after a swallow, a connection that lost bytes is reset at the heal.
+            let healed_with_hole = self.conn.lost.load(Ordering::SeqCst) && !condition.swallows();
+            if flow == Flow::Cut || healed_with_hole || self.conn.abort.is_cancelled() {
+                return self.reset();
             }
-            Flow::Swallow if at_eof => {
-                tokio::select! {
-                    _ = rx.changed() => {}
-                    _ = conn.abort.cancelled() => { reset(&from, to); return; }
-                }
-            }
-            Flow::Swallow => {
-                tokio::select! {
-                    n = from.read(&mut buf) => match n {
-                        Ok(0) => { at_eof = true; conn.lost.store(true, Ordering::SeqCst); }
-                        Ok(n) => {
-                            conn.lost.store(true, Ordering::SeqCst);
-                            add(&shared.counters.swallowed_up, n as u64);
-                        }
-                        Err(_) => { reset(&from, to); return; }
-                    },
-                    _ = rx.changed() => {}
-                    _ = conn.abort.cancelled() => { reset(&from, to); return; }
-                }
-            }
-            Flow::Pass => {
-                if to.is_none() {
-                    let dial = tokio::select! {
-                        d = TcpStream::connect(shared.upstream) => d,
-                        _ = conn.abort.cancelled() => { reset(&from, to); return; }
-                    };
-                    match dial {
-                        Ok(stream) => {
-                            let _ = stream.set_nodelay(true);
-                            let (r, w) = stream.into_split();
-                            if let Some(tx) = far_tx.take() {
-                                let _ = tx.send(r);
-                            }
-                            to = Some(w);
-                        }
-                        Err(_) => {
-                            reset(&from, to);
-                            return;
-                        }
-                    }
-                    continue;
-                }
-                let Some(w) = to.as_mut() else { continue };
-                let n = tokio::select! {
-                    n = from.read(&mut buf) => n,
-                    _ = rx.changed() => continue,
-                    _ = conn.abort.cancelled() => { reset(&from, to); return; }
+            // The broker → client pump first needs the far side's read half.
+            if let Far::Await(pending) = &mut self.far
+                && self.from.is_none()
+            {
+                let Some(receiver) = pending.as_mut() else {
+                    return;
                 };
-                match n {
-                    Ok(0) => {
-                        let _ = w.shutdown().await;
-                        return;
-                    }
-                    Ok(n) => match write_following(w, &buf[..n], &mut rx, &conn, Side::Up).await {
-                        Ok(()) => add(&shared.counters.bytes_up, n as u64),
-                        Err(()) => {
-                            reset(&from, to);
+                tokio::select! {
+                    far = receiver => match far {
+                        Ok(r) => { self.from = Some(r); pending.take(); }
+                        // The client left before a far side was ever needed.
+                        Err(_) => {
+                            if let Some(w) = self.to.as_mut() { let _ = w.shutdown().await; }
                             return;
                         }
                     },
-                    Err(_) => {
-                        reset(&from, to);
+                    _ = self.rx.changed() => {}
+                    _ = self.conn.abort.cancelled() => return self.reset(),
+                }
+                continue;
+            }
+            match flow {
+                Flow::Cut => return self.reset(),
+                Flow::Hang => {
+                    // Held bytes stay held: the peer is frozen.
+                    if let Woke::Abort = self.wait().await {
+                        return self.reset();
+                    }
+                }
+                Flow::Swallow => {
+                    // Bytes in flight when the link went dark are lost with it.
+                    if self.held_bytes > 0 {
+                        let n = self.held_bytes;
+                        self.held.clear();
+                        self.held_bytes = 0;
+                        self.lose(n);
+                    }
+                    let Some(from) = self.from.as_mut().filter(|_| !self.at_eof) else {
+                        if let Woke::Abort = self.wait().await {
+                            return self.reset();
+                        }
+                        continue;
+                    };
+                    tokio::select! {
+                        n = from.read(&mut buf) => match n {
+                            Ok(0) => { self.at_eof = true; self.lose(0); }
+                            Ok(n) => self.lose(n),
+                            Err(_) => return self.reset(),
+                        },
+                        _ = self.rx.changed() => {}
+                        _ = self.conn.abort.cancelled() => return self.reset(),
+                    }
+                }
+                Flow::Pass | Flow::Delay { .. } | Flow::Throttle { .. } => {
+                    if self.to.is_none() {
+                        match self.dial().await {
+                            Ok(()) => continue,
+                            Err(()) => return self.reset(),
+                        }
+                    }
+                    if !self.forward(flow, &mut buf).await {
                         return;
                     }
                 }
             }
         }
     }
-}
 
-/// Broker → client. Owns the client's write half and (once dialled) the upstream read half.
-async fn pump_down(
-    shared: Arc<LinkShared>,
-    conn: Arc<Conn>,
-    mut to: OwnedWriteHalf,
-    far_rx: oneshot::Receiver<OwnedReadHalf>,
-) {
-    let mut rx = shared.condition.subscribe();
-    let mut from: Option<OwnedReadHalf> = None;
-    let mut far_rx = Some(far_rx);
-    let mut at_eof = false;
-    let mut buf = vec![0u8; BUF];
-    let reset = |to: OwnedWriteHalf, from: Option<OwnedReadHalf>| {
-        conn.reset(&shared);
-        rst(to.as_ref());
-        if let Some(r) = from.as_ref() {
-            rst(r.as_ref());
+    /// Dials the broker for the client → broker pump and hands the read half over.
+    async fn dial(&mut self) -> Result<(), ()> {
+        let Far::Dial(sender) = &mut self.far else {
+            return Err(());
+        };
+        let stream = tokio::select! {
+            s = TcpStream::connect(self.shared.upstream) => s.map_err(|_| ())?,
+            _ = self.conn.abort.cancelled() => return Err(()),
+        };
+        let _ = stream.set_nodelay(true);
+        let (r, w) = stream.into_split();
+        if let Some(tx) = sender.take() {
+            let _ = tx.send(r);
         }
-        to.forget();
-    };
-    loop {
-        let condition = rx.borrow_and_update().clone();
-        if let Next::Reset = after_change(&conn, &condition, Side::Down) {
-            reset(to, from);
-            return;
-        }
-        if from.is_none() {
-            let Some(pending) = far_rx.as_mut() else {
-                return;
-            };
-            tokio::select! {
-                far = pending => {
-                    far_rx = None;
-                    match far {
-                        Ok(r) => from = Some(r),
-                        // The client went away before a far side was ever needed.
-                        Err(_) => { let _ = to.shutdown().await; return; }
-                    }
-                }
-                _ = rx.changed() => {}
-                _ = conn.abort.cancelled() => { reset(to, from); return; }
-            }
-            continue;
-        }
-        let Some(r) = from.as_mut() else { continue };
-        match condition.flow(Side::Down) {
-            Flow::Cut => unreachable!("handled by after_change"),
-            Flow::Hang => {
-                tokio::select! {
-                    _ = rx.changed() => {}
-                    _ = conn.abort.cancelled() => { reset(to, from); return; }
-                }
-            }
-            Flow::Swallow if at_eof => {
-                tokio::select! {
-                    _ = rx.changed() => {}
-                    _ = conn.abort.cancelled() => { reset(to, from); return; }
-                }
-            }
-            Flow::Swallow => {
-                tokio::select! {
-                    n = r.read(&mut buf) => match n {
-                        Ok(0) => { at_eof = true; conn.lost.store(true, Ordering::SeqCst); }
-                        Ok(n) => {
-                            conn.lost.store(true, Ordering::SeqCst);
-                            add(&shared.counters.swallowed_down, n as u64);
-                        }
-                        Err(_) => { reset(to, from); return; }
-                    },
-                    _ = rx.changed() => {}
-                    _ = conn.abort.cancelled() => { reset(to, from); return; }
-                }
-            }
-            Flow::Pass => {
-                let n = tokio::select! {
-                    n = r.read(&mut buf) => n,
-                    _ = rx.changed() => continue,
-                    _ = conn.abort.cancelled() => { reset(to, from); return; }
+        self.to = Some(w);
+        Ok(())
+    }
+
+    /// One step of forwarding under `pass`, `delay` or `throttle`. Returns false when this
+    /// direction is finished (or the connection was reset).
+    async fn forward(&mut self, flow: Flow, buf: &mut [u8]) -> bool {
+        // Write the oldest held chunk if it is due (under pass, everything held is due).
+        if let Some((due, _)) = self.held.front() {
+            if flow == Flow::Pass || *due <= Instant::now() {
+                let Some((_, bytes)) = self.held.pop_front() else {
+                    return true;
                 };
-                match n {
-                    Ok(0) => {
-                        let _ = to.shutdown().await;
-                        return;
+                self.held_bytes -= bytes.len();
+                return self.write(&bytes).await;
+            }
+        } else if self.at_eof {
+            if let Some(w) = self.to.as_mut() {
+                let _ = w.shutdown().await;
+            }
+            return false;
+        }
+        let (chunk, hold_limit) = match flow {
+            Flow::Throttle { bytes_per_s } => {
+                let chunk = ((bytes_per_s / 50) as usize).clamp(512, BUF);
+                (chunk, chunk)
+            }
+            Flow::Delay { .. } => (BUF, HOLD_LIMIT),
+            _ => (BUF, 0),
+        };
+        let can_read = !self.at_eof && self.held_bytes <= hold_limit && self.from.is_some();
+        let wake = self
+            .held
+            .front()
+            .map(|(due, _)| tokio::time::Instant::from_std(*due));
+        let read = async {
+            match self.from.as_mut() {
+                Some(r) if can_read => r.read(&mut buf[..chunk]).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            n = read => match n {
+                Ok(0) => self.at_eof = true,
+                Ok(n) => {
+                    if flow == Flow::Pass && self.held.is_empty() {
+                        // The fast path: straight from the read buffer, nothing queued.
+                        return self.write(&buf[..n]).await;
                     }
-                    Ok(n) => {
-                        match write_following(&mut to, &buf[..n], &mut rx, &conn, Side::Down).await
-                        {
-                            Ok(()) => add(&shared.counters.bytes_down, n as u64),
-                            Err(()) => {
-                                reset(to, from);
-                                return;
-                            }
-                        }
-                    }
-                    Err(_) => {
-                        reset(to, from);
-                        return;
-                    }
+                    let due = self.due(flow, n);
+                    self.held.push_back((due, Bytes::copy_from_slice(&buf[..n])));
+                    self.held_bytes += n;
                 }
+                Err(_) => {
+                    self.reset();
+                    return false;
+                }
+            },
+            _ = async { if let Some(w) = wake { tokio::time::sleep_until(w).await } }, if wake.is_some() => {}
+            _ = self.rx.changed() => {}
+            _ = self.conn.abort.cancelled() => {}
+        }
+        true
+    }
+
+    /// When a chunk of `n` bytes read now may be written.
+    fn due(&mut self, flow: Flow, n: usize) -> Instant {
+        let now = Instant::now();
+        let due = match flow {
+            Flow::Delay { latency, jitter } => {
+                let j = jitter.as_micros() as u64;
+                let offset = if j == 0 {
+                    0i64
+                } else {
+                    let draw = self
+                        .shared
+                        .rng
+                        .lock()
+                        .map(|mut r| r.below(2 * j + 1))
+                        .unwrap_or(j);
+                    draw as i64 - j as i64
+                };
+                let base = now + latency;
+                let at = if offset >= 0 {
+                    base + Duration::from_micros(offset as u64)
+                } else {
+                    base.checked_sub(Duration::from_micros(offset.unsigned_abs()))
+                        .unwrap_or(now)
+                };
+                at.max(self.last_due)
+            }
+            Flow::Throttle { bytes_per_s } => {
+                // This chunk leaves when the previous one's share of the cap has passed.
+                let at = now.max(self.last_due);
+                self.last_due = at + Duration::from_secs_f64(n as f64 / bytes_per_s as f64);
+                return at;
+            }
+            _ => now.max(self.last_due),
+        };
+        self.last_due = due;
+        due
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> bool {
+        let Some(to) = self.to.as_mut() else {
+            return false;
+        };
+        match write_following(to, bytes, &mut self.rx, &self.conn, self.side).await {
+            Ok(()) => {
+                self.counted(true, bytes.len());
+                true
+            }
+            Err(()) => {
+                self.reset();
+                false
             }
         }
     }

@@ -35,6 +35,10 @@ pub enum Fault {
     Swallow,
     /// Nothing is read in `direction`; the sender's buffers fill and its writes block.
     Hang,
+    /// Bytes in `direction` arrive `latency` ± `jitter` late, in order.
+    Delay,
+    /// Bytes in `direction` flow at most `bytes_per_s`.
+    Throttle,
     /// Back to pass-through.
     Heal,
 }
@@ -46,8 +50,15 @@ impl Fault {
             Fault::Reset => "reset",
             Fault::Swallow => "swallow",
             Fault::Hang => "hang",
+            Fault::Delay => "delay",
+            Fault::Throttle => "throttle",
             Fault::Heal => "heal",
         }
+    }
+
+    /// Faults that act on whole connections, not on one direction.
+    pub fn whole_connection(self) -> bool {
+        matches!(self, Fault::Refuse | Fault::Reset)
     }
 }
 
@@ -93,60 +104,129 @@ pub(crate) enum Flow {
     Pass,
     Swallow,
     Hang,
+    Delay {
+        latency: Duration,
+        jitter: Duration,
+    },
+    Throttle {
+        bytes_per_s: u64,
+    },
     /// Reset the connection (`refuse` and `reset` both cut existing connections).
     Cut,
 }
 
-/// A fault in force: never `Heal` (healed is `None`).
+/// A fault with its parameters, as the control plane and scenarios give it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct ActiveFault {
+pub struct FaultSpec {
     pub fault: Fault,
     pub direction: Direction,
+    /// `delay`: added to every chunk.
+    #[serde(skip_serializing_if = "Duration::is_zero", with = "millis")]
+    pub latency: Duration,
+    /// `delay`: each chunk gets a further uniform ±jitter (seeded), never out of order.
+    #[serde(skip_serializing_if = "Duration::is_zero", with = "millis")]
+    pub jitter: Duration,
+    /// `throttle`: the cap.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub bytes_per_s: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+mod millis {
+    use std::time::Duration;
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+}
+
+impl FaultSpec {
+    pub fn new(fault: Fault, direction: Direction) -> FaultSpec {
+        FaultSpec {
+            fault,
+            direction,
+            latency: Duration::ZERO,
+            jitter: Duration::ZERO,
+            bytes_per_s: 0,
+        }
+    }
+
+    pub fn delay(direction: Direction, latency: Duration, jitter: Duration) -> FaultSpec {
+        FaultSpec {
+            latency,
+            jitter,
+            ..FaultSpec::new(Fault::Delay, direction)
+        }
+    }
+
+    pub fn throttle(direction: Direction, bytes_per_s: u64) -> FaultSpec {
+        FaultSpec {
+            bytes_per_s,
+            ..FaultSpec::new(Fault::Throttle, direction)
+        }
+    }
+
+    /// Checks the parameters a fault needs; the message says what to send instead.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.fault.whole_connection() && self.direction != Direction::Both {
+            return Err(format!(
+                "`{}` acts on whole connections; leave `direction` out",
+                self.fault.name()
+            ));
+        }
+        match self.fault {
+            Fault::Delay if self.latency.is_zero() && self.jitter.is_zero() => {
+                Err("`delay` needs a latency (and optionally a jitter)".to_string())
+            }
+            Fault::Throttle if self.bytes_per_s == 0 => {
+                Err("`throttle` needs bytes_per_s greater than zero".to_string())
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The link's condition, published to every task of the link.
 #[derive(Debug, Clone)]
 pub(crate) struct Condition {
-    pub(crate) active: Option<ActiveFault>,
+    pub(crate) active: Option<FaultSpec>,
     pub(crate) since: Instant,
     pub(crate) epoch: u64,
 }
 
 impl Condition {
     pub(crate) fn flow(&self, side: Side) -> Flow {
-        match self.active {
-            None => Flow::Pass,
-            Some(ActiveFault {
-                fault: Fault::Refuse | Fault::Reset,
-                ..
-            }) => Flow::Cut,
-            Some(ActiveFault { fault, direction }) if direction.covers(side) => match fault {
-                Fault::Swallow => Flow::Swallow,
-                Fault::Hang => Flow::Hang,
-                _ => Flow::Pass,
+        let Some(spec) = self.active else {
+            return Flow::Pass;
+        };
+        if spec.fault.whole_connection() {
+            return Flow::Cut;
+        }
+        if !spec.direction.covers(side) {
+            return Flow::Pass;
+        }
+        match spec.fault {
+            Fault::Swallow => Flow::Swallow,
+            Fault::Hang => Flow::Hang,
+            Fault::Delay => Flow::Delay {
+                latency: spec.latency,
+                jitter: spec.jitter,
             },
-            Some(_) => Flow::Pass,
+            Fault::Throttle => Flow::Throttle {
+                bytes_per_s: spec.bytes_per_s,
+            },
+            _ => Flow::Pass,
         }
     }
 
     pub(crate) fn swallows(&self) -> bool {
-        matches!(
-            self.active,
-            Some(ActiveFault {
-                fault: Fault::Swallow,
-                ..
-            })
-        )
+        self.active.is_some_and(|a| a.fault == Fault::Swallow)
     }
 
     fn refuses(&self) -> bool {
-        matches!(
-            self.active,
-            Some(ActiveFault {
-                fault: Fault::Refuse,
-                ..
-            })
-        )
+        self.active.is_some_and(|a| a.fault == Fault::Refuse)
     }
 }
 
@@ -175,6 +255,13 @@ pub struct LinkStatus {
     /// `pass` when healed.
     pub fault: String,
     pub direction: Option<String>,
+    /// `delay` and `throttle` parameters, when in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_s: Option<u64>,
     /// How long the current condition has been in force.
     pub since_ms: u64,
     pub connections_accepted: u64,
@@ -205,6 +292,8 @@ pub(crate) struct LinkShared {
     settled: watch::Sender<u64>,
     pub(crate) counters: Counters,
     pub(crate) tasks: TaskTracker,
+    /// Jitter draws, seeded.
+    pub(crate) rng: std::sync::Mutex<crate::workload::Seeded>,
 }
 
 /// One proxied listener. Cheap to clone; all clones drive the same link.
@@ -248,6 +337,7 @@ impl Link {
             settled,
             counters: Counters::default(),
             tasks: TaskTracker::new(),
+            rng: std::sync::Mutex::new(crate::workload::Seeded::new(0)),
         });
         let link = Link { shared, cancel };
         let accept = link.clone();
@@ -272,9 +362,14 @@ impl Link {
     /// Puts `fault` in force at once for every connection of the link, new and existing.
     /// Never blocks: it only publishes the new condition. `Heal` returns to pass-through.
     pub fn apply(&self, fault: Fault, direction: Direction) -> u64 {
-        let active = match fault {
+        self.apply_spec(FaultSpec::new(fault, direction))
+    }
+
+    /// [`Link::apply`] with parameters (`delay`, `throttle`).
+    pub fn apply_spec(&self, spec: FaultSpec) -> u64 {
+        let active = match spec.fault {
             Fault::Heal => None,
-            fault => Some(ActiveFault { fault, direction }),
+            _ => Some(spec),
         };
         let mut epoch = 0;
         self.shared.condition.send_modify(|c| {
@@ -286,6 +381,13 @@ impl Link {
             c.active = active;
         });
         epoch
+    }
+
+    /// Seeds the link's randomness (jitter), so a drill with the same seed replays the same.
+    pub fn seed(&self, seed: u64) {
+        if let Ok(mut rng) = self.shared.rng.lock() {
+            *rng = crate::workload::Seeded::new(seed);
+        }
     }
 
     /// Waits (at most `limit`) until the listener has acted on condition `epoch`: after a
@@ -300,8 +402,18 @@ impl Link {
 
     /// Applies a fault and waits for the listener to follow (bounded; never on data flow).
     pub async fn apply_settled(&self, fault: Fault, direction: Direction) {
-        let epoch = self.apply(fault, direction);
-        self.settled(epoch, Duration::from_secs(2)).await;
+        self.apply_spec_settled(FaultSpec::new(fault, direction))
+            .await;
+    }
+
+    /// [`Link::apply_settled`] with parameters. Only a change between refusing and listening
+    /// needs the listener to act; every other fault is in force once published.
+    pub async fn apply_spec_settled(&self, spec: FaultSpec) {
+        let was_refusing = self.shared.condition.borrow().refuses();
+        let epoch = self.apply_spec(spec);
+        if was_refusing || spec.fault == Fault::Refuse {
+            self.settled(epoch, Duration::from_secs(2)).await;
+        }
     }
 
     pub fn status(&self) -> LinkStatus {
@@ -318,6 +430,18 @@ impl Link {
                 .unwrap_or("pass")
                 .to_string(),
             direction: c.active.map(|a| a.direction.name().to_string()),
+            latency_ms: c
+                .active
+                .filter(|a| a.fault == Fault::Delay)
+                .map(|a| a.latency.as_millis() as u64),
+            jitter_ms: c
+                .active
+                .filter(|a| a.fault == Fault::Delay)
+                .map(|a| a.jitter.as_millis() as u64),
+            bytes_per_s: c
+                .active
+                .filter(|a| a.fault == Fault::Throttle)
+                .map(|a| a.bytes_per_s),
             since_ms: c.since.elapsed().as_millis() as u64,
             connections_accepted: get(&n.accepted),
             connections_reset: get(&n.reset),
