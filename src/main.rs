@@ -49,8 +49,9 @@ enum Command {
     },
     /// Run fault-proxy links standalone with an HTTP control API.
     Proxy {
-        /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable), e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883
-        #[arg(long = "link", required = true)]
+        /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable), e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883.
+        /// Links can also be created later through the Toxiproxy-shaped `POST /proxies`.
+        #[arg(long = "link")]
         links: Vec<String>,
         /// Where the control API listens.
         #[arg(long, default_value = "127.0.0.1:8474")]
@@ -213,7 +214,7 @@ async fn run(
 }
 
 async fn proxy(specs: Vec<String>, api: SocketAddr, cancel: CancellationToken) -> u8 {
-    let mut proxy = Proxy::new();
+    let proxy = Proxy::new(cancel.clone());
     for spec in &specs {
         let parsed = spec.split_once('=').and_then(|(name, addrs)| {
             let (listen, upstream) = addrs.split_once(',')?;
@@ -242,7 +243,9 @@ async fn proxy(specs: Vec<String>, api: SocketAddr, cancel: CancellationToken) -
     }
     match drill::proxy::api::serve(proxy.clone(), api, cancel.clone()).await {
         Ok((bound, handle)) => {
-            println!("control API on http://{bound} (GET /links, PUT|DELETE /links/NAME/fault)");
+            println!(
+                "control API on http://{bound} (GET /links, PUT|DELETE /links/NAME/fault; Toxiproxy-shaped /proxies)"
+            );
             cancel.cancelled().await;
             let _ = handle.await;
             proxy.shutdown().await;

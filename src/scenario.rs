@@ -642,6 +642,7 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                     latency: f.latency.map(|d| d.0).unwrap_or_default(),
                     jitter: f.jitter.map(|d| d.0).unwrap_or_default(),
                     bytes_per_s: f.bytes_per_s.unwrap_or(0),
+                    limit_bytes: 0,
                 };
                 spec.validate()
                     .map_err(|m| invalid(shown, loc, format!("faults[{i}]: {m}")))?;

@@ -2,46 +2,16 @@
 //! Real sockets on 127.0.0.1: a client, the link, and an echo server that counts what it got.
 
 use std::io::ErrorKind;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Echo, drill_proxy, echo, is_reset, link_status, median_rtt, read_within, wait_for};
 use drill::proxy::{Direction, Fault, Link, Proxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
-
-/// An echo server that counts the bytes it received.
-struct Echo {
-    addr: SocketAddr,
-    received: Arc<AtomicU64>,
-}
-
-async fn echo() -> Echo {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let received = Arc::new(AtomicU64::new(0));
-    let count = received.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let count = count.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    count.fetch_add(n as u64, Ordering::SeqCst);
-                    if s.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    Echo { addr, received }
-}
 
 async fn link_to(echo: &Echo) -> Link {
     Link::start(
@@ -65,24 +35,6 @@ async fn established(link: &Link) -> TcpStream {
         .unwrap();
     assert_eq!(&buf, b"hello");
     c
-}
-
-/// Reads once; `None` if nothing at all arrived within `wait` (no data, no EOF, no reset).
-async fn read_within(c: &mut TcpStream, wait: Duration) -> Option<std::io::Result<usize>> {
-    let mut buf = [0u8; 1024];
-    tokio::time::timeout(wait, c.read(&mut buf)).await.ok()
-}
-
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-fn is_reset(r: &Option<std::io::Result<usize>>) -> bool {
-    matches!(r, Some(Err(e)) if e.kind() == ErrorKind::ConnectionReset)
 }
 
 #[tokio::test]
@@ -257,7 +209,7 @@ async fn the_heal_resets_only_connections_that_lost_bytes() {
 #[tokio::test]
 async fn the_control_api_applies_and_heals_faults() {
     let up = echo().await;
-    let mut proxy = Proxy::new();
+    let proxy = Proxy::new(CancellationToken::new());
     let link = link_to(&up).await;
     let listen = link.listen_addr();
     proxy.add(link);
@@ -386,20 +338,6 @@ async fn hang_upstream_holds_requests_and_hang_downstream_holds_answers() {
     assert_eq!(&buf, b"held-answer");
 }
 
-/// Median round trip of `n` 1-byte ping-pongs.
-async fn median_rtt(c: &mut TcpStream, n: usize) -> Duration {
-    let mut rtts = Vec::with_capacity(n);
-    let mut b = [0u8; 1];
-    for _ in 0..n {
-        let t = Instant::now();
-        c.write_all(b"p").await.unwrap();
-        c.read_exact(&mut b).await.unwrap();
-        rtts.push(t.elapsed());
-    }
-    rtts.sort();
-    rtts[n / 2]
-}
-
 #[tokio::test]
 async fn delay_adds_its_latency_in_each_direction_it_covers() {
     let up = echo().await;
@@ -460,57 +398,6 @@ async fn throttle_caps_bytes_per_second_within_ten_percent() {
     }
 }
 
-/// `drill proxy` as a user runs it: its own process, its own runtime.
-struct ProxyProcess {
-    child: std::process::Child,
-    listen: SocketAddr,
-    api: SocketAddr,
-}
-
-impl Drop for ProxyProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn drill_proxy(upstream: SocketAddr) -> ProxyProcess {
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-    };
-    let (listen, api) = (free(), free());
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_drill"))
-        .args([
-            "proxy",
-            "--link",
-            &format!("t={listen},{upstream}"),
-            "--api",
-            &api.to_string(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while reqwest::get(format!("http://{api}/links")).await.is_err() {
-        assert!(Instant::now() < deadline, "drill proxy did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    ProxyProcess { child, listen, api }
-}
-
-async fn link_status(api: SocketAddr) -> serde_json::Value {
-    let links: serde_json::Value = reqwest::get(format!("http://{api}/links"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    links[0].clone()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_control_plane_answers_in_under_50ms_with_1000_stalled_connections() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
@@ -518,7 +405,7 @@ async fn the_control_plane_answers_in_under_50ms_with_1000_stalled_connections()
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
     let up = echo().await;
-    let proxy = drill_proxy(up.addr).await;
+    let proxy = drill_proxy(Some(up.addr)).await;
     // 1,000 clients that write but never read: the echo's answers fill their receive
     // buffers, so the link's writes toward them block — every connection is stalled.
     let mut clients = Vec::new();

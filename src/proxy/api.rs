@@ -41,6 +41,7 @@ impl FaultRequest {
             latency: Duration::from_millis(self.latency_ms),
             jitter: Duration::from_millis(self.jitter_ms),
             bytes_per_s: self.bytes_per_s,
+            limit_bytes: 0,
         }
     }
 }
@@ -50,7 +51,7 @@ fn problem(status: StatusCode, message: String) -> Response {
 }
 
 async fn list(State(proxy): State<Proxy>) -> Json<Vec<LinkStatus>> {
-    Json(proxy.links().map(|l| l.status()).collect())
+    Json(proxy.links().iter().map(|l| l.status()).collect())
 }
 
 async fn put_fault(
@@ -88,11 +89,13 @@ async fn heal(State(proxy): State<Proxy>, Path(name): Path<String>) -> Response 
     Json(link.status()).into_response()
 }
 
+/// drill's own API, and the Toxiproxy-shaped one beside it on the same port.
 pub fn router(proxy: Proxy) -> Router {
     Router::new()
         .route("/links", get(list))
         .route("/links/{name}/fault", put(put_fault).delete(heal))
-        .with_state(proxy)
+        .with_state(proxy.clone())
+        .merge(super::toxiproxy::router(proxy))
 }
 
 /// Serves the control API on `addr` until `cancel` fires. Returns the bound address.

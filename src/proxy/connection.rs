@@ -101,6 +101,8 @@ struct Pump {
     /// The latest due instant handed out: chunks never overtake each other.
     last_due: Instant,
     at_eof: bool,
+    /// `limit_data`: (condition epoch, bytes passed under it).
+    limited: (u64, u64),
 }
 
 /// Why a pump stopped waiting.
@@ -130,6 +132,7 @@ impl Pump {
             held_bytes: 0,
             last_due: Instant::now(),
             at_eof: false,
+            limited: (0, 0),
         }
     }
 
@@ -234,7 +237,10 @@ impl Pump {
                         _ = self.conn.abort.cancelled() => return self.reset(),
                     }
                 }
-                Flow::Pass | Flow::Delay { .. } | Flow::Throttle { .. } => {
+                Flow::Pass | Flow::Delay { .. } | Flow::Throttle { .. } | Flow::Limit { .. } => {
+                    if self.limited.0 != condition.epoch {
+                        self.limited = (condition.epoch, 0);
+                    }
                     if self.to.is_none() {
                         match self.dial().await {
                             Ok(()) => continue,
@@ -291,6 +297,10 @@ impl Pump {
                 (chunk, chunk)
             }
             Flow::Delay { .. } => (BUF, HOLD_LIMIT),
+            Flow::Limit { bytes } => (
+                (bytes.saturating_sub(self.limited.1) as usize).clamp(1, BUF),
+                0,
+            ),
             _ => (BUF, 0),
         };
         let can_read = !self.at_eof && self.held_bytes <= hold_limit && self.from.is_some();
@@ -308,6 +318,19 @@ impl Pump {
             n = read => match n {
                 Ok(0) => self.at_eof = true,
                 Ok(n) => {
+                    if let Flow::Limit { bytes } = flow {
+                        // Pass what the budget allows, then cut the connection.
+                        let allowed = (bytes.saturating_sub(self.limited.1) as usize).min(n);
+                        if allowed > 0 && !self.write(&buf[..allowed]).await {
+                            return false;
+                        }
+                        self.limited.1 += allowed as u64;
+                        if self.limited.1 >= bytes {
+                            self.reset();
+                            return false;
+                        }
+                        return true;
+                    }
                     if flow == Flow::Pass && self.held.is_empty() {
                         // The fast path: straight from the read buffer, nothing queued.
                         return self.write(&buf[..n]).await;

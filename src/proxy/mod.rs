@@ -10,6 +10,7 @@
 
 pub mod api;
 mod connection;
+pub mod toxiproxy;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -39,6 +40,10 @@ pub enum Fault {
     Delay,
     /// Bytes in `direction` flow at most `bytes_per_s`.
     Throttle,
+    /// Toxiproxy's `limit_data`: each connection is reset once `limit_bytes` have passed in
+    /// `direction` since the fault began. Only reachable through the Toxiproxy-shaped API.
+    #[serde(skip)]
+    LimitData,
     /// Back to pass-through.
     Heal,
 }
@@ -52,6 +57,7 @@ impl Fault {
             Fault::Hang => "hang",
             Fault::Delay => "delay",
             Fault::Throttle => "throttle",
+            Fault::LimitData => "limit_data",
             Fault::Heal => "heal",
         }
     }
@@ -111,6 +117,9 @@ pub(crate) enum Flow {
     Throttle {
         bytes_per_s: u64,
     },
+    Limit {
+        bytes: u64,
+    },
     /// Reset the connection (`refuse` and `reset` both cut existing connections).
     Cut,
 }
@@ -129,6 +138,9 @@ pub struct FaultSpec {
     /// `throttle`: the cap.
     #[serde(skip_serializing_if = "is_zero")]
     pub bytes_per_s: u64,
+    /// `limit_data`: bytes each connection may pass before it is reset.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub limit_bytes: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -150,6 +162,14 @@ impl FaultSpec {
             latency: Duration::ZERO,
             jitter: Duration::ZERO,
             bytes_per_s: 0,
+            limit_bytes: 0,
+        }
+    }
+
+    pub fn limit(direction: Direction, bytes: u64) -> FaultSpec {
+        FaultSpec {
+            limit_bytes: bytes,
+            ..FaultSpec::new(Fault::LimitData, direction)
         }
     }
 
@@ -216,6 +236,9 @@ impl Condition {
             },
             Fault::Throttle => Flow::Throttle {
                 bytes_per_s: spec.bytes_per_s,
+            },
+            Fault::LimitData => Flow::Limit {
+                bytes: spec.limit_bytes,
             },
             _ => Flow::Pass,
         }
@@ -520,31 +543,50 @@ impl Link {
     }
 }
 
-/// A set of named links, as `drill proxy` and the runner use them.
-#[derive(Clone, Default)]
+/// A set of named links, as `drill proxy` and the runner use them. Cheap to clone; links can
+/// be added and removed while it serves (the Toxiproxy-shaped API creates them).
+#[derive(Clone)]
 pub struct Proxy {
-    links: BTreeMap<String, Link>,
+    links: Arc<std::sync::RwLock<BTreeMap<String, Link>>>,
+    cancel: CancellationToken,
 }
 
 impl Proxy {
-    pub fn new() -> Proxy {
-        Proxy::default()
+    /// Links this proxy starts itself stop when `cancel` fires.
+    pub fn new(cancel: CancellationToken) -> Proxy {
+        Proxy {
+            links: Arc::default(),
+            cancel,
+        }
     }
 
-    pub fn add(&mut self, link: Link) {
-        self.links.insert(link.name().to_string(), link);
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
     }
 
-    pub fn link(&self, name: &str) -> Option<&Link> {
-        self.links.get(name)
+    pub fn add(&self, link: Link) {
+        if let Ok(mut links) = self.links.write() {
+            links.insert(link.name().to_string(), link);
+        }
     }
 
-    pub fn links(&self) -> impl Iterator<Item = &Link> {
-        self.links.values()
+    pub fn remove(&self, name: &str) -> Option<Link> {
+        self.links.write().ok().and_then(|mut l| l.remove(name))
+    }
+
+    pub fn link(&self, name: &str) -> Option<Link> {
+        self.links.read().ok().and_then(|l| l.get(name).cloned())
+    }
+
+    pub fn links(&self) -> Vec<Link> {
+        self.links
+            .read()
+            .map(|l| l.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub async fn shutdown(&self) {
-        for link in self.links.values() {
+        for link in self.links() {
             link.shutdown().await;
         }
     }

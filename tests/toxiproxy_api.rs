@@ -1,0 +1,253 @@
+//! The Toxiproxy-shaped API of `drill proxy`, driven as a Toxiproxy client would, with the
+//! same observations as drill's own fault tests: real sockets, a real `drill proxy` process.
+
+mod common;
+
+use std::io::ErrorKind;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::{drill_proxy, echo, is_reset, median_rtt, read_within, wait_for};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Api {
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        let request = match method {
+            "GET" => self.http.get(&url),
+            "POST" => self.http.post(&url),
+            _ => self.http.delete(&url),
+        };
+        let request = match body {
+            Some(b) => request.json(&b),
+            None => request,
+        };
+        let answer = request.send().await.unwrap();
+        let status = answer.status().as_u16();
+        let text = answer.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+}
+
+async fn ping(c: &mut TcpStream) {
+    c.write_all(b"hi").await.unwrap();
+    let mut b = [0u8; 2];
+    tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut b))
+        .await
+        .expect("echo")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_toxiproxy_client_drives_drill_links() {
+    let up = echo().await;
+    let proxy = drill_proxy(None).await;
+    let api = Api {
+        http: reqwest::Client::new(),
+        base: format!("http://{}", proxy.api),
+    };
+    let listen = proxy.listen;
+
+    // Create a proxy the Toxiproxy way.
+    let (status, created) = api
+        .call(
+            "POST",
+            "/proxies",
+            Some(json!({"name": "echo", "listen": listen.to_string(), "upstream": up.addr.to_string()})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["enabled"], true);
+    let (_, all) = api.call("GET", "/proxies", None).await;
+    assert_eq!(all["echo"]["upstream"], up.addr.to_string());
+    let (status, _) = api
+        .call(
+            "POST",
+            "/proxies",
+            Some(json!({"name": "echo", "listen": "127.0.0.1:0", "upstream": up.addr.to_string()})),
+        )
+        .await;
+    assert_eq!(status, 409);
+
+    let mut c = TcpStream::connect(listen).await.unwrap();
+    ping(&mut c).await;
+
+    // latency → delay.
+    let (status, toxic) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "latency", "attributes": {"latency": 80}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{toxic}");
+    assert_eq!(toxic["name"], "latency_downstream");
+    assert_eq!(toxic["stream"], "downstream");
+    let rtt = median_rtt(&mut c, 9).await;
+    assert!(
+        rtt >= Duration::from_millis(80) && rtt < Duration::from_millis(130),
+        "{rtt:?}"
+    );
+    // One condition per link: a second toxic is refused.
+    let (status, err) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "bandwidth", "attributes": {"rate": 10}})),
+        )
+        .await;
+    assert_eq!(status, 409, "{err}");
+    let (status, _) = api
+        .call("DELETE", "/proxies/echo/toxics/latency_downstream", None)
+        .await;
+    assert_eq!(status, 204);
+    assert!(median_rtt(&mut c, 9).await < Duration::from_millis(20));
+
+    // bandwidth (KB/s) → throttle, within 10 %.
+    let (status, _) = api
+        .call("POST", "/proxies/echo/toxics", Some(json!({"name": "slow", "type": "bandwidth", "stream": "upstream", "attributes": {"rate": 100}})))
+        .await;
+    assert_eq!(status, 200);
+    let total = 300_000usize;
+    let started = Instant::now();
+    let (mut r, mut w) = c.into_split();
+    let writer = tokio::spawn(async move {
+        w.write_all(&vec![5u8; total]).await.unwrap();
+        w
+    });
+    let mut got = vec![0u8; total];
+    r.read_exact(&mut got).await.unwrap();
+    let rate = total as f64 / started.elapsed().as_secs_f64();
+    assert!(
+        (rate - 100_000.0).abs() <= 10_000.0,
+        "{rate:.0} B/s for rate 100 KB/s"
+    );
+    let mut c = r.reunite(writer.await.unwrap()).unwrap();
+    api.call("DELETE", "/proxies/echo/toxics/slow", None).await;
+    ping(&mut c).await;
+
+    // timeout 0 downstream → swallow: the request lands, no answer, the socket stays open.
+    let before = up.received.load(Ordering::SeqCst);
+    let (status, _) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "timeout", "attributes": {"timeout": 0}})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    c.write_all(b"lost-answer").await.unwrap();
+    wait_for("the request to land", || {
+        up.received.load(Ordering::SeqCst) == before + 11
+    })
+    .await;
+    assert!(
+        read_within(&mut c, Duration::from_millis(300))
+            .await
+            .is_none()
+    );
+    api.call("DELETE", "/proxies/echo/toxics/timeout_downstream", None)
+        .await;
+    // Its answer was swallowed: the heal resets it (a stream with a hole).
+    assert!(is_reset(&read_within(&mut c, Duration::from_secs(5)).await));
+
+    // reset_peer → reset.
+    let mut c = TcpStream::connect(listen).await.unwrap();
+    ping(&mut c).await;
+    api.call(
+        "POST",
+        "/proxies/echo/toxics",
+        Some(json!({"type": "reset_peer"})),
+    )
+    .await;
+    assert!(is_reset(&read_within(&mut c, Duration::from_secs(5)).await));
+    api.call("DELETE", "/proxies/echo/toxics/reset_peer_downstream", None)
+        .await;
+
+    // enabled: false → refuse; true → listening again.
+    let mut c = TcpStream::connect(listen).await.unwrap();
+    ping(&mut c).await;
+    let (status, p) = api
+        .call("POST", "/proxies/echo", Some(json!({"enabled": false})))
+        .await;
+    assert_eq!((status, p["enabled"].clone()), (200, json!(false)));
+    assert_eq!(
+        TcpStream::connect(listen).await.unwrap_err().kind(),
+        ErrorKind::ConnectionRefused
+    );
+    assert!(is_reset(&read_within(&mut c, Duration::from_secs(5)).await));
+    api.call("POST", "/proxies/echo", Some(json!({"enabled": true})))
+        .await;
+    let mut c = TcpStream::connect(listen).await.unwrap();
+    ping(&mut c).await;
+
+    // limit_data upstream → exactly that many bytes pass, then the connection is reset.
+    let before = up.received.load(Ordering::SeqCst);
+    let (status, _) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "limit_data", "stream": "upstream", "attributes": {"bytes": 10}})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    c.write_all(&[7u8; 25]).await.unwrap();
+    wait_for("10 bytes to land", || {
+        up.received.load(Ordering::SeqCst) == before + 10
+    })
+    .await;
+    let mut buf = [0u8; 64];
+    let mut echoed = 0;
+    let reset = loop {
+        match tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+            .await
+            .expect("answer or reset")
+        {
+            Ok(0) => break false,
+            Ok(n) => echoed += n,
+            Err(e) => break e.kind() == ErrorKind::ConnectionReset,
+        }
+    };
+    assert!(reset, "reset after the limit (echoed {echoed})");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        up.received.load(Ordering::SeqCst),
+        before + 10,
+        "no byte past the limit"
+    );
+
+    // What drill cannot do exactly is refused, with a reason.
+    let (status, _) = api.call("POST", "/reset", None).await;
+    assert_eq!(status, 204);
+    let (status, err) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "latency", "toxicity": 0.5, "attributes": {"latency": 10}})),
+        )
+        .await;
+    assert_eq!(status, 400, "{err}");
+    let (status, err) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "slicer"})),
+        )
+        .await;
+    assert_eq!(status, 400, "{err}");
+    let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
+    assert_eq!(toxics, json!([]));
+    let (status, _) = api.call("DELETE", "/proxies/echo", None).await;
+    assert_eq!(status, 204);
+    assert_eq!(
+        TcpStream::connect(listen).await.unwrap_err().kind(),
+        ErrorKind::ConnectionRefused
+    );
+}
