@@ -7,6 +7,7 @@
 //! [`engine`] (driven through [`sut`]) ← [`workload`]; [`verify`] reads back, [`report`] judges
 //! and writes, [`runner`] plays one drill.
 
+pub mod bench;
 pub mod brokers;
 pub mod engine;
 pub mod mqtt;

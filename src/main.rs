@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use drill::proxy::{Link, Proxy};
+use drill::proxy::Proxy;
 use drill::scenario::RuntimeChoice;
 use drill::{engine, report, runner, scenario};
 
@@ -47,6 +47,20 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Measure: `drill bench proxy` prints a healed link's cost against direct and haproxy.
+    Bench {
+        #[arg(value_enum)]
+        what: BenchTarget,
+        /// Bytes per bulk stream.
+        #[arg(long, default_value_t = 2 * 1024 * 1024 * 1024)]
+        bytes: u64,
+        /// 1-byte round trips per path.
+        #[arg(long, default_value_t = 20_000)]
+        pings: usize,
+        /// Bulk runs per path (the median is shown).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
     /// Run fault-proxy links standalone with an HTTP control API.
     Proxy {
         /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable), e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883.
@@ -57,6 +71,11 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8474")]
         api: SocketAddr,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BenchTarget {
+    Proxy,
 }
 
 const PASS: u8 = 0;
@@ -72,7 +91,15 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { INVALID } else { PASS });
         }
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    // `drill proxy` runs on one thread, like haproxy: a wakeup never crosses threads, which
+    // keeps the latency a link adds low (measured by `drill bench proxy`).
+    let runtime = match &cli.command {
+        Command::Proxy { .. } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Runtime::new(),
+    };
+    let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {
             eprintln!("drill: cannot start the async runtime: {e}");
@@ -125,6 +152,36 @@ async fn dispatch(command: Command) -> u8 {
             }
         }
         Command::Proxy { links, api } => proxy(links, api, cancel).await,
+        Command::Bench {
+            what: BenchTarget::Proxy,
+            bytes,
+            pings,
+            runs,
+        } => {
+            let Ok(exe) = std::env::current_exe() else {
+                eprintln!("drill bench: cannot find my own executable");
+                return INFRASTRUCTURE;
+            };
+            let options = drill::bench::Options {
+                bytes,
+                pings: pings.max(10),
+                runs: runs.max(1),
+            };
+            match tokio::task::spawn_blocking(move || drill::bench::proxy(&exe, options)).await {
+                Ok(Ok(table)) => {
+                    println!("{table}");
+                    PASS
+                }
+                Ok(Err(e)) => {
+                    eprintln!("drill bench: {e}");
+                    INFRASTRUCTURE
+                }
+                Err(e) => {
+                    eprintln!("drill bench: {e}");
+                    INFRASTRUCTURE
+                }
+            }
+        }
     }
 }
 
@@ -230,30 +287,67 @@ async fn proxy(specs: Vec<String>, api: SocketAddr, cancel: CancellationToken) -
             );
             return INVALID;
         };
-        match Link::start(&name, listen, upstream, cancel.child_token()).await {
-            Ok(link) => {
-                println!("link {name}: {} -> {upstream}", link.listen_addr());
-                proxy.add(link);
-            }
+        match proxy.start_link(&name, listen, upstream).await {
+            Ok(link) => println!("link {name}: {} -> {upstream}", link.listen_addr()),
             Err(e) => {
                 eprintln!("drill proxy: {e}");
                 return INFRASTRUCTURE;
             }
         }
     }
-    match drill::proxy::api::serve(proxy.clone(), api, cancel.clone()).await {
-        Ok((bound, handle)) => {
-            println!(
-                "control API on http://{bound} (GET /links, PUT|DELETE /links/NAME/fault; Toxiproxy-shaped /proxies)"
-            );
-            cancel.cancelled().await;
-            let _ = handle.await;
-            proxy.shutdown().await;
-            PASS
-        }
+    // The control plane gets its own thread and runtime: data flow on this one can never
+    // delay a fault being applied or healed.
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let control = {
+        let (proxy, cancel) = (proxy.clone(), cancel.clone());
+        std::thread::Builder::new()
+            .name("drill-control".to_string())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    match drill::proxy::api::serve(proxy, api, cancel).await {
+                        Ok((bound, handle)) => {
+                            let _ = ready_tx.send(Ok(bound));
+                            let _ = handle.await;
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+    };
+    let control = match control {
+        Ok(c) => c,
         Err(e) => {
+            eprintln!("drill proxy: cannot start the control thread: {e}");
+            return INFRASTRUCTURE;
+        }
+    };
+    match ready_rx.await {
+        Ok(Ok(bound)) => println!(
+            "control API on http://{bound} (GET /links, PUT|DELETE /links/NAME/fault; Toxiproxy-shaped /proxies)"
+        ),
+        Ok(Err(e)) => {
             eprintln!("drill proxy: cannot serve the control API on {api}: {e}");
-            INFRASTRUCTURE
+            return INFRASTRUCTURE;
+        }
+        Err(_) => {
+            eprintln!("drill proxy: the control thread stopped");
+            return INFRASTRUCTURE;
         }
     }
+    cancel.cancelled().await;
+    let _ = tokio::task::spawn_blocking(move || control.join()).await;
+    proxy.shutdown().await;
+    PASS
 }

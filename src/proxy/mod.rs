@@ -549,15 +549,41 @@ impl Link {
 pub struct Proxy {
     links: Arc<std::sync::RwLock<BTreeMap<String, Link>>>,
     cancel: CancellationToken,
+    /// The runtime that carries the data; links started through the API run there, so the
+    /// control plane may live on another thread and never wait behind data flow.
+    data: Option<tokio::runtime::Handle>,
 }
 
 impl Proxy {
-    /// Links this proxy starts itself stop when `cancel` fires.
+    /// Links this proxy starts itself stop when `cancel` fires. Called inside the runtime
+    /// that should carry the data.
     pub fn new(cancel: CancellationToken) -> Proxy {
         Proxy {
             links: Arc::default(),
             cancel,
+            data: tokio::runtime::Handle::try_current().ok(),
         }
+    }
+
+    /// Starts a link on the data runtime and adds it.
+    pub async fn start_link(
+        &self,
+        name: &str,
+        listen: SocketAddr,
+        upstream: SocketAddr,
+    ) -> Result<Link, ProxyError> {
+        let (owned, cancel) = (name.to_string(), self.cancel.child_token());
+        let start = async move { Link::start(&owned, listen, upstream, cancel).await };
+        let link = match &self.data {
+            Some(handle) => handle.spawn(start).await.map_err(|e| ProxyError::Listen {
+                name: name.to_string(),
+                listen,
+                source: std::io::Error::other(e.to_string()),
+            })??,
+            None => start.await?,
+        };
+        self.add(link.clone());
+        Ok(link)
     }
 
     pub fn cancel_token(&self) -> CancellationToken {

@@ -293,15 +293,11 @@ async fn create(shared: &Shared, request: CreateProxy) -> Result<Value, Problem>
     let upstream = resolve(&request.upstream)
         .await
         .map_err(|e| Problem(StatusCode::BAD_REQUEST, e))?;
-    let link = Link::start(
-        &request.name,
-        listen,
-        upstream,
-        shared.proxy.cancel_token().child_token(),
-    )
-    .await
-    .map_err(|e| Problem(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    shared.proxy.add(link.clone());
+    let link = shared
+        .proxy
+        .start_link(&request.name, listen, upstream)
+        .await
+        .map_err(|e| Problem(StatusCode::BAD_REQUEST, e.to_string()))?;
     let generation = shared.store(
         &request.name,
         Entry {
