@@ -191,3 +191,23 @@ fn a_runtime_that_cannot_start_exits_3_with_one_clear_line() {
     assert!(stderr.contains("container runtime"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
+
+#[test]
+fn a_flapping_link_and_a_proxy_restart_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/mqtt-flapping.yaml");
+    let o = drill(&["run", scenario, "--out", &out.display().to_string()]);
+    let r = report(&out, "mqtt-flapping");
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(&o));
+    assert_eq!(r["ledger"]["held"], 3600);
+    assert_eq!(r["ledger"]["lost"], 0);
+    assert_eq!(r["closes"], true);
+    let faults = r["faults"].as_array().unwrap();
+    assert_eq!(faults.len(), 7, "5 flaps, a restart, a delay: {faults:#?}");
+    assert!(
+        faults.iter().all(|f| f["until_ms"].is_u64()),
+        "every fault healed"
+    );
+    assert_eq!(r["recovery"].as_array().unwrap().len(), 7);
+}

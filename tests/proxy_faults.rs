@@ -52,6 +52,28 @@ async fn refuse_means_nothing_listens_and_existing_connections_are_reset() {
 }
 
 #[tokio::test]
+async fn links_are_independent() {
+    let up = echo().await;
+    let a = link_to(&up).await;
+    let b = link_to(&up).await;
+    let mut on_b = established(&b).await;
+    a.apply_settled(Fault::Refuse, Direction::Both).await;
+    assert_eq!(
+        TcpStream::connect(a.listen_addr())
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::ConnectionRefused
+    );
+    on_b.write_all(b"still").await.unwrap();
+    let mut buf = [0u8; 5];
+    on_b.read_exact(&mut buf).await.unwrap();
+    established(&b).await;
+    assert_eq!(b.status().fault, "pass");
+    assert_eq!(a.status().fault, "refuse");
+}
+
+#[tokio::test]
 async fn reset_resets_new_and_existing_connections_before_any_byte() {
     let up = echo().await;
     let link = link_to(&up).await;
