@@ -231,15 +231,11 @@ async fn run(
             Ok(paths) => {
                 let l = &report.ledger;
                 println!(
-                    "{}: {} — {} {} held = {} delivered + {} waiting + {} failed + {} lost ({}); {} duplicates, {} reordered",
+                    "{}: {} — {} {} ({}); {} duplicates, {} reordered",
                     plan.name,
                     report.verdict.to_uppercase(),
                     report.headline,
-                    l.held,
-                    l.delivered,
-                    l.waiting,
-                    l.failed,
-                    l.lost,
+                    report.ledger_line(),
                     if report.closes {
                         "closes"
                     } else {

@@ -337,6 +337,17 @@ fn secs(ms: u64) -> String {
     format!("{:.1}s", ms as f64 / 1000.0)
 }
 
+impl Report {
+    /// `H held = D delivered + W waiting + F failed + L lost`.
+    pub fn ledger_line(&self) -> String {
+        let l = &self.ledger;
+        format!(
+            "{} held = {} delivered + {} waiting + {} failed + {} lost",
+            l.held, l.delivered, l.waiting, l.failed, l.lost
+        )
+    }
+}
+
 /// Renders `report.md`.
 pub fn markdown(report: &Report) -> String {
     let l = &report.ledger;
@@ -367,12 +378,8 @@ pub fn markdown(report: &Report) -> String {
     let _ = writeln!(md);
     let _ = writeln!(
         md,
-        "Ledger: `{} held = {} delivered + {} waiting + {} failed + {} lost` — {}.",
-        l.held,
-        l.delivered,
-        l.waiting,
-        l.failed,
-        l.lost,
+        "Ledger: `{}` — {}.",
+        report.ledger_line(),
         if report.closes {
             "closes"
         } else {

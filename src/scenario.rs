@@ -891,9 +891,9 @@ faults:
             matches!(plan.faults[1].what, FaultAction::ProxyRestart { down_for } if down_for == Duration::from_secs(3))
         );
         let e = err(&text.replace("every: 4s", "every: 1s"));
-        assert!(e.starts_with("f.yaml:5:"), "{e}");
-        let e = err(&text.replace("latency: 100ms, ", ""));
-        assert!(e.contains("jitter") || e.contains("latency"), "{e}");
+        assert!(e.starts_with("s.yaml:5:"), "{e}");
+        let e = err(&text.replace("latency: 100ms, jitter: 10ms", ""));
+        assert!(e.contains("`delay` needs a latency"), "{e}");
         let e = err(&text.replace("fault: delay", "fault: swallow"));
         assert!(e.contains("only `delay` takes it"), "{e}");
     }

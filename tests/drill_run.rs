@@ -17,9 +17,31 @@ fn scenario(dir: &Path, name: &str, text: &str) -> String {
     path.display().to_string()
 }
 
-fn report(out: &Path, name: &str) -> serde_json::Value {
-    let text = std::fs::read_to_string(out.join(name).join("report.json")).expect("report.json");
-    serde_json::from_str(&text).unwrap()
+/// What one `drill run` left: its output, and the reports it wrote (null / empty if none).
+struct Ran {
+    output: Output,
+    report: serde_json::Value,
+    markdown: String,
+}
+
+/// Runs `drill run FILE --out <temp> EXTRA...` and reads back scenario `name`'s reports.
+fn run_drill(file: &str, name: &str, extra: &[&str]) -> Ran {
+    let out = tempfile::tempdir().unwrap();
+    let out_arg = out.path().display().to_string();
+    let mut args = vec!["run", file, "--out", &out_arg];
+    args.extend_from_slice(extra);
+    let output = drill(&args);
+    let dir = out.path().join(name);
+    let report = std::fs::read_to_string(dir.join("report.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let markdown = std::fs::read_to_string(dir.join("report.md")).unwrap_or_default();
+    Ran {
+        output,
+        report,
+        markdown,
+    }
 }
 
 fn show(o: &Output) -> String {
@@ -43,12 +65,12 @@ fn a_misspelled_field_exits_2_naming_file_line_column_and_field_and_starts_nothi
          faults:\n  - { at: 1s, link: mqtt, falt: swallow }\n",
     );
     let out = dir.path().join("out");
-    let o = drill(&["run", &file, "--out", &out.display().to_string()]);
-    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let o = &drill(&["run", &file, "--out", &out.display().to_string()]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(o));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains(&format!("{file}:5:")), "{stderr}");
     assert!(stderr.contains("falt"), "{stderr}");
-    assert!(o.stdout.is_empty(), "nothing started: {}", show(&o));
+    assert!(o.stdout.is_empty(), "nothing started: {}", show(o));
     assert!(!out.exists(), "no report folder for an invalid plan");
 
     let bad_rate = scenario(
@@ -56,8 +78,8 @@ fn a_misspelled_field_exits_2_naming_file_line_column_and_field_and_starts_nothi
         "rate",
         "name: rate\ndestination: { kind: mqtt }\nworkload: { rate: -3/s, duration: 5s }\n",
     );
-    let o = drill(&["run", &bad_rate]);
-    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let o = &drill(&["run", &bad_rate]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(o));
     assert!(String::from_utf8_lossy(&o.stderr).contains(&format!("{bad_rate}:3:")));
 }
 
@@ -79,17 +101,16 @@ fn records_really_lost_fail_the_drill_with_the_exact_count() {
          expect: { lost: 0, ledger: closes }\n\
          drain_timeout: 20s\n",
     );
-    let out = dir.path().join("out");
-    let o = drill(&["run", &file, "--out", &out.display().to_string()]);
-    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
-    let r = report(&out, "wiped");
+    let ran = run_drill(&file, "wiped", &[]);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(1), "{}", show(o));
     assert_eq!(r["verdict"], "fail");
     assert_eq!(r["ledger"]["held"], 200, "{r:#}");
     assert_eq!(r["ledger"]["delivered"], 0, "{r:#}");
     assert_eq!(r["ledger"]["lost"], 200, "{r:#}");
     assert_eq!(r["closes"], false);
     assert_eq!(r["headline"], "200 records lost.");
-    let md = std::fs::read_to_string(out.join("wiped/report.md")).unwrap();
+    let md = &ran.markdown;
     assert!(
         md.contains("200 held = 0 delivered + 0 waiting + 0 failed + 200 lost"),
         "{md}"
@@ -111,10 +132,9 @@ fn a_sigkill_during_a_swallow_loses_nothing_the_engine_acknowledged() {
          \x20 - { at: 4s, target: engine, action: kill, restart_after: 1s }\n\
          expect: { lost: 0, duplicates: 0, reordered: 0, ledger: closes, recovery_within: 5s }\n",
     );
-    let out = dir.path().join("out");
-    let o = drill(&["run", &file, "--out", &out.display().to_string()]);
-    let r = report(&out, "crash");
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(&o));
+    let ran = run_drill(&file, "crash", &[]);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
     assert_eq!(r["ledger"]["lost"], 0);
     assert_eq!(r["closes"], true);
     // Ingests refused while the engine was down are not held: held < 1000 is expected.
@@ -125,19 +145,17 @@ fn a_sigkill_during_a_swallow_loses_nothing_the_engine_acknowledged() {
 
 #[test]
 fn the_quickstart_scenario_passes() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
     let quickstart = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/quickstart.yaml");
-    let o = drill(&["run", quickstart, "--out", &out.display().to_string()]);
-    let r = report(&out, "quickstart");
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(&o));
+    let ran = run_drill(quickstart, "quickstart", &[]);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
     assert_eq!(r["verdict"], "pass");
     assert_eq!(r["ledger"]["held"], 6000);
     assert_eq!(r["ledger"]["delivered"], 6000);
     assert_eq!(r["ledger"]["lost"], 0);
     assert_eq!(r["ledger"]["duplicates_beyond_promise"], 0);
     assert_eq!(r["closes"], true);
-    assert!(out.join("quickstart/report.md").exists());
+    assert!(ran.markdown.contains("Nothing lost."), "{}", ran.markdown);
 }
 
 #[test]
@@ -153,17 +171,9 @@ fn the_embedded_broker_carries_a_drill() {
          \x20 - { at: 2s, link: mqtt, fault: swallow, for: 4s }\n\
          expect: { lost: 0, duplicates: 0, reordered: 0, ledger: closes, recovery_within: 5s }\n",
     );
-    let out = dir.path().join("out");
-    let o = drill(&[
-        "run",
-        &file,
-        "--out",
-        &out.display().to_string(),
-        "--runtime",
-        "embedded",
-    ]);
-    let r = report(&out, "embedded");
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(&o));
+    let ran = run_drill(&file, "embedded", &["--runtime", "embedded"]);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
     assert_eq!(r["runtime"], "embedded");
     assert_eq!(r["ledger"]["delivered"], 800);
     assert_eq!(r["closes"], true);
@@ -177,16 +187,9 @@ fn a_runtime_that_cannot_start_exits_3_with_one_clear_line() {
         "nocontainer",
         "name: nocontainer\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 1s }\n",
     );
-    let out = dir.path().join("out");
-    let o = drill(&[
-        "run",
-        &file,
-        "--out",
-        &out.display().to_string(),
-        "--runtime",
-        "container",
-    ]);
-    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    let ran = run_drill(&file, "nocontainer", &["--runtime", "container"]);
+    let o = &ran.output;
+    assert_eq!(o.status.code(), Some(3), "{}", show(o));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("container runtime"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -194,12 +197,10 @@ fn a_runtime_that_cannot_start_exits_3_with_one_clear_line() {
 
 #[test]
 fn a_flapping_link_and_a_proxy_restart_lose_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
     let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/mqtt-flapping.yaml");
-    let o = drill(&["run", scenario, "--out", &out.display().to_string()]);
-    let r = report(&out, "mqtt-flapping");
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(&o));
+    let ran = run_drill(scenario, "mqtt-flapping", &[]);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
     assert_eq!(r["ledger"]["held"], 3600);
     assert_eq!(r["ledger"]["lost"], 0);
     assert_eq!(r["closes"], true);

@@ -85,15 +85,7 @@ impl RecordLog {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let engine_id = engine_id(dir)?;
         let path = dir.join("records.log");
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).map_err(io_err(&path))?;
+        let (mut file, bytes) = open_and_read(&path)?;
         let mut records = Vec::new();
         let mut offset = 0usize;
         while bytes.len() - offset >= HEADER {
@@ -188,6 +180,20 @@ impl RecordLog {
     }
 }
 
+/// Opens (creating if needed) a file for appending after recovery, and reads it whole.
+fn open_and_read(path: &Path) -> Result<(File, Vec<u8>), LogError> {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err(path))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(io_err(path))?;
+    Ok((file, bytes))
+}
+
 fn engine_id(dir: &Path) -> Result<String, LogError> {
     let path = dir.join("engine.id");
     match std::fs::read_to_string(&path) {
@@ -220,15 +226,7 @@ pub struct DeliveryMarks {
 impl DeliveryMarks {
     pub fn open(dir: &Path, output: &str) -> Result<(DeliveryMarks, HashSet<u64>), LogError> {
         let path = dir.join(format!("delivered-{output}.log"));
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).map_err(io_err(&path))?;
+        let (mut file, bytes) = open_and_read(&path)?;
         let whole = bytes.len() / 8 * 8;
         if whole != bytes.len() {
             file.set_len(whole as u64).map_err(io_err(&path))?;

@@ -99,6 +99,9 @@ impl IntoResponse for Problem {
     }
 }
 
+/// What a handler answers: a response, or a problem in Toxiproxy's error shape.
+type Answer = Result<Response, Problem>;
+
 fn problem(status: StatusCode, message: impl Into<String>) -> Response {
     Problem(status, message.into()).into_response()
 }
@@ -332,6 +335,10 @@ async fn populate(State(shared): State<Shared>, body: axum::body::Bytes) -> Resp
         .into_response()
 }
 
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
+    serde_json::from_slice(body).map_err(|e| Problem(StatusCode::BAD_REQUEST, e.to_string()))
+}
+
 fn find(shared: &Shared, name: &str) -> Result<Link, Problem> {
     shared
         .proxy
@@ -350,22 +357,16 @@ async fn update_proxy(
     State(shared): State<Shared>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
-) -> Response {
-    let link = match find(&shared, &name) {
-        Ok(l) => l,
-        Err(p) => return p.into_response(),
-    };
-    let request: UpdateProxy = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, e.to_string()),
-    };
+) -> Answer {
+    let link = find(&shared, &name)?;
+    let request: UpdateProxy = parse(&body)?;
     let mut entry = shared.entry(&name);
     if let Some(enabled) = request.enabled {
         entry.enabled = enabled;
     }
     let generation = shared.store(&name, entry);
     sync(&shared, &link, generation).await;
-    Json(proxy_json(&link, &shared.entry(&name))).into_response()
+    Ok(Json(proxy_json(&link, &shared.entry(&name))).into_response())
 }
 
 async fn delete_proxy(State(shared): State<Shared>, Path(name): Path<String>) -> Response {
@@ -392,15 +393,9 @@ async fn create_toxic(
     State(shared): State<Shared>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
-) -> Response {
-    let link = match find(&shared, &name) {
-        Ok(l) => l,
-        Err(p) => return p.into_response(),
-    };
-    let request: CreateToxic = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, e.to_string()),
-    };
+) -> Answer {
+    let link = find(&shared, &name)?;
+    let request: CreateToxic = parse(&body)?;
     let stream = request.stream.unwrap_or_else(|| "downstream".to_string());
     let toxic = Toxic {
         name: request
@@ -421,27 +416,25 @@ async fn create_toxic(
                 existing.name
             )
         };
-        return problem(StatusCode::CONFLICT, message);
+        return Err(Problem(StatusCode::CONFLICT, message));
     }
     if let Err(message) = plan(&toxic) {
-        return problem(StatusCode::BAD_REQUEST, message);
+        return Err(Problem(StatusCode::BAD_REQUEST, message));
     }
     entry.toxic = Some(toxic.clone());
     let generation = shared.store(&name, entry);
     sync(&shared, &link, generation).await;
-    Json(toxic).into_response()
+    Ok(Json(toxic).into_response())
 }
 
 async fn get_toxic(
     State(shared): State<Shared>,
     Path((name, toxic)): Path<(String, String)>,
-) -> Response {
-    if let Err(p) = find(&shared, &name) {
-        return p.into_response();
-    }
+) -> Answer {
+    find(&shared, &name)?;
     match shared.entry(&name).toxic.filter(|t| t.name == toxic) {
-        Some(t) => Json(t).into_response(),
-        None => problem(StatusCode::NOT_FOUND, "toxic not found"),
+        Some(t) => Ok(Json(t).into_response()),
+        None => Err(Problem(StatusCode::NOT_FOUND, "toxic not found".into())),
     }
 }
 
@@ -449,48 +442,39 @@ async fn update_toxic(
     State(shared): State<Shared>,
     Path((name, toxic)): Path<(String, String)>,
     body: axum::body::Bytes,
-) -> Response {
-    let link = match find(&shared, &name) {
-        Ok(l) => l,
-        Err(p) => return p.into_response(),
-    };
-    let request: UpdateToxic = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return problem(StatusCode::BAD_REQUEST, e.to_string()),
-    };
+) -> Answer {
+    let link = find(&shared, &name)?;
+    let request: UpdateToxic = parse(&body)?;
     let mut entry = shared.entry(&name);
     let Some(mut current) = entry.toxic.clone().filter(|t| t.name == toxic) else {
-        return problem(StatusCode::NOT_FOUND, "toxic not found");
+        return Err(Problem(StatusCode::NOT_FOUND, "toxic not found".into()));
     };
     current.attributes.extend(request.attributes);
     if let Some(t) = request.toxicity {
         current.toxicity = t;
     }
     if let Err(message) = plan(&current) {
-        return problem(StatusCode::BAD_REQUEST, message);
+        return Err(Problem(StatusCode::BAD_REQUEST, message));
     }
     entry.toxic = Some(current.clone());
     let generation = shared.store(&name, entry);
     sync(&shared, &link, generation).await;
-    Json(current).into_response()
+    Ok(Json(current).into_response())
 }
 
 async fn delete_toxic(
     State(shared): State<Shared>,
     Path((name, toxic)): Path<(String, String)>,
-) -> Response {
-    let link = match find(&shared, &name) {
-        Ok(l) => l,
-        Err(p) => return p.into_response(),
-    };
+) -> Answer {
+    let link = find(&shared, &name)?;
     let mut entry = shared.entry(&name);
     if entry.toxic.as_ref().is_none_or(|t| t.name != toxic) {
-        return problem(StatusCode::NOT_FOUND, "toxic not found");
+        return Err(Problem(StatusCode::NOT_FOUND, "toxic not found".into()));
     }
     entry.toxic = None;
     let generation = shared.store(&name, entry);
     sync(&shared, &link, generation).await;
-    StatusCode::NO_CONTENT.into_response()
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `POST /reset`: every proxy enabled, every toxic removed.
