@@ -213,8 +213,15 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
                 match found {
                     Some(c) => {
                         rec.recovered += 1;
-                        rec.duplicates += c.len() as u64 - 1;
-                        rec.duplicates_other_key += c.len() as u64 - 1;
+                        // The source never learnt the write key: compare with the first copy's.
+                        let extra = c.len() as u64 - 1;
+                        let same = c[1..]
+                            .iter()
+                            .filter(|a| a.write_key.is_some() && a.write_key == c[0].write_key)
+                            .count() as u64;
+                        rec.duplicates += extra;
+                        rec.duplicates_same_key += same;
+                        rec.duplicates_other_key += extra - same;
                     }
                     None => rec.not_accepted += 1,
                 }

@@ -18,7 +18,8 @@
 //! - Recovery reads frames until the first one that is short or fails its checksum, truncates
 //!   the file there and reports how many bytes it dropped. Only a never-acknowledged tail can be
 //!   torn, because acknowledged frames were synced before their answer left.
-//! - A delivery mark may be lost in a crash (marks are synced lazily); the record is then sent
+//! - A delivery mark is written when its confirmation arrives and synced lazily: a killed
+//!   process keeps it (page cache), a power cut may not. A lost mark means the record is sent
 //!   again after restart with the same write key — allowed by `at_least_once`, never a loss.
 //! - Nothing here deletes a record. (Segment deletion once every output is past it is the
 //!   durable-buffer issue's work; the log grows until then.)

@@ -252,7 +252,6 @@ struct Journal {
     failed: File,
     failed_path: PathBuf,
     marks: DeliveryMarks,
-    pending_marks: Vec<u64>,
 }
 
 impl Journal {
@@ -289,7 +288,6 @@ impl Journal {
                 failed,
                 failed_path,
                 marks,
-                pending_marks: Vec::new(),
             },
             delivered,
             failed_seqs,
@@ -304,7 +302,14 @@ impl Journal {
                         let _ = writeln!(self.attempts, "{line}");
                     }
                 }
-                Effect::Delivered(seq) => self.pending_marks.push(seq),
+                // Written at once (no fsync): the page cache outlives a killed process, so
+                // a SIGKILL only resends what was really in flight. A power cut may lose the
+                // newest marks; those records are then sent again with their write keys.
+                Effect::Delivered(seq) => {
+                    if let Err(e) = self.marks.mark(&[seq]) {
+                        eprintln!("drill engine: {e}");
+                    }
+                }
                 Effect::Failed(failed) => {
                     // A failed message is the only copy from now on: make it durable at once.
                     let line = serde_json::to_string(&failed).unwrap_or_default();
@@ -320,12 +325,6 @@ impl Journal {
 
     fn flush(&mut self) {
         let _ = self.attempts.flush();
-        if !self.pending_marks.is_empty() {
-            let marks = std::mem::take(&mut self.pending_marks);
-            if let Err(e) = self.marks.mark(&marks) {
-                eprintln!("drill engine: {e}");
-            }
-        }
     }
 
     fn sync(&mut self) {
