@@ -24,6 +24,10 @@ pub enum BrokerError {
     MosquittoMissing,
     #[error("the container runtime is not built yet; use --runtime process or embedded")]
     ContainerUnsupported,
+    #[error(
+        "poison records need a broker that refuses one oversized write while accepting the rest: mosquitto (runtime process); install it (Debian: apt-get install mosquitto) or remove `workload.poison`"
+    )]
+    PoisonNeedsMosquitto,
     #[error("{what} did not start: {why}")]
     Start { what: String, why: String },
     #[error("{0}")]
@@ -92,13 +96,24 @@ pub fn mosquitto_path() -> Option<PathBuf> {
 }
 
 /// Starts an MQTT broker on the chosen runtime; `work` holds its config and store.
-pub async fn start_mqtt(choice: RuntimeChoice, work: &Path) -> Result<Broker, BrokerError> {
+///
+/// `message_limit`: the broker refuses (per record, with an error PUBACK) any publish whose
+/// payload is larger — how a drill makes poison records. Only mosquitto can do this.
+pub async fn start_mqtt(
+    choice: RuntimeChoice,
+    work: &Path,
+    message_limit: Option<usize>,
+) -> Result<Broker, BrokerError> {
+    if message_limit.is_some() && (choice == RuntimeChoice::Embedded || mosquitto_path().is_none())
+    {
+        return Err(BrokerError::PoisonNeedsMosquitto);
+    }
     match choice {
-        RuntimeChoice::Process => start_mosquitto(work).await,
+        RuntimeChoice::Process => start_mosquitto(work, message_limit).await,
         RuntimeChoice::Embedded => start_embedded().await,
         RuntimeChoice::Container => Err(BrokerError::ContainerUnsupported),
         RuntimeChoice::Auto => match mosquitto_path() {
-            Some(_) => start_mosquitto(work).await,
+            Some(_) => start_mosquitto(work, message_limit).await,
             None => {
                 let mut broker = start_embedded().await?;
                 broker.note = Some(
@@ -150,7 +165,7 @@ async fn mosquitto_version(bin: &Path) -> String {
         .unwrap_or_else(|| "mosquitto (version unknown)".to_string())
 }
 
-async fn start_mosquitto(work: &Path) -> Result<Broker, BrokerError> {
+async fn start_mosquitto(work: &Path, message_limit: Option<usize>) -> Result<Broker, BrokerError> {
     let bin = mosquitto_path().ok_or(BrokerError::MosquittoMissing)?;
     let store = work.join("mosquitto");
     std::fs::create_dir_all(&store)?;
@@ -177,6 +192,12 @@ async fn start_mosquitto(work: &Path) -> Result<Broker, BrokerError> {
         );
         // Started as root, mosquitto switches to user `mosquitto`; that credential change
         // would clear the parent-death signal (and the store dir is drill's). Stay as we are.
+        let text = match message_limit {
+            // An MQTT 5 client gets a PUBACK with an error reason for an oversized publish;
+            // the connection and every other write carry on.
+            Some(limit) => format!("{text}message_size_limit {limit}\n"),
+            None => text,
+        };
         let text = if nix::unistd::Uid::effective().is_root() {
             format!("user root\n{text}")
         } else {

@@ -42,10 +42,13 @@ enum Command {
         #[arg(long, value_enum)]
         runtime: Option<RuntimeChoice>,
     },
-    /// Run the built-in store-and-forward engine.
+    /// Run the built-in store-and-forward engine, or manage its Failed messages.
     Engine {
+        /// The engine's config file (engine.yaml).
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
+        #[command(subcommand)]
+        action: Option<EngineAction>,
     },
     /// Measure: `drill bench proxy` prints a healed link's cost against direct and haproxy.
     Bench {
@@ -70,6 +73,32 @@ enum Command {
         /// Where the control API listens.
         #[arg(long, default_value = "127.0.0.1:8474")]
         api: SocketAddr,
+    },
+}
+
+#[derive(Subcommand)]
+enum EngineAction {
+    /// Records set aside after their last counted refusal.
+    Failed {
+        #[command(subcommand)]
+        what: FailedAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum FailedAction {
+    /// List them, with the destination's error text (asks the running engine).
+    List {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Put them back on their output's queue with the same write key.
+    Replay {
+        #[arg(long)]
+        config: PathBuf,
+        /// Only this write key.
+        #[arg(long)]
+        key: Option<String>,
     },
 }
 
@@ -135,7 +164,14 @@ async fn dispatch(command: Command) -> u8 {
             seed,
             runtime,
         } => run(files, out, seed, runtime, cancel).await,
-        Command::Engine { config } => {
+        Command::Engine {
+            config,
+            action: None,
+        } => {
+            let Some(config) = config else {
+                eprintln!("drill engine: give --config FILE (the engine's engine.yaml)");
+                return INVALID;
+            };
             let config = match engine::EngineConfig::load(&config) {
                 Ok(c) => c,
                 Err(e) => {
@@ -151,6 +187,10 @@ async fn dispatch(command: Command) -> u8 {
                 }
             }
         }
+        Command::Engine {
+            action: Some(EngineAction::Failed { what }),
+            ..
+        } => failed(what).await,
         Command::Proxy { links, api } => proxy(links, api, cancel).await,
         Command::Bench {
             what: BenchTarget::Proxy,
@@ -183,6 +223,67 @@ async fn dispatch(command: Command) -> u8 {
             }
         }
     }
+}
+
+/// `drill engine failed list|replay`: asks the running engine (its address is in its config).
+async fn failed(what: FailedAction) -> u8 {
+    let (config, replay_key, replay) = match what {
+        FailedAction::List { config } => (config, None, false),
+        FailedAction::Replay { config, key } => (config, key, true),
+    };
+    let config = match engine::EngineConfig::load(&config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("drill engine failed: {e}");
+            return INVALID;
+        }
+    };
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", config.listen);
+    let answer = if replay {
+        let body = serde_json::json!({ "key": replay_key });
+        http.post(format!("{base}/failed/replay"))
+            .json(&body)
+            .send()
+            .await
+    } else {
+        http.get(format!("{base}/failed")).send().await
+    };
+    let value: serde_json::Value = match answer {
+        Ok(a) => match a.json().await {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("drill engine failed: unreadable answer from {base}: {e}");
+                return INFRASTRUCTURE;
+            }
+        },
+        Err(e) => {
+            eprintln!(
+                "drill engine failed: the engine does not answer on {base} ({e}); is it running?"
+            );
+            return INFRASTRUCTURE;
+        }
+    };
+    if replay {
+        let keys = value["replayed"].as_array().cloned().unwrap_or_default();
+        println!("replayed {} record(s), same write keys:", keys.len());
+        for k in keys {
+            println!("  {}", k.as_str().unwrap_or_default());
+        }
+    } else {
+        let list = value.as_array().cloned().unwrap_or_default();
+        println!("{} failed message(s)", list.len());
+        for f in list {
+            println!(
+                "  {}  output {}  {} refusals  {}",
+                f["key"].as_str().unwrap_or_default(),
+                f["output"].as_str().unwrap_or_default(),
+                f["refusals"],
+                f["error"].as_str().unwrap_or_default()
+            );
+        }
+    }
+    PASS
 }
 
 async fn run(

@@ -37,6 +37,8 @@ pub struct FaultRecord {
 #[derive(Debug, Clone, Serialize)]
 pub struct RecoveryRecord {
     pub fault: String,
+    /// When the drill became fault-free after this fault's heal (its own heal, or the end of
+    /// a fault that overlapped it).
     pub heal_ms: u64,
     pub first_delivery_ms: Option<u64>,
     pub drained_ms: Option<u64>,
@@ -146,8 +148,8 @@ pub fn allowed_duplicates(
     allowed
 }
 
-/// For each fault that ended: heal → first delivery after it, and → every record accepted
-/// before the heal had arrived.
+/// For each fault that ended: from the first fault-free instant after its heal to the first
+/// delivery, and to every record accepted before then having arrived.
 pub fn recovery(
     faults: &[FaultRecord],
     sent: &Sent,
@@ -160,9 +162,25 @@ pub fn recovery(
             first_arrival.entry(id).or_insert(a.at);
         }
     }
+    // Recovery starts when the drill is fault-free: a heal while another fault is still in
+    // force (an engine restarted during a cut) is measured from the end of that fault.
+    let fault_free_from = |mut t: u64| -> Option<u64> {
+        loop {
+            let mut moved = false;
+            for f in faults {
+                if f.at_ms <= t && f.until_ms.is_none_or(|u| u > t) {
+                    t = f.until_ms?;
+                    moved = true;
+                }
+            }
+            if !moved {
+                return Some(t);
+            }
+        }
+    };
     faults
         .iter()
-        .filter_map(|f| f.until_ms.map(|heal| (f, heal)))
+        .filter_map(|f| f.until_ms.and_then(fault_free_from).map(|heal| (f, heal)))
         .map(|(f, heal)| {
             let heal_d = Duration::from_millis(heal);
             let first = received

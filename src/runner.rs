@@ -188,7 +188,8 @@ pub async fn run(
         plan.name,
         plan.about.as_deref().unwrap_or("")
     ));
-    let mut broker: Broker = brokers::start_mqtt(runtime, &work).await?;
+    let limit = (!plan.workload.poison.is_empty()).then(|| plan.workload.message_limit());
+    let mut broker: Broker = brokers::start_mqtt(runtime, &work, limit).await?;
     if let Some(note) = &broker.note {
         say(&format!("  {note}"));
     }
@@ -228,7 +229,13 @@ pub async fn run(
             keepalive: crate::engine::DurText(plan.engine.keepalive),
             answer_timeout: crate::engine::DurText(plan.engine.answer_timeout),
             window: plan.engine.window,
-            refusals: None,
+            refusals: Some(crate::engine::RefusalConfig {
+                max: plan.engine.refusals.0,
+                backoff: [
+                    crate::engine::DurText(plan.engine.refusals.1),
+                    crate::engine::DurText(plan.engine.refusals.2),
+                ],
+            }),
         }],
     };
     let mut engine = EngineProcess::start(&options.engine_exe, config, &work).await?;

@@ -251,6 +251,16 @@ struct RawBuiltin {
     answer_timeout: Option<Dur>,
     #[serde(default)]
     window: Option<usize>,
+    #[serde(default)]
+    refusals: Option<RawRefusals>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRefusals {
+    max: u32,
+    /// `[first, cap]`, e.g. `[1s, 60s]`.
+    backoff: [Dur; 2],
 }
 
 #[derive(Debug, Deserialize)]
@@ -262,6 +272,10 @@ struct RawWorkload {
     keys: Option<Spanned<u32>>,
     #[serde(default)]
     payload_bytes: Option<usize>,
+    /// Record indices (0-based, in generation order) the destination will refuse: their
+    /// payload is made larger than the broker's message size limit.
+    #[serde(default)]
+    poison: Vec<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -370,6 +384,8 @@ pub struct EngineSpec {
     pub keepalive: Duration,
     pub answer_timeout: Duration,
     pub window: usize,
+    /// (max counted refusals, first backoff, backoff cap).
+    pub refusals: (u32, Duration, Duration),
 }
 
 #[derive(Debug, Clone)]
@@ -378,6 +394,21 @@ pub struct WorkloadSpec {
     pub duration: Duration,
     pub keys: u32,
     pub payload_bytes: usize,
+    /// Indices of records the destination will refuse.
+    pub poison: Vec<u64>,
+}
+
+impl WorkloadSpec {
+    /// The broker's message size limit when a drill has poison records: well above every
+    /// ordinary record, well below a poison one.
+    pub fn message_limit(&self) -> usize {
+        (self.payload_bytes * 4).max(16 * 1024)
+    }
+
+    /// How large a poison record's payload is made.
+    pub fn poison_bytes(&self) -> usize {
+        self.message_limit() + 4096
+    }
 }
 
 impl WorkloadSpec {
@@ -543,6 +574,16 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
             .map(|d| d.0)
             .unwrap_or(Duration::from_secs(3)),
         window: builtin.window.unwrap_or(64).max(1),
+        refusals: builtin
+            .refusals
+            .map(|r| {
+                (
+                    r.max.max(1),
+                    r.backoff[0].0,
+                    r.backoff[1].0.max(r.backoff[0].0),
+                )
+            })
+            .unwrap_or((10, Duration::from_secs(1), Duration::from_secs(60))),
     };
     let keys = match raw.workload.keys {
         Some(k) if k.value == 0 => {
@@ -560,7 +601,22 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
         duration: raw.workload.duration.0,
         keys,
         payload_bytes: raw.workload.payload_bytes.unwrap_or(120),
+        poison: raw.workload.poison.clone(),
     };
+    if let Some(&p) = workload
+        .poison
+        .iter()
+        .find(|&&p| p >= workload.total_records())
+    {
+        return Err(invalid(
+            shown,
+            &raw.name.referenced,
+            format!(
+                "field `workload.poison`: record {p} is past the last of {} records (indices start at 0)",
+                workload.total_records()
+            ),
+        ));
+    }
     let links: BTreeSet<&str> = [destination.link_name()].into_iter().collect();
     let mut faults = Vec::new();
     for (i, spanned) in raw.faults.iter().enumerate() {

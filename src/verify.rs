@@ -60,7 +60,7 @@ impl Reader {
             let fault = loop {
                 tokio::select! {
                     packet = rx.next() => match packet {
-                        Some(Ok(Packet::Publish(p))) => {
+                        Some(Ok(mqtt::Inbound::Packet(Packet::Publish(p)))) => {
                             let id = serde_json::from_slice::<serde_json::Value>(&p.payload)
                                 .ok()
                                 .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string));

@@ -57,6 +57,8 @@ pub struct Generator {
     run: String,
     keys: u32,
     payload_bytes: usize,
+    poison: std::collections::HashSet<u64>,
+    poison_bytes: usize,
     rng: Seeded,
     next_seq: Vec<u64>,
     index: u64,
@@ -68,6 +70,8 @@ impl Generator {
             run: run.to_string(),
             keys: spec.keys,
             payload_bytes: spec.payload_bytes,
+            poison: spec.poison.iter().copied().collect(),
+            poison_bytes: spec.poison_bytes(),
             rng: Seeded::new(seed),
             next_seq: vec![0; spec.keys as usize],
             index: 0,
@@ -81,7 +85,12 @@ impl Generator {
         let key = format!("k{k}");
         let id = format!("{}/{key}/{seq}", self.run);
         let base = id.len() + key.len() + 40;
-        let fill = self.payload_bytes.saturating_sub(base);
+        let size = if self.poison.contains(&self.index) {
+            self.poison_bytes
+        } else {
+            self.payload_bytes
+        };
+        let fill = size.saturating_sub(base);
         let pad: String = (0..fill)
             .map(|_| (b'a' + self.rng.below(26) as u8) as char)
             .collect();
@@ -264,6 +273,7 @@ mod tests {
             duration: Duration::from_secs(1),
             keys: 3,
             payload_bytes: 100,
+            poison: vec![5],
         };
         let a: Vec<String> = {
             let mut g = Generator::new("r", &spec, 7);
@@ -279,5 +289,6 @@ mod tests {
         };
         assert_eq!(a, b);
         assert!(a[0].len() >= 90 && a[0].len() <= 110, "{}", a[0].len());
+        assert!(a[5].len() > spec.message_limit(), "record 5 is poison");
     }
 }

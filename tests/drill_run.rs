@@ -212,3 +212,41 @@ fn a_flapping_link_and_a_proxy_restart_lose_nothing() {
     );
     assert_eq!(r["recovery"].as_array().unwrap().len(), 7);
 }
+
+#[test]
+fn the_engine_crash_scenario_loses_nothing() {
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/engine-crash.yaml");
+    let ran = run_drill(scenario, "engine-crash", &[]);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    assert_eq!(r["ledger"]["lost"], 0);
+    assert_eq!(r["ledger"]["duplicates_other_key"], 0);
+    assert_eq!(r["closes"], true);
+}
+
+#[test]
+fn the_poison_record_scenario_sets_one_record_aside() {
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/poison-record.yaml");
+    let ran = run_drill(scenario, "poison-record", &[]);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    let l = &r["ledger"];
+    assert_eq!(
+        (l["held"].as_u64(), l["delivered"].as_u64()),
+        (Some(3000), Some(2999))
+    );
+    assert_eq!(
+        (
+            l["waiting"].as_u64(),
+            l["failed"].as_u64(),
+            l["lost"].as_u64()
+        ),
+        (Some(0), Some(1), Some(0))
+    );
+    assert_eq!(r["closes"], true);
+    assert_eq!(r["attempts"]["refused"], 10);
+    assert!(
+        ran.markdown
+            .contains("3000 held = 2999 delivered + 0 waiting + 1 failed + 0 lost")
+    );
+}

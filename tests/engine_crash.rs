@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_sigkills_lose_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = brokers::start_mqtt(RuntimeChoice::Auto, dir.path())
+    let mut broker = brokers::start_mqtt(RuntimeChoice::Auto, dir.path(), None)
         .await
         .unwrap();
     let cancel = CancellationToken::new();
@@ -57,6 +57,7 @@ async fn a_hundred_sigkills_lose_nothing_acknowledged() {
         duration: Duration::from_secs(600),
         keys: 8,
         payload_bytes: 200,
+        poison: Vec::new(),
     };
     let workload_cancel = CancellationToken::new();
     let workload = tokio::spawn(workload::drive(

@@ -10,6 +10,7 @@
 //! disk in [`log`]. The engine never acknowledges a record before it is on disk, never drops a
 //! stored record, and never lets an outage expire or spend anything.
 
+pub mod failed;
 pub mod log;
 pub mod output;
 
@@ -34,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::mqtt::{self, Packet};
 use crate::scenario::{Dur, Order, Promise};
+use failed::FailedStore;
 use log::{DeliveryMarks, RecordLog, StoredRecord};
 use output::{AttemptCounts, Effect, Output, RefusalPolicy};
 
@@ -239,6 +241,8 @@ struct Shared {
     data_dir: PathBuf,
     outputs: Mutex<Vec<OutputStats>>,
     ingest: mpsc::Sender<IngestJob>,
+    /// Each output's worker, for replays.
+    to_outputs: Mutex<Vec<mpsc::UnboundedSender<ToOutput>>>,
 }
 
 struct IngestJob {
@@ -249,9 +253,18 @@ struct IngestJob {
 /// The append-only journals of one output: attempts, delivery marks, failed messages.
 struct Journal {
     attempts: BufWriter<File>,
-    failed: File,
-    failed_path: PathBuf,
+    failed: FailedStore,
     marks: DeliveryMarks,
+}
+
+/// What reaches an output's worker: new records, or a request to replay failed ones.
+pub enum ToOutput {
+    Records(Vec<Arc<StoredRecord>>),
+    Replay {
+        /// Only this write key; every failed record when `None`.
+        key: Option<String>,
+        reply: oneshot::Sender<Vec<String>>,
+    },
 }
 
 impl Journal {
@@ -270,23 +283,12 @@ impl Journal {
             .append(true)
             .open(&attempts_path)
             .map_err(io(&attempts_path))?;
-        let failed_path = dir.join(format!("failed-{output}.jsonl"));
-        let failed_seqs = std::fs::read_to_string(&failed_path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter_map(|v| v.get("seq").and_then(|s| s.as_u64()))
-            .collect();
-        let failed = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&failed_path)
-            .map_err(io(&failed_path))?;
+        let failed_seqs = FailedStore::current(dir, output).into_keys().collect();
+        let failed = FailedStore::open(dir, output).map_err(io(dir))?;
         Ok((
             Journal {
                 attempts: BufWriter::new(attempts),
                 failed,
-                failed_path,
                 marks,
             },
             delivered,
@@ -311,12 +313,9 @@ impl Journal {
                     }
                 }
                 Effect::Failed(failed) => {
-                    // A failed message is the only copy from now on: make it durable at once.
-                    let line = serde_json::to_string(&failed).unwrap_or_default();
-                    let synced =
-                        writeln!(self.failed, "{line}").and_then(|_| self.failed.sync_data());
-                    if let Err(e) = synced {
-                        eprintln!("drill engine: {}: {e}", self.failed_path.display());
+                    // A failed message is the only copy from now on: durable at once.
+                    if let Err(e) = self.failed.add(&failed) {
+                        eprintln!("drill engine: {}: {e}", self.failed.path().display());
                     }
                 }
             }
@@ -325,6 +324,41 @@ impl Journal {
 
     fn flush(&mut self) {
         let _ = self.attempts.flush();
+    }
+
+    /// Puts failed records (all, or the one with `key`) back on the output's queue with their
+    /// own write keys, fresh refusal count. Returns the write keys replayed.
+    fn replay(&mut self, dir: &Path, out: &mut Output, key: Option<&str>) -> Vec<String> {
+        let chosen: Vec<_> = FailedStore::current(dir, &out.name)
+            .into_values()
+            .filter(|f| key.is_none_or(|k| k == f.key))
+            .collect();
+        let seqs: Vec<u64> = chosen.iter().map(|f| f.seq).collect();
+        if let Err(e) = self.failed.replayed(&seqs) {
+            eprintln!("drill engine: {}: {e}", self.failed.path().display());
+            return Vec::new();
+        }
+        out.failed = out.failed.saturating_sub(chosen.len() as u64);
+        let keys = chosen.iter().map(|f| f.key.clone()).collect();
+        out.ingest(chosen.into_iter().map(|f| {
+            Arc::new(StoredRecord {
+                seq: f.seq,
+                key: f.key,
+                data: f.data,
+            })
+        }));
+        keys
+    }
+
+    /// Handles one message for the output.
+    fn take(&mut self, dir: &Path, out: &mut Output, message: ToOutput) {
+        match message {
+            ToOutput::Records(records) => out.ingest(records),
+            ToOutput::Replay { key, reply } => {
+                let keys = self.replay(dir, out, key.as_deref());
+                let _ = reply.send(keys);
+            }
+        }
     }
 
     fn sync(&mut self) {
@@ -355,6 +389,7 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
         data_dir: config.data_dir.clone(),
         outputs: Mutex::new(Vec::new()),
         ingest: ingest_tx,
+        to_outputs: Mutex::new(Vec::new()),
     });
 
     let mut to_outputs = Vec::new();
@@ -389,7 +424,10 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
                 })
             })
             .ok();
-        let (tx, rx) = mpsc::unbounded_channel::<Vec<Arc<StoredRecord>>>();
+        let (tx, rx) = mpsc::unbounded_channel::<ToOutput>();
+        if let Ok(mut all) = shared.to_outputs.lock() {
+            all.push(tx.clone());
+        }
         to_outputs.push(tx);
         drivers.push(tokio::spawn(drive_mqtt(
             out,
@@ -415,7 +453,7 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
                 Ok(stored) => {
                     held.fetch_add(stored.len() as u64, Ordering::SeqCst);
                     for tx in &to_outputs {
-                        let _ = tx.send(stored.clone());
+                        let _ = tx.send(ToOutput::Records(stored.clone()));
                     }
                     let mut keys = stored.iter().map(|r| r.key.clone());
                     for job in jobs {
@@ -435,6 +473,8 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     let app = Router::new()
         .route("/ingest", post(ingest))
         .route("/stats", get(stats))
+        .route("/failed", get(failed_list))
+        .route("/failed/replay", post(failed_replay))
         .with_state(shared.clone());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -492,6 +532,67 @@ async fn ingest(State(shared): State<Arc<Shared>>, body: String) -> Response {
     }
 }
 
+/// `GET /failed`: every failed message of every output.
+async fn failed_list(State(shared): State<Arc<Shared>>) -> Json<Vec<output::FailedRecord>> {
+    let names: Vec<String> = shared
+        .outputs
+        .lock()
+        .map(|o| o.iter().map(|s| s.name.clone()).collect())
+        .unwrap_or_default();
+    Json(
+        names
+            .iter()
+            .flat_map(|n| FailedStore::current(&shared.data_dir, n).into_values())
+            .collect(),
+    )
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReplayRequest {
+    #[serde(default)]
+    key: Option<String>,
+}
+
+/// `POST /failed/replay` (`{"key": "..."}` for one, `{}` for all): back on the queue, same
+/// write key.
+async fn failed_replay(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> Response {
+    let request: ReplayRequest = if body.is_empty() {
+        ReplayRequest::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    Json(serde_json::json!({"error": format!("{e}; send {{\"key\":\"...\"}} or {{}}")})),
+                )
+                    .into_response();
+            }
+        }
+    };
+    let senders = shared
+        .to_outputs
+        .lock()
+        .map(|v| v.clone())
+        .unwrap_or_default();
+    let mut replayed = Vec::new();
+    for tx in senders {
+        let (reply, answer) = oneshot::channel();
+        if tx
+            .send(ToOutput::Replay {
+                key: request.key.clone(),
+                reply,
+            })
+            .is_ok()
+            && let Ok(keys) = answer.await
+        {
+            replayed.extend(keys);
+        }
+    }
+    Json(serde_json::json!({ "replayed": replayed })).into_response()
+}
+
 async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
     let outputs = shared.outputs.lock().map(|v| v.clone()).unwrap_or_default();
     let held = shared.held.load(Ordering::SeqCst);
@@ -543,7 +644,7 @@ async fn connect_and_probe(cfg: &OutputConfig, client_id: &str) -> Result<mqtt::
             .map_err(|e| e.to_string())?;
         loop {
             match session.framed.next().await {
-                Some(Ok(Packet::PingResp(_))) => return Ok(()),
+                Some(Ok(mqtt::Inbound::Packet(Packet::PingResp(_)))) => return Ok(()),
                 Some(Ok(_)) => continue,
                 Some(Err(e)) => return Err(e.to_string()),
                 None => return Err("closed during probe".to_string()),
@@ -561,7 +662,7 @@ async fn drive_mqtt(
     mut out: Output,
     cfg: OutputConfig,
     index: usize,
-    mut rx: mpsc::UnboundedReceiver<Vec<Arc<StoredRecord>>>,
+    mut rx: mpsc::UnboundedReceiver<ToOutput>,
     mut journal: Journal,
     shared: Arc<Shared>,
     cancel: CancellationToken,
@@ -582,7 +683,7 @@ async fn drive_mqtt(
             tokio::select! {
                 result = &mut attempt => break result,
                 batch = rx.recv() => match batch {
-                    Some(b) => { out.ingest(b); publish_stats(&shared, index, &out, false); }
+                    Some(m) => { journal.take(&shared.data_dir, &mut out, m); publish_stats(&shared, index, &out, false); }
                     None => break 'outer,
                 },
                 _ = cancel.cancelled() => break 'outer,
@@ -604,7 +705,7 @@ async fn drive_mqtt(
                     tokio::select! {
                         _ = &mut wake => break,
                         batch = rx.recv() => match batch {
-                            Some(b) => { out.ingest(b); publish_stats(&shared, index, &out, false); }
+                            Some(m) => { journal.take(&shared.data_dir, &mut out, m); publish_stats(&shared, index, &out, false); }
                             None => break 'outer,
                         },
                         _ = cancel.cancelled() => break 'outer,
@@ -643,6 +744,8 @@ async fn drive_mqtt(
                     Err(_) => break format!("writes blocked for {answer_timeout:?}"),
                 }
             }
+            // Wake exactly when a refused record's backoff ends, not on the next tick.
+            let due = out.next_due().map(tokio::time::Instant::from_std);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
@@ -652,21 +755,22 @@ async fn drive_mqtt(
                     break "engine stopping".to_string();
                 }
                 packet = incoming.next() => match packet {
-                    Some(Ok(Packet::PubAck(ack))) => {
+                    Some(Ok(mqtt::Inbound::Ack(ack))) => {
                         last_heard = Instant::now();
-                        let effects = out.on_puback(&ack, last_heard);
+                        let effects = out.on_ack(&ack, last_heard);
                         journal.record(effects);
                     }
-                    Some(Ok(Packet::PingResp(_))) => { last_heard = Instant::now(); ping_out = None; }
-                    Some(Ok(Packet::Disconnect(d))) => break format!("broker disconnected: {:?}", d.reason_code),
+                    Some(Ok(mqtt::Inbound::Packet(Packet::PingResp(_)))) => { last_heard = Instant::now(); ping_out = None; }
+                    Some(Ok(mqtt::Inbound::Packet(Packet::Disconnect(d)))) => break format!("broker disconnected: {:?}", d.reason_code),
                     Some(Ok(_)) => { last_heard = Instant::now(); }
                     Some(Err(e)) => break format!("connection error: {e}"),
                     None => break "connection closed".to_string(),
                 },
                 batch = rx.recv() => match batch {
-                    Some(b) => out.ingest(b),
+                    Some(m) => journal.take(&shared.data_dir, &mut out, m),
                     None => break "ingest closed".to_string(),
                 },
+                _ = async { if let Some(d) = due { tokio::time::sleep_until(d).await } }, if due.is_some() => {}
                 _ = tick.tick() => {
                     let now = Instant::now();
                     if let Some(sent) = ping_out {

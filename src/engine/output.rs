@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use super::log::StoredRecord;
-use crate::mqtt::{Packet, PubAck, PubAckReason};
+use crate::mqtt::{Ack, Packet};
 use crate::scenario::Order;
 
 /// How counted refusals back off and when a record is set aside as failed.
@@ -75,8 +75,8 @@ pub struct AttemptRecord {
     pub error: Option<String>,
 }
 
-/// A record set aside after its last counted refusal (`failed.jsonl`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A record set aside after its last counted refusal (`failed-<output>.jsonl`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct FailedRecord {
     pub output: String,
     pub key: String,
@@ -260,16 +260,13 @@ impl Output {
     }
 
     /// The destination answered one publish.
-    pub fn on_puback(&mut self, ack: &PubAck, now: Instant) -> Vec<Effect> {
+    pub fn on_ack(&mut self, ack: &Ack, now: Instant) -> Vec<Effect> {
         let Some(open) = self.open.remove(&ack.pkid) else {
             return Vec::new();
         };
         let closed_ms = wall_ms();
         let mut entry = open.entry;
-        let accepted = matches!(
-            ack.reason,
-            PubAckReason::Success | PubAckReason::NoMatchingSubscribers
-        );
+        let accepted = ack.accepted();
         let attempt = |outcome, error| AttemptRecord {
             output: self.name.clone(),
             key: entry.record.key.clone(),
@@ -288,14 +285,7 @@ impl Output {
                 Effect::Delivered(entry.record.seq),
             ];
         }
-        let error = match ack
-            .properties
-            .as_ref()
-            .and_then(|p| p.reason_string.clone())
-        {
-            Some(text) => format!("{:?}: {text}", ack.reason),
-            None => format!("{:?}", ack.reason),
-        };
+        let error = ack.describe();
         self.attempts.refused += 1;
         let closed = Effect::Closed(attempt(Outcome::Refused, Some(error.clone())));
         entry.refusals += 1;
@@ -375,11 +365,14 @@ mod tests {
             .collect()
     }
 
-    fn ack(pkid: u16, reason: PubAckReason) -> PubAck {
-        PubAck {
+    const SUCCESS: u8 = 0x00;
+    const QUOTA_EXCEEDED: u8 = 0x97;
+
+    fn ack(pkid: u16, code: u8) -> Ack {
+        Ack {
             pkid,
-            reason,
-            properties: None,
+            code,
+            reason_string: None,
         }
     }
 
@@ -434,9 +427,9 @@ mod tests {
         let sent = pkids(&out.next_sends(now));
         assert_eq!(sent.len(), 3);
         // Record 0 refused; 1 and 2 delivered.
-        out.on_puback(&ack(sent[0], PubAckReason::QuotaExceeded), now);
-        out.on_puback(&ack(sent[1], PubAckReason::Success), now);
-        out.on_puback(&ack(sent[2], PubAckReason::Success), now);
+        out.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
+        out.on_ack(&ack(sent[1], SUCCESS), now);
+        out.on_ack(&ack(sent[2], SUCCESS), now);
         assert_eq!(out.delivered, 2);
         assert!(out.next_sends(now).is_empty(), "backing off");
         let mut failed = None;
@@ -444,7 +437,7 @@ mod tests {
             now = out.next_due().unwrap();
             let sent = pkids(&out.next_sends(now));
             assert_eq!(sent.len(), 1);
-            let effects = out.on_puback(&ack(sent[0], PubAckReason::QuotaExceeded), now);
+            let effects = out.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
             if refusal == 3 {
                 failed = effects.into_iter().find_map(|e| match e {
                     Effect::Failed(f) => Some(f),
@@ -454,7 +447,7 @@ mod tests {
         }
         let failed = failed.expect("set aside after 3 refusals");
         assert_eq!((failed.seq, failed.refusals), (0, 3));
-        assert!(failed.error.contains("QuotaExceeded"));
+        assert!(failed.error.contains("quota exceeded"), "{}", failed.error);
         assert_eq!((out.failed, out.waiting()), (1, 0));
     }
 
@@ -464,12 +457,12 @@ mod tests {
         out.ingest(records(2));
         let now = Instant::now();
         let sent = pkids(&out.next_sends(now));
-        out.on_puback(&ack(sent[0], PubAckReason::QuotaExceeded), now);
+        out.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
         assert!(out.next_sends(now).is_empty(), "record 1 waits behind 0");
         let mut any = Output::new("o", "t", Order::Any, policy(), 1);
         any.ingest(records(2));
         let sent = pkids(&any.next_sends(now));
-        any.on_puback(&ack(sent[0], PubAckReason::QuotaExceeded), now);
+        any.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
         assert_eq!(any.next_sends(now).len(), 1, "record 1 overtakes");
     }
 
