@@ -7,17 +7,24 @@
 //!   wiped and the sequence starts again.
 //! - `records.log` — append-only frames, one per accepted record:
 //!   `[len: u32 LE][crc32 of body: u32 LE][body: len bytes]`, body = JSON
-//!   `{"seq":N,"key":"<write key>","data":"<the ingested line>"}`. Sequences are dense and
-//!   increase by one per frame.
+//!   `{"seq":N,"key":"<write key>","data":"<the ingested line>"}`, and `"end":true` on the last
+//!   frame of each batch (one group commit). Sequences are dense and increase by one per frame.
 //! - `delivered-<output>.log` — one `u64 LE` sequence per record the output saw confirmed.
 //!
 //! # Invariants
 //!
 //! - A batch is acknowledged to its source only after its frames are written and
 //!   `fdatasync` returned (group commit: every batch waiting at that moment shares one sync).
-//! - Recovery reads frames until the first one that is short or fails its checksum, truncates
-//!   the file there and reports how many bytes it dropped. Only a never-acknowledged tail can be
-//!   torn, because acknowledged frames were synced before their answer left.
+//! - A batch is all or nothing. Recovery reads frames until the first one that is short or
+//!   fails its checksum, keeps the records of every batch whose `end` frame it read, truncates
+//!   the file after the last such frame and reports how many bytes it dropped. Only a
+//!   never-acknowledged batch can be torn (acknowledged ones were synced before their answer
+//!   left), and none of its records survives half-way: a source that sends the batch again
+//!   never creates a copy under a second write key. (The model test in this module found the
+//!   half-way case.)
+//! - Not handled yet: damage *inside* the log (bit rot in an acknowledged frame) is read as a
+//!   torn tail, so batches after it would be truncated. Detecting that needs a resync marker
+//!   between batches; until then recovery reports every dropped byte, loudly.
 //! - A delivery mark is written when its confirmation arrives and synced lazily: a killed
 //!   process keeps it (page cache), a power cut may not. A lost mark means the record is sent
 //!   again after restart with the same write key — allowed by `at_least_once`, never a loss.
@@ -42,6 +49,26 @@ pub struct StoredRecord {
     pub seq: u64,
     pub key: String,
     pub data: String,
+}
+
+/// A frame's body as written.
+#[derive(Serialize)]
+struct FrameOut<'a> {
+    seq: u64,
+    key: &'a str,
+    data: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    end: bool,
+}
+
+/// A frame's body as read back.
+#[derive(Deserialize)]
+struct FrameIn {
+    seq: u64,
+    key: String,
+    data: String,
+    #[serde(default)]
+    end: bool,
 }
 
 /// What recovery found when the log was opened.
@@ -88,7 +115,10 @@ impl RecordLog {
         let path = dir.join("records.log");
         let (mut file, bytes) = open_and_read(&path)?;
         let mut records = Vec::new();
+        let mut batch = Vec::new();
         let mut offset = 0usize;
+        // The end of the last complete batch: everything after it is torn.
+        let mut committed = 0usize;
         while bytes.len() - offset >= HEADER {
             let len = u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap_or([0; 4]));
             let crc =
@@ -100,15 +130,23 @@ impl RecordLog {
             if crc32fast::hash(body) != crc {
                 break;
             }
-            let record: StoredRecord =
-                serde_json::from_slice(body).map_err(|e| LogError::Corrupt {
-                    path: path.clone(),
-                    offset: offset as u64,
-                    message: e.to_string(),
-                })?;
-            records.push(Arc::new(record));
+            let frame: FrameIn = serde_json::from_slice(body).map_err(|e| LogError::Corrupt {
+                path: path.clone(),
+                offset: offset as u64,
+                message: e.to_string(),
+            })?;
             offset += HEADER + len as usize;
+            batch.push(Arc::new(StoredRecord {
+                seq: frame.seq,
+                key: frame.key,
+                data: frame.data,
+            }));
+            if frame.end {
+                records.append(&mut batch);
+                committed = offset;
+            }
         }
+        let offset = committed;
         let torn = (bytes.len() - offset) as u64;
         if torn > 0 {
             file.set_len(offset as u64).map_err(io_err(&path))?;
@@ -139,13 +177,19 @@ impl RecordLog {
         let mut buf = Vec::with_capacity(lines.iter().map(|l| l.len() + 64).sum());
         let mut stored = Vec::with_capacity(lines.len());
         let mut seq = self.next_seq;
-        for line in lines {
+        for (i, line) in lines.iter().enumerate() {
             let record = StoredRecord {
                 seq,
                 key: format!("{}-{seq}", self.engine_id),
                 data: line.clone(),
             };
-            let body = serde_json::to_vec(&record).map_err(|e| LogError::Corrupt {
+            let frame = FrameOut {
+                seq,
+                key: &record.key,
+                data: &record.data,
+                end: i + 1 == lines.len(),
+            };
+            let body = serde_json::to_vec(&frame).map_err(|e| LogError::Corrupt {
                 path: self.path.clone(),
                 offset: 0,
                 message: e.to_string(),
@@ -281,7 +325,8 @@ mod tests {
     fn a_torn_tail_is_truncated_and_reported() {
         let dir = tempfile::tempdir().unwrap();
         let (mut log, _, _) = RecordLog::open(dir.path()).unwrap();
-        log.append(&lines(5, 0)).unwrap();
+        log.append(&lines(2, 0)).unwrap();
+        log.append(&lines(3, 2)).unwrap();
         drop(log);
         let path = dir.path().join("records.log");
         let len = std::fs::metadata(&path).unwrap().len();
@@ -289,14 +334,15 @@ mod tests {
         f.set_len(len - 3).unwrap();
         drop(f);
         let (mut log, all, recovery) = RecordLog::open(dir.path()).unwrap();
-        assert_eq!(all.len(), 4);
+        // The torn batch goes whole; the earlier one stays whole.
+        assert_eq!(all.len(), 2);
         assert!(recovery.torn_bytes > 0);
-        // The next record takes the torn one's sequence, and the file is whole again.
+        // The next record takes the torn batch's first sequence; the file is whole again.
         let next = log.append(&lines(1, 9)).unwrap();
-        assert_eq!(next[0].seq, 4);
+        assert_eq!(next[0].seq, 2);
         drop(log);
         let (_, all, recovery) = RecordLog::open(dir.path()).unwrap();
-        assert_eq!((all.len(), recovery.torn_bytes), (5, 0));
+        assert_eq!((all.len(), recovery.torn_bytes), (3, 0));
     }
 
     #[test]
@@ -309,5 +355,85 @@ mod tests {
         drop(marks);
         let (_, seen) = DeliveryMarks::open(dir.path(), "o").unwrap();
         assert_eq!(seen, HashSet::from([1, 2, 7]));
+    }
+
+    mod model {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::BTreeMap;
+
+        #[derive(Debug, Clone)]
+        enum Step {
+            /// An acknowledged batch: written and synced.
+            Append(Vec<String>),
+            /// A batch torn by a crash mid-write: only `keep` per mille of its bytes reached
+            /// the disk, never acknowledged; `flip` also damages one of those bytes.
+            Torn(Vec<String>, u16, bool),
+            /// A delivery confirmed for the record at this position (mod count).
+            Mark(usize),
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            let lines = prop::collection::vec("[a-z0-9 {}:\"]{0,40}", 1..5);
+            prop_oneof![
+                4 => lines.clone().prop_map(Step::Append),
+                2 => (lines, 0u16..1000, any::<bool>()).prop_map(|(l, k, f)| Step::Torn(l, k, f)),
+                2 => any::<usize>().prop_map(Step::Mark),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+            /// The log against an in-memory reference, reopened after every step: every
+            /// acknowledged record survives with its sequence and write key, nothing torn
+            /// ever appears, and delivery marks survive too.
+            #[test]
+            fn the_log_matches_its_model_across_reopens(steps in prop::collection::vec(step(), 1..25)) {
+                let dir = tempfile::tempdir().unwrap();
+                let mut model: BTreeMap<u64, StoredRecord> = BTreeMap::new();
+                let mut marked: HashSet<u64> = HashSet::new();
+                let path = dir.path().join("records.log");
+                for step in steps {
+                    let (mut log, _, _) = RecordLog::open(dir.path()).unwrap();
+                    match step {
+                        Step::Append(lines) => {
+                            for r in log.append(&lines).unwrap() {
+                                model.insert(r.seq, (*r).clone());
+                            }
+                        }
+                        Step::Torn(lines, keep, flip) => {
+                            let before = std::fs::metadata(&path).unwrap().len();
+                            log.append(&lines).unwrap();
+                            let after = std::fs::metadata(&path).unwrap().len();
+                            let written = after - before;
+                            let kept = written * u64::from(keep) / 1000;
+                            let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+                            f.set_len(before + kept).unwrap();
+                            if flip && kept > 0 {
+                                let mut bytes = std::fs::read(&path).unwrap();
+                                let at = (before + kept / 2) as usize;
+                                bytes[at] ^= 0x5a;
+                                std::fs::write(&path, bytes).unwrap();
+                            }
+                        }
+                        Step::Mark(i) => {
+                            if !model.is_empty() {
+                                let seq = *model.keys().nth(i % model.len()).unwrap();
+                                let (mut marks, _) = DeliveryMarks::open(dir.path(), "o").unwrap();
+                                marks.mark(&[seq]).unwrap();
+                                marked.insert(seq);
+                            }
+                        }
+                    }
+                    drop(log);
+                    let (_, records, _) = RecordLog::open(dir.path()).unwrap();
+                    let got: Vec<StoredRecord> = records.iter().map(|r| (**r).clone()).collect();
+                    let want: Vec<StoredRecord> = model.values().cloned().collect();
+                    prop_assert_eq!(got, want);
+                    let (_, marks) = DeliveryMarks::open(dir.path(), "o").unwrap();
+                    prop_assert_eq!(&marks, &marked);
+                }
+            }
+        }
     }
 }
