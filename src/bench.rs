@@ -306,3 +306,162 @@ fn render(paths: &[PathResult], o: Options, note: Option<String>) -> String {
     }
     out
 }
+
+/// How much `drill bench engine` measures.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOptions {
+    pub record_bytes: usize,
+    /// Seconds to spend on each path and batch size (roughly).
+    pub seconds: f64,
+}
+
+struct Rate {
+    records: u64,
+    bytes: u64,
+    took: Duration,
+}
+
+impl Rate {
+    fn per_s(&self) -> f64 {
+        self.records as f64 / self.took.as_secs_f64()
+    }
+    fn mb_per_s(&self) -> f64 {
+        self.bytes as f64 / self.took.as_secs_f64() / 1e6
+    }
+}
+
+fn record_line(i: u64, bytes: usize) -> String {
+    let head = format!("{{\"id\":\"bench/{i}\",\"pad\":\"");
+    let pad = bytes.saturating_sub(head.len() + 2);
+    format!("{head}{}\"}}", "x".repeat(pad))
+}
+
+/// Runs `batch` until `seconds` have passed; returns records and payload bytes per second.
+fn timed(
+    seconds: f64,
+    batch: usize,
+    record_bytes: usize,
+    mut one: impl FnMut(u64) -> Result<(), BenchError>,
+) -> Result<Rate, BenchError> {
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed().as_secs_f64() < seconds {
+        one(n)?;
+        n += 1;
+    }
+    Ok(Rate {
+        records: n * batch as u64,
+        bytes: n * (batch * record_bytes) as u64,
+        took: started.elapsed(),
+    })
+}
+
+/// `drill bench engine`: durable ingest (acknowledged only after fdatasync) against a raw
+/// sequential write + fdatasync of the same bytes in the same batch sizes on the same disk.
+pub fn engine(drill_exe: &Path, dir: &Path, o: EngineOptions) -> Result<String, BenchError> {
+    use crate::engine::log::RecordLog;
+    let work = dir.join(format!("drill-bench-engine-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut rows = Vec::new();
+    let mut children = Guard(Vec::new());
+    // The engine under test, forwarding nowhere (its output's address refuses): this measures
+    // ingest alone.
+    let api = free()?;
+    let engine_dir = work.join("engine");
+    std::fs::create_dir_all(&engine_dir)?;
+    let config = engine_dir.join("engine.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: {api}\ndata_dir: {}\noutputs:\n  - {{ name: none, kind: mqtt, address: 127.0.0.1:9, topic: bench }}\n",
+            engine_dir.join("data").display()
+        ),
+    )?;
+    children.0.push(
+        Command::new(drill_exe)
+            .args(["engine", "--config"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    wait_listening("drill engine", api)?;
+    let http = reqwest::Client::new();
+    for batch in [1usize, 10, 100, 1000] {
+        let lines: Vec<String> = (0..batch as u64)
+            .map(|i| record_line(i, o.record_bytes))
+            .collect();
+        let bytes: Vec<u8> = lines
+            .iter()
+            .flat_map(|l| l.bytes().chain([b'\n']))
+            .collect();
+
+        let raw_path = work.join(format!("raw-{batch}"));
+        let mut raw = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&raw_path)?;
+        let raw_rate = timed(o.seconds, batch, o.record_bytes, |_| {
+            raw.write_all(&bytes)?;
+            raw.sync_data()?;
+            Ok(())
+        })?;
+
+        let log_dir = work.join(format!("log-{batch}"));
+        let (mut log, _, _) =
+            RecordLog::open(&log_dir).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let log_rate = timed(o.seconds, batch, o.record_bytes, |_| {
+            log.append(lines.clone())
+                .map(|_| ())
+                .map_err(|e| std::io::Error::other(e.to_string()).into())
+        })?;
+
+        let body = String::from_utf8_lossy(&bytes).into_owned();
+        let url = format!("http://{api}/ingest");
+        let http_rate = timed(o.seconds, batch, o.record_bytes, |_| {
+            runtime.block_on(async {
+                let answer = http
+                    .post(&url)
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .map_err(std::io::Error::other)?;
+                if !answer.status().is_success() {
+                    return Err(BenchError::Io(std::io::Error::other(format!(
+                        "ingest answered {}",
+                        answer.status()
+                    ))));
+                }
+                Ok(())
+            })
+        })?;
+        rows.push((batch, raw_rate, log_rate, http_rate));
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    let mut out = format!(
+        "drill bench engine: {}-byte records, each batch acknowledged only after fdatasync; {:.1} s per cell, on {}\n\n",
+        o.record_bytes,
+        o.seconds,
+        dir.display()
+    );
+    out.push_str("| batch | raw write+fdatasync | engine log (ratio) | engine over HTTP, 1 client (ratio) |\n");
+    out.push_str("|---:|---:|---:|---:|\n");
+    for (batch, raw, log, http) in &rows {
+        out.push_str(&format!(
+            "| {batch} | {:.0} rec/s, {:.1} MB/s | {:.0} rec/s, {:.1} MB/s ({:.2}×) | {:.0} rec/s, {:.1} MB/s ({:.2}×) |\n",
+            raw.per_s(),
+            raw.mb_per_s(),
+            log.per_s(),
+            log.mb_per_s(),
+            log.per_s() / raw.per_s(),
+            http.per_s(),
+            http.mb_per_s(),
+            http.per_s() / raw.per_s(),
+        ));
+    }
+    out.push_str("\nTarget: durable ingest ≥ 0.7× the raw write + fdatasync of the same bytes.\n");
+    Ok(out)
+}

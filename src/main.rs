@@ -104,7 +104,10 @@ enum FailedAction {
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum BenchTarget {
+    /// A healed link vs direct vs haproxy.
     Proxy,
+    /// Durable ingest vs raw write + fdatasync.
+    Engine,
 }
 
 const PASS: u8 = 0;
@@ -193,7 +196,7 @@ async fn dispatch(command: Command) -> u8 {
         } => failed(what).await,
         Command::Proxy { links, api } => proxy(links, api, cancel).await,
         Command::Bench {
-            what: BenchTarget::Proxy,
+            what,
             bytes,
             pings,
             runs,
@@ -202,12 +205,26 @@ async fn dispatch(command: Command) -> u8 {
                 eprintln!("drill bench: cannot find my own executable");
                 return INFRASTRUCTURE;
             };
-            let options = drill::bench::Options {
-                bytes,
-                pings: pings.max(10),
-                runs: runs.max(1),
-            };
-            match tokio::task::spawn_blocking(move || drill::bench::proxy(&exe, options)).await {
+            let measured = tokio::task::spawn_blocking(move || match what {
+                BenchTarget::Proxy => drill::bench::proxy(
+                    &exe,
+                    drill::bench::Options {
+                        bytes,
+                        pings: pings.max(10),
+                        runs: runs.max(1),
+                    },
+                ),
+                BenchTarget::Engine => {
+                    let dir = std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir());
+                    let options = drill::bench::EngineOptions {
+                        record_bytes: 200,
+                        seconds: 3.0,
+                    };
+                    drill::bench::engine(&exe, &dir, options)
+                }
+            })
+            .await;
+            match measured {
                 Ok(Ok(table)) => {
                     println!("{table}");
                     PASS

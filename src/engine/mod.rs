@@ -448,16 +448,20 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
             while let Ok(more) = ingest_rx.try_recv() {
                 jobs.push(more);
             }
-            let lines: Vec<String> = jobs.iter().flat_map(|j| j.lines.iter().cloned()).collect();
-            match log.append(&lines) {
+            let sizes: Vec<usize> = jobs.iter().map(|j| j.lines.len()).collect();
+            let lines: Vec<String> = jobs
+                .iter_mut()
+                .flat_map(|j| std::mem::take(&mut j.lines))
+                .collect();
+            match log.append(lines) {
                 Ok(stored) => {
                     held.fetch_add(stored.len() as u64, Ordering::SeqCst);
                     for tx in &to_outputs {
                         let _ = tx.send(ToOutput::Records(stored.clone()));
                     }
                     let mut keys = stored.iter().map(|r| r.key.clone());
-                    for job in jobs {
-                        let mine: Vec<String> = keys.by_ref().take(job.lines.len()).collect();
+                    for (job, size) in jobs.into_iter().zip(sizes) {
+                        let mine: Vec<String> = keys.by_ref().take(size).collect();
                         let _ = job.reply.send(Ok(mine));
                     }
                 }
