@@ -237,6 +237,7 @@ pub async fn run(
                 ],
             }),
         }],
+        disk: Default::default(),
     };
     let mut engine = EngineProcess::start(&options.engine_exe, config, &work).await?;
     say(&format!(

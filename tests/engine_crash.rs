@@ -42,6 +42,7 @@ async fn a_hundred_sigkills_lose_nothing_acknowledged() {
             window: 64,
             refusals: None,
         }],
+        disk: Default::default(),
     };
     let mut engine = EngineProcess::start(
         std::path::Path::new(env!("CARGO_BIN_EXE_drill")),

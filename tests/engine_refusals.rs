@@ -122,6 +122,7 @@ async fn ten_counted_refusals_then_failed_then_one_copy_on_replay() {
                 ],
             }),
         }],
+        disk: Default::default(),
     };
     let mut engine = EngineProcess::start(Path::new(env!("CARGO_BIN_EXE_drill")), config, work)
         .await

@@ -48,6 +48,30 @@ pub struct EngineConfig {
     /// The durable buffer, attempt journal and failed messages.
     pub data_dir: PathBuf,
     pub outputs: Vec<OutputConfig>,
+    /// When room runs low: warn, then refuse new ingest (DESIGN.md §1.10). Nothing stored is
+    /// ever evicted.
+    #[serde(default)]
+    pub disk: DiskLimits,
+}
+
+/// Free-space thresholds on the data directory's filesystem, in bytes.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskLimits {
+    /// Below this, `/stats` says `disk_low` and the engine logs a warning.
+    pub warn_below_bytes: u64,
+    /// Below this, ingest is refused with HTTP 507 (nothing stored, nothing acknowledged) until
+    /// space returns.
+    pub refuse_below_bytes: u64,
+}
+
+impl Default for DiskLimits {
+    fn default() -> Self {
+        DiskLimits {
+            warn_below_bytes: 1 << 30,
+            refuse_below_bytes: 64 << 20,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -233,12 +257,18 @@ pub struct Stats {
     pub failed: u64,
     pub attempts: AttemptCountsView,
     pub disk_free_bytes: u64,
+    /// Free space is below `disk.warn_below_bytes`.
+    #[serde(default)]
+    pub disk_low: bool,
     pub outputs: Vec<OutputStats>,
 }
 
 struct Shared {
     held: Arc<AtomicU64>,
     data_dir: PathBuf,
+    disk: DiskLimits,
+    /// Whether the low-disk warning was last said (so it is said once per crossing).
+    disk_warned: std::sync::atomic::AtomicBool,
     outputs: Mutex<Vec<OutputStats>>,
     ingest: mpsc::Sender<IngestJob>,
     /// Each output's worker, for replays.
@@ -387,6 +417,8 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     let shared = Arc::new(Shared {
         held: Arc::new(AtomicU64::new(records.len() as u64)),
         data_dir: config.data_dir.clone(),
+        disk: config.disk.clone(),
+        disk_warned: std::sync::atomic::AtomicBool::new(false),
         outputs: Mutex::new(Vec::new()),
         ingest: ingest_tx,
         to_outputs: Mutex::new(Vec::new()),
@@ -500,6 +532,37 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     Ok(())
 }
 
+/// Disk is the only limit (DESIGN.md §1.10): warn once per crossing below the warning level,
+/// and below the reserve refuse before storing anything.
+fn disk_check(shared: &Shared) -> Option<Response> {
+    let free = disk_free(&shared.data_dir);
+    let low = free < shared.disk.warn_below_bytes;
+    if low != shared.disk_warned.swap(low, Ordering::SeqCst) {
+        if low {
+            eprintln!(
+                "drill engine: warning: {free} bytes free on the data directory's disk, below {}; ingest will be refused below {}",
+                shared.disk.warn_below_bytes, shared.disk.refuse_below_bytes
+            );
+        } else {
+            eprintln!(
+                "drill engine: disk space is back above {} bytes",
+                shared.disk.warn_below_bytes
+            );
+        }
+    }
+    (free < shared.disk.refuse_below_bytes).then(|| {
+        (
+            StatusCode::INSUFFICIENT_STORAGE,
+            Json(serde_json::json!({"error": format!(
+                "disk full: {free} bytes free on {}, below the reserve of {} bytes; nothing was stored and nothing acknowledged; ingest resumes when space returns (nothing stored is ever evicted)",
+                shared.data_dir.display(),
+                shared.disk.refuse_below_bytes
+            )})),
+        )
+            .into_response()
+    })
+}
+
 async fn ingest(State(shared): State<Arc<Shared>>, body: String) -> Response {
     let lines: Vec<String> = body
         .lines()
@@ -513,6 +576,9 @@ async fn ingest(State(shared): State<Arc<Shared>>, body: String) -> Response {
             Json(serde_json::json!({"error": "empty body: send one record per line (NDJSON)"})),
         )
             .into_response();
+    }
+    if let Some(refusal) = disk_check(&shared) {
+        return refusal;
     }
     let (reply, answer) = oneshot::channel();
     if shared
@@ -610,13 +676,15 @@ async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
         attempts.possibly_sent += o.attempts.possibly_sent;
         attempts.sent_unconfirmed += o.attempts.sent_unconfirmed;
     }
+    let disk_free_bytes = disk_free(&shared.data_dir);
     Json(Stats {
         held,
         delivered,
         waiting: held.saturating_sub(delivered + failed),
         failed,
         attempts,
-        disk_free_bytes: disk_free(&shared.data_dir),
+        disk_free_bytes,
+        disk_low: disk_free_bytes < shared.disk.warn_below_bytes,
         outputs,
     })
 }
