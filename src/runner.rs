@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::brokers::{self, Broker};
-use crate::engine::{EngineConfig, OutputConfig, OutputKind, Stats};
+use crate::engine::{EngineConfig, OutputConfig, Stats};
 use crate::proxy::{Direction, Fault, FaultSpec, Link};
 use crate::report::{self, Facts, FaultRecord};
 use crate::scenario::{FaultAction, Plan, ProcessAction, RuntimeChoice};
@@ -219,11 +219,6 @@ pub async fn run(
         listen: SocketAddr::from(([127, 0, 0, 1], engine_port)),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {
-            name: link_name.to_string(),
-            kind: OutputKind::Mqtt,
-            address: link.listen_addr(),
-            topic: plan.destination.topic.clone(),
-            client_id: None,
             promise: plan.engine.promise,
             order: plan.engine.order,
             keepalive: crate::engine::DurText(plan.engine.keepalive),
@@ -236,6 +231,7 @@ pub async fn run(
                     crate::engine::DurText(plan.engine.refusals.2),
                 ],
             }),
+            ..OutputConfig::mqtt(link_name, link.listen_addr(), &plan.destination.topic)
         }],
         disk: Default::default(),
     };

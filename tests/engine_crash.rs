@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use drill::brokers;
-use drill::engine::{DurText, EngineConfig, OutputConfig, OutputKind};
-use drill::scenario::{Order, Promise, RuntimeChoice, WorkloadSpec};
+use drill::engine::{EngineConfig, OutputConfig};
+use drill::scenario::{RuntimeChoice, WorkloadSpec};
 use drill::sut::EngineProcess;
 use drill::verify::{self, Reader};
 use drill::workload::{self, Ingested, Seeded, Sent};
@@ -29,19 +29,7 @@ async fn a_hundred_sigkills_lose_nothing_acknowledged() {
     let config = EngineConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], port)),
         data_dir: dir.path().join("engine-data"),
-        outputs: vec![OutputConfig {
-            name: "mqtt".to_string(),
-            kind: OutputKind::Mqtt,
-            address: broker.addr,
-            topic: "t/crash".to_string(),
-            client_id: None,
-            promise: Promise::AtLeastOnce,
-            order: Order::InOrder,
-            keepalive: DurText(Duration::from_secs(2)),
-            answer_timeout: DurText(Duration::from_secs(3)),
-            window: 64,
-            refusals: None,
-        }],
+        outputs: vec![OutputConfig::mqtt("mqtt", broker.addr, "t/crash")],
         disk: Default::default(),
     };
     let mut engine = EngineProcess::start(

@@ -8,8 +8,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use drill::brokers;
-use drill::engine::{DiskLimits, DurText, EngineConfig, OutputConfig, OutputKind};
-use drill::scenario::{Order, Promise};
+use drill::engine::{DiskLimits, EngineConfig, OutputConfig};
 use drill::sut::EngineProcess;
 
 struct Tmpfs(PathBuf);
@@ -46,19 +45,12 @@ async fn a_full_disk_refuses_ingest_evicts_nothing_and_recovers() {
     let config = EngineConfig {
         listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
         data_dir: disk.0.join("data"),
-        outputs: vec![OutputConfig {
-            name: "nowhere".into(),
-            kind: OutputKind::Mqtt,
-            address: "127.0.0.1:9".parse().unwrap(),
-            topic: "t".into(),
-            client_id: None,
-            promise: Promise::AtLeastOnce,
-            order: Order::Any,
-            keepalive: DurText(Duration::from_secs(2)),
-            answer_timeout: DurText(Duration::from_secs(3)),
-            window: 16,
-            refusals: None,
-        }],
+        // A destination that refuses every connection: ingest alone is under test.
+        outputs: vec![OutputConfig::mqtt(
+            "nowhere",
+            "127.0.0.1:9".parse().unwrap(),
+            "t",
+        )],
         disk: DiskLimits {
             warn_below_bytes: 2048 * 1024,
             refuse_below_bytes: 768 * 1024,

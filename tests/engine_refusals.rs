@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use drill::brokers;
-use drill::engine::{DurText, EngineConfig, OutputConfig, OutputKind, RefusalConfig};
-use drill::scenario::{Order, Promise};
+use drill::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig};
+use drill::scenario::Order;
 use drill::sut::EngineProcess;
 use drill::verify::Reader;
 use tokio_util::sync::CancellationToken;
@@ -104,12 +104,6 @@ async fn ten_counted_refusals_then_failed_then_one_copy_on_replay() {
         listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {
-            name: "mqtt".into(),
-            kind: OutputKind::Mqtt,
-            address: broker,
-            topic: "t/refusals".into(),
-            client_id: None,
-            promise: Promise::AtLeastOnce,
             order: Order::Any,
             keepalive: DurText(Duration::from_secs(1)),
             answer_timeout: DurText(Duration::from_secs(2)),
@@ -121,6 +115,7 @@ async fn ten_counted_refusals_then_failed_then_one_copy_on_replay() {
                     DurText(Duration::from_millis(400)),
                 ],
             }),
+            ..OutputConfig::mqtt("mqtt", broker, "t/refusals")
         }],
         disk: Default::default(),
     };

@@ -102,6 +102,26 @@ pub struct OutputConfig {
     pub refusals: Option<RefusalConfig>,
 }
 
+impl OutputConfig {
+    /// An MQTT output with every default (at_least_once, in_order, 2 s keepalive, 3 s answer
+    /// timeout, 64 open attempts, 10 counted refusals backing off 1 s → 60 s).
+    pub fn mqtt(name: &str, address: SocketAddr, topic: &str) -> OutputConfig {
+        OutputConfig {
+            name: name.to_string(),
+            kind: OutputKind::Mqtt,
+            address,
+            topic: topic.to_string(),
+            client_id: None,
+            promise: Promise::default(),
+            order: Order::default(),
+            keepalive: default_keepalive(),
+            answer_timeout: default_answer_timeout(),
+            window: default_window(),
+            refusals: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputKind {
