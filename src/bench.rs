@@ -55,48 +55,44 @@ fn free() -> std::io::Result<SocketAddr> {
     TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
-/// A sink that reads a stream to its end and answers the byte count (8 bytes, LE).
-fn sink() -> std::io::Result<SocketAddr> {
+/// Listens on a free loopback port and serves every connection on its own thread.
+fn serve_each(handle: fn(TcpStream)) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = stream;
-                let mut buf = vec![0u8; 256 * 1024];
-                let mut total: u64 = 0;
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    total += n as u64;
-                }
-                let _ = s.write_all(&total.to_le_bytes());
-            });
+            std::thread::spawn(move || handle(stream));
         }
     });
     Ok(addr)
 }
 
+/// A sink that reads a stream to its end and answers the byte count (8 bytes, LE).
+fn sink() -> std::io::Result<SocketAddr> {
+    serve_each(|mut s| {
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut total: u64 = 0;
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            total += n as u64;
+        }
+        let _ = s.write_all(&total.to_le_bytes());
+    })
+}
+
 /// An echo server for 1-byte ping-pong.
 fn echo() -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = stream;
-                let _ = s.set_nodelay(true);
-                let mut b = [0u8; 1];
-                while s.read_exact(&mut b).is_ok() {
-                    if s.write_all(&b).is_err() {
-                        break;
-                    }
-                }
-            });
+    serve_each(|mut s| {
+        let _ = s.set_nodelay(true);
+        let mut b = [0u8; 1];
+        while s.read_exact(&mut b).is_ok() {
+            if s.write_all(&b).is_err() {
+                break;
+            }
         }
-    });
-    Ok(addr)
+    })
 }
 
 fn wait_listening(what: &str, addr: SocketAddr) -> Result<(), BenchError> {

@@ -150,12 +150,7 @@ pub fn allowed_duplicates(
 
 /// For each fault that ended: from the first fault-free instant after its heal to the first
 /// delivery, and to every record accepted before then having arrived.
-pub fn recovery(
-    faults: &[FaultRecord],
-    sent: &Sent,
-    received: &Received,
-    drained_at: Duration,
-) -> Vec<RecoveryRecord> {
+pub fn recovery(faults: &[FaultRecord], sent: &Sent, received: &Received) -> Vec<RecoveryRecord> {
     let mut first_arrival: HashMap<&str, Duration> = HashMap::new();
     for a in &received.arrivals {
         if let Some(id) = a.id.as_deref() {
@@ -214,7 +209,7 @@ pub fn recovery(
                 ),
                 heal_ms: heal,
                 first_delivery_ms: first.map(|d| d.as_millis() as u64),
-                drained_ms: drained.map(|d| d.min(drained_at.max(d)).as_millis() as u64),
+                drained_ms: drained.map(|d| d.as_millis() as u64),
             }
         })
         .collect()

@@ -432,7 +432,6 @@ pub async fn run(
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
-    let drained_at = t0.elapsed();
     // Let the reader catch up: until its count has been still for 1.5 s (at most 20 s).
     let settle_deadline = Instant::now() + Duration::from_secs(20);
     let mut count = reader.count();
@@ -480,7 +479,7 @@ pub async fn run(
         None => HashSet::new(),
     };
     let allowed = report::allowed_duplicates(&sent, &received, &possibly_sent_keys, &crash_keys);
-    let recovery = report::recovery(&faults, &sent, &received, drained_at);
+    let recovery = report::recovery(&faults, &sent, &received);
 
     let mut versions = BTreeMap::new();
     versions.insert("drill".to_string(), env!("CARGO_PKG_VERSION").to_string());

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Echo, drill_proxy, echo, is_reset, link_status, median_rtt, read_within, wait_for};
+use common::{
+    Echo, drill_proxy, echo, is_reset, lands_without_answer, link_status, median_rtt, read_within,
+    wait_for,
+};
 use drill::proxy::{Direction, Fault, Link, Proxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -138,17 +141,7 @@ async fn swallow_downstream_is_a_half_open_link() {
     link.apply_settled(Fault::Swallow, Direction::Downstream)
         .await;
     let before = up.received.load(Ordering::SeqCst);
-    c.write_all(b"request").await.unwrap();
-    wait_for("the request to reach upstream", || {
-        up.received.load(Ordering::SeqCst) == before + 7
-    })
-    .await;
-    assert!(
-        read_within(&mut c, Duration::from_millis(500))
-            .await
-            .is_none(),
-        "the answer never comes back, the socket stays open"
-    );
+    lands_without_answer(&mut c, &up, b"request", Duration::from_millis(500)).await;
     c.write_all(b"again").await.unwrap();
     wait_for("a second request to land", || {
         up.received.load(Ordering::SeqCst) == before + 12
@@ -340,17 +333,7 @@ async fn hang_upstream_holds_requests_and_hang_downstream_holds_answers() {
     assert_eq!(&buf, b"held-request");
     // Downstream: the request lands, the answer is held until the heal.
     link.apply_settled(Fault::Hang, Direction::Downstream).await;
-    let before = up.received.load(Ordering::SeqCst);
-    c.write_all(b"held-answer").await.unwrap();
-    wait_for("the request to land", || {
-        up.received.load(Ordering::SeqCst) == before + 11
-    })
-    .await;
-    assert!(
-        read_within(&mut c, Duration::from_millis(300))
-            .await
-            .is_none()
-    );
+    lands_without_answer(&mut c, &up, b"held-answer", Duration::from_millis(300)).await;
     link.apply_settled(Fault::Heal, Direction::Both).await;
     let mut buf = [0u8; 11];
     tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut buf))

@@ -7,7 +7,9 @@ use std::io::ErrorKind;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{drill_proxy, echo, is_reset, median_rtt, read_within, wait_for};
+use common::{
+    drill_proxy, echo, is_reset, lands_without_answer, median_rtt, read_within, wait_for,
+};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -134,7 +136,6 @@ async fn a_toxiproxy_client_drives_drill_links() {
     ping(&mut c).await;
 
     // timeout 0 downstream → swallow: the request lands, no answer, the socket stays open.
-    let before = up.received.load(Ordering::SeqCst);
     let (status, _) = api
         .call(
             "POST",
@@ -143,16 +144,7 @@ async fn a_toxiproxy_client_drives_drill_links() {
         )
         .await;
     assert_eq!(status, 200);
-    c.write_all(b"lost-answer").await.unwrap();
-    wait_for("the request to land", || {
-        up.received.load(Ordering::SeqCst) == before + 11
-    })
-    .await;
-    assert!(
-        read_within(&mut c, Duration::from_millis(300))
-            .await
-            .is_none()
-    );
+    lands_without_answer(&mut c, &up, b"lost-answer", Duration::from_millis(300)).await;
     api.call("DELETE", "/proxies/echo/toxics/timeout_downstream", None)
         .await;
     // Its answer was swallowed: the heal resets it (a stream with a hole).

@@ -305,6 +305,8 @@ struct Journal {
     attempts: BufWriter<File>,
     failed: FailedStore,
     marks: DeliveryMarks,
+    /// Confirmed since the last [`Journal::write_marks`].
+    pending_marks: Vec<u64>,
 }
 
 /// What reaches an output's worker: new records, or a request to replay failed ones.
@@ -340,6 +342,7 @@ impl Journal {
                 attempts: BufWriter::new(attempts),
                 failed,
                 marks,
+                pending_marks: Vec::new(),
             },
             delivered,
             failed_seqs,
@@ -354,14 +357,7 @@ impl Journal {
                         let _ = writeln!(self.attempts, "{line}");
                     }
                 }
-                // Written at once (no fsync): the page cache outlives a killed process, so
-                // a SIGKILL only resends what was really in flight. A power cut may lose the
-                // newest marks; those records are then sent again with their write keys.
-                Effect::Delivered(seq) => {
-                    if let Err(e) = self.marks.mark(&[seq]) {
-                        eprintln!("drill engine: {e}");
-                    }
-                }
+                Effect::Delivered(seq) => self.pending_marks.push(seq),
                 Effect::Failed(failed) => {
                     // A failed message is the only copy from now on: durable at once.
                     if let Err(e) = self.failed.add(&failed) {
@@ -372,7 +368,22 @@ impl Journal {
         }
     }
 
+    /// Writes the marks of every confirmation handled so far, in one write and without
+    /// fsync: the page cache outlives a killed process, so a SIGKILL only resends what was
+    /// really in flight. A power cut may lose the newest marks; those records are then sent
+    /// again with their write keys (`at_least_once`).
+    fn write_marks(&mut self) {
+        if self.pending_marks.is_empty() {
+            return;
+        }
+        if let Err(e) = self.marks.mark(&self.pending_marks) {
+            eprintln!("drill engine: {e}");
+        }
+        self.pending_marks.clear();
+    }
+
     fn flush(&mut self) {
+        self.write_marks();
         let _ = self.attempts.flush();
     }
 
@@ -814,13 +825,16 @@ async fn drive_mqtt(
             );
         }
         retry = Duration::from_millis(100);
-        let (mut tx, mut incoming) = session.framed.split();
+        let (mut tx, incoming) = session.framed.split();
+        // Every packet already readable arrives as one batch, so a burst of PUBACKs costs one
+        // write of delivery marks, not one per record.
+        let mut incoming = incoming.ready_chunks(256);
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let mut last_ping = Instant::now();
         let mut ping_out: Option<Instant> = None;
         let mut last_heard = Instant::now();
         publish_stats(&shared, index, &out, true);
-        let lost: String = loop {
+        let lost: String = 'conn: loop {
             let now = Instant::now();
             let sends = out.next_sends(now);
             if !sends.is_empty() {
@@ -846,18 +860,22 @@ async fn drive_mqtt(
                     ))).await;
                     break "engine stopping".to_string();
                 }
-                packet = incoming.next() => match packet {
-                    Some(Ok(mqtt::Inbound::Ack(ack))) => {
-                        last_heard = Instant::now();
-                        let effects = out.on_ack(&ack, last_heard);
-                        journal.record(effects);
+                packets = incoming.next() => {
+                    let Some(packets) = packets else { break 'conn "connection closed".to_string() };
+                    last_heard = Instant::now();
+                    for packet in packets {
+                        match packet {
+                            Ok(mqtt::Inbound::Ack(ack)) => journal.record(out.on_ack(&ack, last_heard)),
+                            Ok(mqtt::Inbound::Packet(Packet::PingResp(_))) => ping_out = None,
+                            Ok(mqtt::Inbound::Packet(Packet::Disconnect(d))) => {
+                                break 'conn format!("broker disconnected: {:?}", d.reason_code)
+                            }
+                            Ok(_) => {}
+                            Err(e) => break 'conn format!("connection error: {e}"),
+                        }
                     }
-                    Some(Ok(mqtt::Inbound::Packet(Packet::PingResp(_)))) => { last_heard = Instant::now(); ping_out = None; }
-                    Some(Ok(mqtt::Inbound::Packet(Packet::Disconnect(d)))) => break format!("broker disconnected: {:?}", d.reason_code),
-                    Some(Ok(_)) => { last_heard = Instant::now(); }
-                    Some(Err(e)) => break format!("connection error: {e}"),
-                    None => break "connection closed".to_string(),
-                },
+                    journal.write_marks();
+                }
                 batch = rx.recv() => match batch {
                     Some(m) => journal.take(&shared.data_dir, &mut out, m),
                     None => break "ingest closed".to_string(),

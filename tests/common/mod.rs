@@ -120,3 +120,19 @@ pub async fn link_status(api: SocketAddr) -> serde_json::Value {
         .unwrap();
     links[0].clone()
 }
+
+/// Sends `request` and checks the half-open shape: every byte reaches the upstream, and
+/// nothing at all (no answer, no EOF, no reset) comes back within `quiet`.
+pub async fn lands_without_answer(c: &mut TcpStream, up: &Echo, request: &[u8], quiet: Duration) {
+    let before = up.received.load(Ordering::SeqCst);
+    c.write_all(request).await.unwrap();
+    let want = before + request.len() as u64;
+    wait_for("the request to reach upstream", || {
+        up.received.load(Ordering::SeqCst) == want
+    })
+    .await;
+    assert!(
+        read_within(c, quiet).await.is_none(),
+        "the answer never comes back, the socket stays open"
+    );
+}
