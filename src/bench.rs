@@ -407,8 +407,8 @@ pub fn engine(drill_exe: &Path, dir: &Path, o: EngineOptions) -> Result<String, 
         })?;
 
         let log_dir = work.join(format!("log-{batch}"));
-        let (mut log, _, _) =
-            RecordLog::open(&log_dir).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let (mut log, _, _) = RecordLog::open(&log_dir, crate::engine::log::DEFAULT_SEGMENT_BYTES)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
         let log_rate = timed(o.seconds, batch, o.record_bytes, |_| {
             log.append(lines.clone())
                 .map(|_| ())

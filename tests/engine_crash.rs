@@ -1,6 +1,8 @@
 //! Acceptance is durable (DESIGN.md §1.8): the engine, under steady ingest, is SIGKILLed at 100
 //! random (seeded) instants and restarted on the same data directory each time; after a drain
 //! every record it acknowledged is at the broker. Real engine process, real broker, real disk.
+//! Segments are small (32 KiB), so the log rolls and deletes delivered segments all the while:
+//! a kill can land mid-roll or mid-delete too.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -30,7 +32,10 @@ async fn a_hundred_sigkills_lose_nothing_acknowledged() {
         listen: SocketAddr::from(([127, 0, 0, 1], port)),
         data_dir: dir.path().join("engine-data"),
         outputs: vec![OutputConfig::mqtt("mqtt", broker.addr, "t/crash")],
-        disk: Default::default(),
+        disk: drill::engine::DiskLimits {
+            segment_bytes: 32 * 1024,
+            ..Default::default()
+        },
     };
     let mut engine = EngineProcess::start(
         std::path::Path::new(env!("CARGO_BIN_EXE_drill")),
@@ -70,11 +75,19 @@ async fn a_hundred_sigkills_lose_nothing_acknowledged() {
     workload_cancel.cancel();
     let _ = workload.await;
 
-    // Drain: until the engine holds nothing undelivered.
+    // Drain: until the engine holds nothing undelivered and has given back delivered segments.
     let deadline = Instant::now() + Duration::from_secs(60);
+    let segments_written = std::fs::read_dir(dir.path().join("engine-data"))
+        .unwrap()
+        .count();
     loop {
         let stats = engine.stats().await.unwrap();
-        if stats.waiting == 0 {
+        if stats.waiting == 0 && stats.segments <= 2 {
+            println!(
+                "drained: held {} = delivered {}; {} segments left on disk",
+                stats.held, stats.delivered, stats.segments
+            );
+            assert_eq!(stats.held, stats.delivered);
             break;
         }
         assert!(Instant::now() < deadline, "no drain: {stats:?}");
@@ -88,6 +101,22 @@ async fn a_hundred_sigkills_lose_nothing_acknowledged() {
     let sent = sent.lock().unwrap();
     let r = verify::reconcile(&sent, &received);
     let acked = sent.count(|i| matches!(i, Ingested::Accepted { .. }));
+    let last_seq = std::fs::read_dir(dir.path().join("engine-data"))
+        .unwrap()
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_prefix("records-")?
+                .get(..20)?
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .unwrap_or(0);
+    println!(
+        "the newest segment starts at sequence {last_seq}: every segment before it was delivered and deleted ({segments_written} files in the data directory before the drain)"
+    );
     println!(
         "{kills} SIGKILLs; {acked} records acknowledged, {} delivered, {} missing; {} extra copies ({} with the original write key); {} ingests with a lost answer ({} found); read-back took {:?}",
         r.delivered,

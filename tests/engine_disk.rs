@@ -54,6 +54,7 @@ async fn a_full_disk_refuses_ingest_evicts_nothing_and_recovers() {
         disk: DiskLimits {
             warn_below_bytes: 2048 * 1024,
             refuse_below_bytes: 768 * 1024,
+            ..DiskLimits::default()
         },
     };
     let mut engine =

@@ -1,56 +1,71 @@
-//! The engine's durable record log and its delivery marks.
+//! The engine's durable record log, in segments, and the outputs' delivery marks.
 //!
 //! # On-disk layout (one data directory per engine)
 //!
 //! - `engine.id` — the engine's identity, minted once when the directory is first used. Write
 //!   keys are `<engine id>-<sequence>`, so a key is never reused, even if the directory is
 //!   wiped and the sequence starts again.
-//! - `records.log` — append-only frames, one per accepted record:
-//!   `[len: u32 LE][crc32 of body: u32 LE][body: len bytes]`, body =
+//! - `records-<first sequence, 20 digits>.log` — the segments. Each holds append-only frames,
+//!   one per accepted record: `[len: u32 LE][crc32 of body: u32 LE][body: len bytes]`, body =
 //!   `[seq: u64 LE][flags: u8][key length: u16 LE][write key][the ingested line, as is]`; flag
-//!   bit 0 marks the last frame of a batch (one group commit). Sequences are dense and increase
-//!   by one per frame. (Binary, not JSON: the ingested line is itself JSON, and escaping it cost
-//!   a third of the write bandwidth at large batches — `drill bench engine`.)
-//! - `delivered-<output>.log` — one `u64 LE` sequence per record the output saw confirmed.
+//!   bit 0 marks the last frame of a batch (one group commit). Sequences are dense: they start
+//!   at 0 and increase by one per frame, across segments. The newest segment is the *active*
+//!   one; a new segment starts (named after the next sequence) when a batch would be appended
+//!   to an active segment already `segment_bytes` long, so a batch never spans two segments.
+//!   (Binary, not JSON: the ingested line is itself JSON, and escaping it cost a third of the
+//!   write bandwidth at large batches — `drill bench engine`.)
+//! - `delivered-<output>-<segment's first sequence>.log` — one `u64 LE` sequence per record of
+//!   that segment the output saw confirmed. Marks live and die with their segment.
 //!
 //! # Invariants
 //!
 //! - A batch is acknowledged to its source only after its frames are written and
 //!   `fdatasync` returned (group commit: every batch waiting at that moment shares one sync).
-//! - A batch is all or nothing. Recovery reads frames until the first one that is short or
-//!   fails its checksum, keeps the records of every batch whose `end` frame it read, truncates
-//!   the file after the last such frame and reports how many bytes it dropped. Only a
-//!   never-acknowledged batch can be torn (acknowledged ones were synced before their answer
-//!   left), and none of its records survives half-way: a source that sends the batch again
-//!   never creates a copy under a second write key. (The model test in this module found the
-//!   half-way case.)
-//! - Not handled yet: damage *inside* the log (bit rot in an acknowledged frame) is read as a
-//!   torn tail, so batches after it would be truncated. Detecting that needs a resync marker
-//!   between batches; until then recovery reports every dropped byte, loudly.
+//!   A new segment's directory entry is synced before the batch that opens it is acknowledged.
+//! - Whole segments are deleted, oldest first, once every output is past them: each output
+//!   publishes the sequence below which it has settled everything (delivered, or set aside in
+//!   its failed messages, which keep their own copy), and a segment goes when its last sequence
+//!   is below all of them. The active segment is never deleted, so the next sequence survives
+//!   even when everything was delivered. The segment file goes first, then its marks: a crash
+//!   between the two leaves marks of a missing segment, deleted on the next open.
+//! - A batch is all or nothing. Recovery reads every frame; the last batch of the active segment
+//!   is kept only if its `end` frame was read and no frame of it is damaged; anything after is
+//!   a torn tail, truncated and reported in bytes. Only a never-acknowledged batch can be torn
+//!   (acknowledged ones were synced before their answer left), and none of its records survives
+//!   half-way: a source that sends the batch again never creates a copy under a second write
+//!   key. (The model test in this module found the half-way case.)
+//! - Damage *inside* the log (bit rot in an acknowledged frame: a frame that fails its checksum
+//!   with intact frames after it, or anywhere in a closed segment) is not a torn tail: recovery
+//!   skips past it to the next frame that checks out, keeps every intact record on both sides,
+//!   and reports the damage and exactly which sequences were lost (sequences are dense, so a
+//!   gap is a loss). The one case that cannot be told apart from a torn write is damage in the
+//!   active segment's last batch; it is treated as torn.
 //! - A delivery mark is written when its confirmation arrives and synced lazily: a killed
 //!   process keeps it (page cache), a power cut may not. A lost mark means the record is sent
 //!   again after restart with the same write key — allowed by `at_least_once`, never a loss.
-//! - Nothing here deletes a record. (Segment deletion once every output is past it is the
-//!   durable-buffer issue's work; the log grows until then.)
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use serde::{Deserialize, Serialize};
 
 const HEADER: usize = 8;
 /// A frame larger than this is treated as garbage (a torn length field), not allocated.
 const MAX_FRAME: u32 = 64 * 1024 * 1024;
+/// Default segment size: large enough that rolling is rare, small enough that a delivered
+/// backlog gives its space back soon.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
 
 /// One accepted record as stored.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredRecord {
     pub seq: u64,
     pub key: String,
     pub data: String,
+    /// The first sequence of the segment that holds it (names its delivery-mark file).
+    pub segment: u64,
 }
 
 const END_OF_BATCH: u8 = 1;
@@ -65,7 +80,7 @@ fn encode(buf: &mut Vec<u8>, seq: u64, key: &str, data: &str, end: bool) {
 }
 
 /// Reads one frame body back: (record, end of batch).
-fn decode(body: &[u8]) -> Option<(StoredRecord, bool)> {
+fn decode(body: &[u8], segment: u64) -> Option<(StoredRecord, bool)> {
     let seq = u64::from_le_bytes(body.get(0..8)?.try_into().ok()?);
     let flags = *body.get(8)?;
     let key_len = u16::from_le_bytes(body.get(9..11)?.try_into().ok()?) as usize;
@@ -76,28 +91,94 @@ fn decode(body: &[u8]) -> Option<(StoredRecord, bool)> {
             seq,
             key: key.to_string(),
             data: data.to_string(),
+            segment,
         },
         flags & END_OF_BATCH != 0,
     ))
+}
+
+/// The intact frame at `at`, if there is one: (record, end of batch, frame size).
+fn frame_at(bytes: &[u8], at: usize, segment: u64) -> Option<(StoredRecord, bool, usize)> {
+    let header = bytes.get(at..at + HEADER)?;
+    let len = u32::from_le_bytes(header[0..4].try_into().ok()?);
+    let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
+    if len > MAX_FRAME {
+        return None;
+    }
+    let body = bytes.get(at + HEADER..at + HEADER + len as usize)?;
+    if crc32fast::hash(body) != crc {
+        return None;
+    }
+    let (record, end) = decode(body, segment)?;
+    Some((record, end, HEADER + len as usize))
+}
+
+/// What a segment's bytes turned out to be, in file order.
+#[derive(Debug)]
+enum Piece {
+    Frame {
+        at: usize,
+        record: StoredRecord,
+        end: bool,
+    },
+    /// Bytes that are no intact frame, up to the next one that is (or the end of the file).
+    Gap { at: usize, len: usize },
+}
+
+/// Splits a segment into intact frames and gaps. After a bad frame it looks for the next
+/// offset where an intact frame with a higher sequence starts (resync).
+fn pieces(bytes: &[u8], segment: u64) -> Vec<Piece> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut last: Option<u64> = None;
+    let fits = |last: Option<u64>, r: &StoredRecord| last.is_none_or(|l| r.seq > l);
+    while at < bytes.len() {
+        if let Some((record, end, size)) = frame_at(bytes, at, segment).filter(|f| fits(last, &f.0))
+        {
+            last = Some(record.seq);
+            out.push(Piece::Frame { at, record, end });
+            at += size;
+            continue;
+        }
+        let next = (at + 1..bytes.len())
+            .find(|&q| frame_at(bytes, q, segment).is_some_and(|f| fits(last, &f.0)));
+        let to = next.unwrap_or(bytes.len());
+        out.push(Piece::Gap { at, len: to - at });
+        at = to;
+    }
+    out
+}
+
+/// Bytes of a segment that recovery could not read although they were acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    pub segment: PathBuf,
+    pub offset: u64,
+    pub bytes: u64,
 }
 
 /// What recovery found when the log was opened.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Recovery {
     pub records: u64,
+    pub segments: usize,
+    /// Never-acknowledged bytes cut off the active segment's end.
     pub torn_bytes: u64,
+    /// Unreadable acknowledged bytes, and the sequences they held.
+    pub damage: Vec<Damage>,
+    pub lost: Vec<RangeInclusive<u64>>,
+}
+
+impl Recovery {
+    pub fn lost_records(&self) -> u64 {
+        self.lost.iter().map(|r| r.end() - r.start() + 1).sum()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
-    #[error("{path}: frame at offset {offset} is not a record: {message}")]
-    Corrupt {
-        path: PathBuf,
-        offset: u64,
-        message: String,
-    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
@@ -107,80 +188,184 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> LogError + '_ {
     }
 }
 
+fn segment_path(dir: &Path, first: u64) -> PathBuf {
+    dir.join(format!("records-{first:020}.log"))
+}
+
+fn marks_path(dir: &Path, output: &str, segment: u64) -> PathBuf {
+    dir.join(format!("delivered-{output}-{segment:020}.log"))
+}
+
+/// The number in `<prefix><20 digits>.log`.
+fn numbered(name: &str, prefix: &str) -> Option<u64> {
+    let digits = name.strip_prefix(prefix)?.strip_suffix(".log")?;
+    (digits.len() == 20).then(|| digits.parse().ok()).flatten()
+}
+
+/// The segments in `dir`, oldest first.
+fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
+    let mut firsts: Vec<u64> = std::fs::read_dir(dir)
+        .map_err(io_err(dir))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| numbered(e.file_name().to_str()?, "records-"))
+        .collect();
+    firsts.sort_unstable();
+    Ok(firsts)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
 /// The append side of the record log. Owned by one writer thread.
 pub struct RecordLog {
-    path: PathBuf,
+    dir: PathBuf,
+    /// First sequences of the closed segments, oldest first.
+    closed: VecDeque<u64>,
+    active_first: u64,
+    active_path: PathBuf,
     file: File,
     engine_id: String,
     next_seq: u64,
-    /// Length of the file up to the last synced frame.
+    /// Length of the active segment up to the last synced frame.
     synced_len: u64,
+    segment_bytes: u64,
 }
 
 impl RecordLog {
-    /// Opens (or creates) the log in `dir`, recovering a torn tail. Returns every intact record.
-    pub fn open(dir: &Path) -> Result<(RecordLog, Vec<Arc<StoredRecord>>, Recovery), LogError> {
+    /// Opens (or creates) the log in `dir`, recovering a torn tail and reading past damage.
+    /// Returns every intact record, oldest first.
+    pub fn open(
+        dir: &Path,
+        segment_bytes: u64,
+    ) -> Result<(RecordLog, Vec<Arc<StoredRecord>>, Recovery), LogError> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         let engine_id = engine_id(dir)?;
-        let path = dir.join("records.log");
-        let (mut file, bytes) = open_and_read(&path)?;
-        let mut records = Vec::new();
-        let mut batch = Vec::new();
-        let mut offset = 0usize;
-        // The end of the last complete batch: everything after it is torn.
-        let mut committed = 0usize;
-        while bytes.len() - offset >= HEADER {
-            let len = u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap_or([0; 4]));
-            let crc =
-                u32::from_le_bytes(bytes[offset + 4..offset + 8].try_into().unwrap_or([0; 4]));
-            if len > MAX_FRAME || bytes.len() - offset - HEADER < len as usize {
-                break;
-            }
-            let body = &bytes[offset + HEADER..offset + HEADER + len as usize];
-            if crc32fast::hash(body) != crc {
-                break;
-            }
-            // The checksum held, so an undecodable body is not a torn write: refuse to guess.
-            let (record, end) = decode(body).ok_or_else(|| LogError::Corrupt {
-                path: path.clone(),
-                offset: offset as u64,
-                message: "frame body does not decode".to_string(),
-            })?;
-            offset += HEADER + len as usize;
-            batch.push(Arc::new(record));
-            if end {
-                records.append(&mut batch);
-                committed = offset;
-            }
+        let mut firsts = list_segments(dir)?;
+        if firsts.is_empty() {
+            File::create(segment_path(dir, 0)).map_err(io_err(dir))?;
+            sync_dir(dir)?;
+            firsts.push(0);
         }
-        let offset = committed;
-        let torn = (bytes.len() - offset) as u64;
-        if torn > 0 {
-            file.set_len(offset as u64).map_err(io_err(&path))?;
-            file.sync_data().map_err(io_err(&path))?;
-        }
-        let synced_len = file.seek(SeekFrom::End(0)).map_err(io_err(&path))?;
-        let next_seq = records.last().map(|r| r.seq + 1).unwrap_or(0);
-        let recovery = Recovery {
-            records: records.len() as u64,
-            torn_bytes: torn,
+        let mut recovery = Recovery {
+            segments: firsts.len(),
+            ..Recovery::default()
         };
+        let mut records: Vec<Arc<StoredRecord>> = Vec::new();
+        let active_first = *firsts.last().unwrap_or(&0);
+        let mut active = None;
+        for (i, &first) in firsts.iter().enumerate() {
+            let path = segment_path(dir, first);
+            let is_active = i + 1 == firsts.len();
+            let (mut file, bytes) = open_and_read(&path)?;
+            let all = pieces(&bytes, first);
+            // In the active segment, the last batch stays only if whole and undamaged.
+            let keep = if is_active {
+                let ends: Vec<usize> = all
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, p)| matches!(p, Piece::Frame { end: true, .. }))
+                    .map(|(i, _)| i)
+                    .collect();
+                match ends.last() {
+                    None => 0,
+                    Some(&last) => {
+                        let start = ends.len().checked_sub(2).map_or(0, |j| ends[j] + 1);
+                        if all[start..=last]
+                            .iter()
+                            .any(|p| matches!(p, Piece::Gap { .. }))
+                        {
+                            start
+                        } else {
+                            last + 1
+                        }
+                    }
+                }
+            } else {
+                all.len()
+            };
+            let cut = all.get(keep).map_or(bytes.len(), |p| match p {
+                Piece::Frame { at, .. } | Piece::Gap { at, .. } => *at,
+            });
+            let mut expected = first;
+            for piece in all.into_iter().take(keep) {
+                match piece {
+                    Piece::Frame { record, .. } => {
+                        if record.seq > expected {
+                            recovery.lost.push(expected..=record.seq - 1);
+                        }
+                        expected = record.seq + 1;
+                        records.push(Arc::new(record));
+                    }
+                    Piece::Gap { at, len } => recovery.damage.push(Damage {
+                        segment: path.clone(),
+                        offset: at as u64,
+                        bytes: len as u64,
+                    }),
+                }
+            }
+            if let Some(&next) = firsts.get(i + 1)
+                && next > expected
+            {
+                recovery.lost.push(expected..=next - 1);
+            }
+            if is_active {
+                let torn = (bytes.len() - cut) as u64;
+                if torn > 0 {
+                    file.set_len(cut as u64).map_err(io_err(&path))?;
+                    file.sync_data().map_err(io_err(&path))?;
+                }
+                recovery.torn_bytes = torn;
+                let len = file.seek(SeekFrom::End(0)).map_err(io_err(&path))?;
+                active = Some((file, path, len, expected));
+            }
+        }
+        let Some((file, active_path, synced_len, next_seq)) = active else {
+            unreachable!("the segment list is never empty here");
+        };
+        recovery.records = records.len() as u64;
+        let mut closed: VecDeque<u64> = firsts.into();
+        closed.pop_back();
+        remove_orphan_marks(dir, closed.front().copied().unwrap_or(active_first))?;
         Ok((
             RecordLog {
-                path,
+                dir: dir.to_path_buf(),
+                closed,
+                active_first,
+                active_path,
                 file,
                 engine_id,
                 next_seq,
                 synced_len,
+                segment_bytes: segment_bytes.max(1),
             },
             records,
             recovery,
         ))
     }
 
+    /// The oldest sequence still on disk (everything below it was settled and deleted).
+    pub fn first_seq(&self) -> u64 {
+        self.closed.front().copied().unwrap_or(self.active_first)
+    }
+
+    /// The sequence the next record will get: also how many records this directory accepted.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub fn segments(&self) -> usize {
+        self.closed.len() + 1
+    }
+
     /// Appends a batch of ingested lines and syncs them. Returns the stored records (with
     /// their freshly minted write keys) only once `fdatasync` has returned.
     pub fn append(&mut self, lines: Vec<String>) -> Result<Vec<Arc<StoredRecord>>, LogError> {
+        if self.synced_len >= self.segment_bytes {
+            self.roll()?;
+        }
         let mut buf = Vec::with_capacity(lines.iter().map(|l| l.len() + 64).sum());
         let count = lines.len();
         let mut stored = Vec::with_capacity(lines.len());
@@ -190,6 +375,7 @@ impl RecordLog {
                 seq,
                 key: format!("{}-{seq}", self.engine_id),
                 data: line,
+                segment: self.active_first,
             };
             let at = buf.len();
             buf.extend_from_slice(&[0u8; HEADER]);
@@ -209,7 +395,7 @@ impl RecordLog {
             // Leave no half batch behind: a later batch must not follow unsynced garbage.
             let _ = self.truncate_to_synced();
             return Err(LogError::Io {
-                path: self.path.clone(),
+                path: self.active_path.clone(),
                 source,
             });
         }
@@ -218,12 +404,78 @@ impl RecordLog {
         Ok(stored)
     }
 
+    /// Closes the active segment (it is synced) and starts the next one at `next_seq`.
+    fn roll(&mut self) -> Result<(), LogError> {
+        let path = segment_path(&self.dir, self.next_seq);
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        sync_dir(&self.dir)?;
+        self.closed.push_back(self.active_first);
+        self.active_first = self.next_seq;
+        self.active_path = path;
+        self.file = file;
+        self.synced_len = 0;
+        Ok(())
+    }
+
+    /// Deletes every closed segment whose records all lie below `settled_below` (the lowest
+    /// of the outputs' settled marks), with its delivery marks. Returns how many went.
+    pub fn release(&mut self, settled_below: u64) -> Result<usize, LogError> {
+        let mut gone = Vec::new();
+        while let Some(&first) = self.closed.front() {
+            let next_first = self.closed.get(1).copied().unwrap_or(self.active_first);
+            if next_first > settled_below {
+                break;
+            }
+            let path = segment_path(&self.dir, first);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&path)(e)),
+            }
+            self.closed.pop_front();
+            gone.push(first);
+        }
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        sync_dir(&self.dir)?;
+        remove_orphan_marks(&self.dir, self.first_seq())?;
+        Ok(gone.len())
+    }
+
     /// After a failed append, cut the file back to its last synced frame, so that a later
     /// (acknowledged) batch never lands behind a half-written one.
     fn truncate_to_synced(&mut self) -> io::Result<()> {
         self.file.set_len(self.synced_len)?;
         self.file.seek(SeekFrom::Start(self.synced_len)).map(|_| ())
     }
+}
+
+/// Deletes the delivery marks of segments that no longer exist (all below `first`).
+fn remove_orphan_marks(dir: &Path, first: u64) -> Result<(), LogError> {
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.starts_with("delivered-") {
+            continue;
+        }
+        let Some(segment) = name
+            .rsplit_once('-')
+            .and_then(|(_, tail)| numbered(tail, ""))
+        else {
+            continue;
+        };
+        if segment < first {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(())
 }
 
 /// Opens (creating if needed) a file for appending after recovery, and reads it whole.
@@ -255,47 +507,101 @@ fn engine_id(dir: &Path) -> Result<String, LogError> {
             f.write_all(id.as_bytes()).map_err(io_err(&tmp))?;
             f.sync_all().map_err(io_err(&tmp))?;
             std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(io_err(dir))?;
+            sync_dir(dir)?;
             Ok(id)
         }
     }
 }
 
-/// The delivery marks of one output: which sequences its destination confirmed.
+/// The delivery marks of one output: which sequences its destination confirmed, one file
+/// per segment.
 pub struct DeliveryMarks {
-    path: PathBuf,
-    file: File,
+    dir: PathBuf,
+    output: String,
+    files: BTreeMap<u64, File>,
 }
 
 impl DeliveryMarks {
-    pub fn open(dir: &Path, output: &str) -> Result<(DeliveryMarks, HashSet<u64>), LogError> {
-        let path = dir.join(format!("delivered-{output}.log"));
-        let (mut file, bytes) = open_and_read(&path)?;
-        let whole = bytes.len() / 8 * 8;
-        if whole != bytes.len() {
-            file.set_len(whole as u64).map_err(io_err(&path))?;
+    /// Reads the marks of every segment from `first` on.
+    pub fn open(
+        dir: &Path,
+        output: &str,
+        first: u64,
+    ) -> Result<(DeliveryMarks, HashSet<u64>), LogError> {
+        let prefix = format!("delivered-{output}-");
+        let mut seen = HashSet::new();
+        for entry in std::fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
+            let Some(segment) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| numbered(n, &prefix))
+            else {
+                continue;
+            };
+            if segment < first {
+                continue;
+            }
+            let path = entry.path();
+            let (file, bytes) = open_and_read(&path)?;
+            let whole = bytes.len() / 8 * 8;
+            if whole != bytes.len() {
+                file.set_len(whole as u64).map_err(io_err(&path))?;
+            }
+            seen.extend(
+                bytes[..whole]
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))),
+            );
         }
-        file.seek(SeekFrom::Start(whole as u64))
-            .map_err(io_err(&path))?;
-        let marks = bytes[..whole]
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect();
-        Ok((DeliveryMarks { path, file }, marks))
+        Ok((
+            DeliveryMarks {
+                dir: dir.to_path_buf(),
+                output: output.to_string(),
+                files: BTreeMap::new(),
+            },
+            seen,
+        ))
     }
 
-    pub fn mark(&mut self, seqs: &[u64]) -> Result<(), LogError> {
-        let mut buf = Vec::with_capacity(seqs.len() * 8);
-        for s in seqs {
-            buf.extend_from_slice(&s.to_le_bytes());
+    /// Marks `(segment, seq)` pairs as confirmed.
+    pub fn mark(&mut self, marks: &[(u64, u64)]) -> Result<(), LogError> {
+        let mut by_segment: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+        for &(segment, seq) in marks {
+            by_segment
+                .entry(segment)
+                .or_default()
+                .extend_from_slice(&seq.to_le_bytes());
         }
-        self.file.write_all(&buf).map_err(io_err(&self.path))
+        for (segment, buf) in by_segment {
+            let file = match self.files.entry(segment) {
+                std::collections::btree_map::Entry::Occupied(f) => f.into_mut(),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    let path = marks_path(&self.dir, &self.output, segment);
+                    let file = OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                        .map_err(io_err(&path))?;
+                    v.insert(file)
+                }
+            };
+            file.write_all(&buf)
+                .map_err(io_err(&marks_path(&self.dir, &self.output, segment)))?;
+        }
+        Ok(())
+    }
+
+    /// Closes the files of segments below `first` (deleted by the log).
+    pub fn forget_below(&mut self, first: u64) {
+        self.files = self.files.split_off(&first);
     }
 
     pub fn sync(&mut self) -> Result<(), LogError> {
-        self.file.sync_data().map_err(io_err(&self.path))
+        for (segment, file) in &self.files {
+            file.sync_data()
+                .map_err(io_err(&marks_path(&self.dir, &self.output, *segment)))?;
+        }
+        Ok(())
     }
 }
 
@@ -303,19 +609,25 @@ impl DeliveryMarks {
 mod tests {
     use super::*;
 
+    const BIG: u64 = DEFAULT_SEGMENT_BYTES;
+
     fn lines(n: usize, from: usize) -> Vec<String> {
         (from..from + n).map(|i| format!("{{\"i\":{i}}}")).collect()
+    }
+
+    fn seqs(records: &[Arc<StoredRecord>]) -> Vec<u64> {
+        records.iter().map(|r| r.seq).collect()
     }
 
     #[test]
     fn records_survive_reopen_with_their_keys() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut log, none, _) = RecordLog::open(dir.path()).unwrap();
+        let (mut log, none, _) = RecordLog::open(dir.path(), BIG).unwrap();
         assert!(none.is_empty());
         let a = log.append(lines(3, 0)).unwrap();
         let b = log.append(lines(2, 3)).unwrap();
         drop(log);
-        let (_, all, recovery) = RecordLog::open(dir.path()).unwrap();
+        let (_, all, recovery) = RecordLog::open(dir.path(), BIG).unwrap();
         assert_eq!(recovery.torn_bytes, 0);
         let expected: Vec<_> = a.into_iter().chain(b).collect();
         assert_eq!(all, expected);
@@ -325,43 +637,111 @@ mod tests {
     #[test]
     fn a_torn_tail_is_truncated_and_reported() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut log, _, _) = RecordLog::open(dir.path()).unwrap();
+        let (mut log, _, _) = RecordLog::open(dir.path(), BIG).unwrap();
         log.append(lines(2, 0)).unwrap();
         log.append(lines(3, 2)).unwrap();
+        let path = log.active_path.clone();
         drop(log);
-        let path = dir.path().join("records.log");
         let len = std::fs::metadata(&path).unwrap().len();
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(len - 3).unwrap();
         drop(f);
-        let (mut log, all, recovery) = RecordLog::open(dir.path()).unwrap();
+        let (mut log, all, recovery) = RecordLog::open(dir.path(), BIG).unwrap();
         // The torn batch goes whole; the earlier one stays whole.
         assert_eq!(all.len(), 2);
         assert!(recovery.torn_bytes > 0);
+        assert!(recovery.damage.is_empty() && recovery.lost.is_empty());
         // The next record takes the torn batch's first sequence; the file is whole again.
         let next = log.append(lines(1, 9)).unwrap();
         assert_eq!(next[0].seq, 2);
         drop(log);
-        let (_, all, recovery) = RecordLog::open(dir.path()).unwrap();
+        let (_, all, recovery) = RecordLog::open(dir.path(), BIG).unwrap();
         assert_eq!((all.len(), recovery.torn_bytes), (3, 0));
+    }
+
+    #[test]
+    fn segments_roll_and_go_once_every_output_is_past_them() {
+        let dir = tempfile::tempdir().unwrap();
+        // Tiny segments: every batch of 4 starts a new one.
+        let (mut log, _, _) = RecordLog::open(dir.path(), 100).unwrap();
+        for i in 0..5 {
+            log.append(lines(4, i * 4)).unwrap();
+        }
+        assert_eq!(log.segments(), 5);
+        let (mut marks, _) = DeliveryMarks::open(dir.path(), "o", 0).unwrap();
+        marks.mark(&[(0, 0), (4, 5)]).unwrap();
+        // Settled below 6: only the first segment (0..=3) is wholly below it.
+        assert_eq!(log.release(6).unwrap(), 1);
+        assert_eq!(log.first_seq(), 4);
+        assert!(!segment_path(dir.path(), 0).exists());
+        assert!(!marks_path(dir.path(), "o", 0).exists());
+        assert!(marks_path(dir.path(), "o", 4).exists());
+        // Everything settled: all but the active segment go; sequences go on.
+        assert_eq!(log.release(20).unwrap(), 3);
+        assert_eq!(log.segments(), 1);
+        drop(log);
+        let (mut log, all, recovery) = RecordLog::open(dir.path(), 100).unwrap();
+        assert_eq!(seqs(&all), vec![16, 17, 18, 19]);
+        assert!(recovery.lost.is_empty(), "deleted segments are not losses");
+        assert_eq!(log.append(lines(1, 0)).unwrap()[0].seq, 20);
+        let (_, seen) = DeliveryMarks::open(dir.path(), "o", log.first_seq()).unwrap();
+        assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn damage_inside_the_log_costs_only_the_damaged_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _, _) = RecordLog::open(dir.path(), 150).unwrap();
+        let mut all = Vec::new();
+        for i in 0..6 {
+            all.extend(log.append(lines(3, i * 3)).unwrap());
+        }
+        drop(log);
+        // Rot one byte of record 1 (closed segment) and of record 13 (mid active segment).
+        let firsts = list_segments(dir.path()).unwrap();
+        assert!(firsts.len() >= 2);
+        for (segment, seq) in [(firsts[0], 1u64), (*firsts.last().unwrap(), 13)] {
+            let path = segment_path(dir.path(), segment);
+            let mut bytes = std::fs::read(&path).unwrap();
+            let pieces = pieces(&bytes, segment);
+            let at = pieces
+                .iter()
+                .find_map(|p| match p {
+                    Piece::Frame { at, record, .. } if record.seq == seq => Some(*at),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("record {seq} not in segment {segment}"));
+            bytes[at + HEADER + 3] ^= 0x40;
+            std::fs::write(&path, bytes).unwrap();
+        }
+        let (_, kept, recovery) = RecordLog::open(dir.path(), 150).unwrap();
+        assert_eq!(recovery.lost, vec![1..=1, 13..=13]);
+        assert_eq!(recovery.damage.len(), 2);
+        assert_eq!(recovery.torn_bytes, 0);
+        let want: Vec<u64> = (0..18).filter(|s| *s != 1 && *s != 13).collect();
+        assert_eq!(seqs(&kept), want);
     }
 
     #[test]
     fn delivery_marks_drop_a_torn_mark() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut marks, none) = DeliveryMarks::open(dir.path(), "o").unwrap();
+        let (mut marks, none) = DeliveryMarks::open(dir.path(), "o", 0).unwrap();
         assert!(none.is_empty());
-        marks.mark(&[1, 2, 7]).unwrap();
-        marks.file.write_all(&[1, 2, 3]).unwrap();
+        marks.mark(&[(0, 1), (0, 2), (0, 7)]).unwrap();
+        marks
+            .files
+            .get_mut(&0)
+            .unwrap()
+            .write_all(&[1, 2, 3])
+            .unwrap();
         drop(marks);
-        let (_, seen) = DeliveryMarks::open(dir.path(), "o").unwrap();
+        let (_, seen) = DeliveryMarks::open(dir.path(), "o", 0).unwrap();
         assert_eq!(seen, HashSet::from([1, 2, 7]));
     }
 
     mod model {
         use super::*;
         use proptest::prelude::*;
-        use std::collections::BTreeMap;
 
         #[derive(Debug, Clone)]
         enum Step {
@@ -372,6 +752,8 @@ mod tests {
             Torn(Vec<String>, u16, bool),
             /// A delivery confirmed for the record at this position (mod count).
             Mark(usize),
+            /// Every output settled everything below the record at this position.
+            Release(usize),
         }
 
         fn step() -> impl Strategy<Value = Step> {
@@ -380,22 +762,28 @@ mod tests {
                 4 => lines.clone().prop_map(Step::Append),
                 2 => (lines, 0u16..1000, any::<bool>()).prop_map(|(l, k, f)| Step::Torn(l, k, f)),
                 2 => any::<usize>().prop_map(Step::Mark),
+                1 => any::<usize>().prop_map(Step::Release),
             ]
+        }
+
+        fn plain(r: &StoredRecord) -> (u64, String, String) {
+            (r.seq, r.key.clone(), r.data.clone())
         }
 
         proptest! {
             #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
-            /// The log against an in-memory reference, reopened after every step: every
-            /// acknowledged record survives with its sequence and write key, nothing torn
-            /// ever appears, and delivery marks survive too.
+            /// The log against an in-memory reference, reopened after every step, with segments
+            /// small enough to roll every few batches: every acknowledged record not yet
+            /// released survives with its sequence and write key, nothing torn ever appears,
+            /// released records are gone only below the settled mark, and delivery marks
+            /// survive with their segments.
             #[test]
             fn the_log_matches_its_model_across_reopens(steps in prop::collection::vec(step(), 1..25)) {
                 let dir = tempfile::tempdir().unwrap();
                 let mut model: BTreeMap<u64, StoredRecord> = BTreeMap::new();
                 let mut marked: HashSet<u64> = HashSet::new();
-                let path = dir.path().join("records.log");
                 for step in steps {
-                    let (mut log, _, _) = RecordLog::open(dir.path()).unwrap();
+                    let (mut log, _, _) = RecordLog::open(dir.path(), 120).unwrap();
                     match step {
                         Step::Append(lines) => {
                             for r in log.append(lines).unwrap() {
@@ -403,8 +791,12 @@ mod tests {
                             }
                         }
                         Step::Torn(lines, keep, flip) => {
-                            let before = std::fs::metadata(&path).unwrap().len();
+                            if log.synced_len >= log.segment_bytes {
+                                log.roll().unwrap();
+                            }
+                            let before = log.synced_len;
                             log.append(lines).unwrap();
+                            let path = log.active_path.clone();
                             let after = std::fs::metadata(&path).unwrap().len();
                             let written = after - before;
                             let kept = written * u64::from(keep) / 1000;
@@ -419,19 +811,30 @@ mod tests {
                         }
                         Step::Mark(i) => {
                             if !model.is_empty() {
-                                let seq = *model.keys().nth(i % model.len()).unwrap();
-                                let (mut marks, _) = DeliveryMarks::open(dir.path(), "o").unwrap();
-                                marks.mark(&[seq]).unwrap();
-                                marked.insert(seq);
+                                let r = model.values().nth(i % model.len()).unwrap();
+                                let (mut marks, _) = DeliveryMarks::open(dir.path(), "o", 0).unwrap();
+                                marks.mark(&[(r.segment, r.seq)]).unwrap();
+                                marked.insert(r.seq);
+                            }
+                        }
+                        Step::Release(i) => {
+                            if !model.is_empty() {
+                                let below = *model.keys().nth(i % model.len()).unwrap();
+                                log.release(below).unwrap();
+                                let first = log.first_seq();
+                                prop_assert!(first <= below);
+                                model.retain(|s, _| *s >= first);
+                                marked.retain(|s| *s >= first);
                             }
                         }
                     }
                     drop(log);
-                    let (_, records, _) = RecordLog::open(dir.path()).unwrap();
-                    let got: Vec<StoredRecord> = records.iter().map(|r| (**r).clone()).collect();
-                    let want: Vec<StoredRecord> = model.values().cloned().collect();
+                    let (log, records, recovery) = RecordLog::open(dir.path(), 120).unwrap();
+                    prop_assert!(recovery.lost.is_empty() && recovery.damage.is_empty());
+                    let got: Vec<_> = records.iter().map(|r| plain(r)).collect();
+                    let want: Vec<_> = model.values().map(plain).collect();
                     prop_assert_eq!(got, want);
-                    let (_, marks) = DeliveryMarks::open(dir.path(), "o").unwrap();
+                    let (_, marks) = DeliveryMarks::open(dir.path(), "o", log.first_seq()).unwrap();
                     prop_assert_eq!(&marks, &marked);
                 }
             }

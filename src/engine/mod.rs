@@ -54,15 +54,19 @@ pub struct EngineConfig {
     pub disk: DiskLimits,
 }
 
-/// Free-space thresholds on the data directory's filesystem, in bytes.
+/// Free-space thresholds on the data directory's filesystem, and the record log's segment
+/// size, in bytes. Every field has a default.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct DiskLimits {
     /// Below this, `/stats` says `disk_low` and the engine logs a warning.
     pub warn_below_bytes: u64,
     /// Below this, ingest is refused with HTTP 507 (nothing stored, nothing acknowledged) until
     /// space returns.
     pub refuse_below_bytes: u64,
+    /// A new segment of the record log starts once the active one is this long; a segment is
+    /// deleted whole once every output is past it.
+    pub segment_bytes: u64,
 }
 
 impl Default for DiskLimits {
@@ -70,6 +74,7 @@ impl Default for DiskLimits {
         DiskLimits {
             warn_below_bytes: 1 << 30,
             refuse_below_bytes: 64 << 20,
+            segment_bytes: log::DEFAULT_SEGMENT_BYTES,
         }
     }
 }
@@ -205,13 +210,19 @@ impl EngineConfig {
             path: path.to_path_buf(),
             message,
         };
-        if self.outputs.len() != 1 {
-            return Err(err(format!(
-                "`outputs` has {} entries; this build forwards to exactly one output",
-                self.outputs.len()
-            )));
+        if self.outputs.is_empty() {
+            return Err(err(
+                "`outputs` is empty: give at least one destination".to_string()
+            ));
         }
+        let mut names = HashSet::new();
         for o in &self.outputs {
+            if !names.insert(o.name.as_str()) {
+                return Err(err(format!(
+                    "output name `{}` is used twice; each output needs its own name (it names its files)",
+                    o.name
+                )));
+            }
             // DESIGN.md §1.7: claiming more than an output can keep is a configuration error.
             if o.promise != Promise::AtLeastOnce {
                 return Err(err(format!(
@@ -280,19 +291,44 @@ pub struct Stats {
     /// Free space is below `disk.warn_below_bytes`.
     #[serde(default)]
     pub disk_low: bool,
+    /// Acknowledged records found unreadable (damaged on disk) when the log was opened; not
+    /// part of `held`. Always 0 unless the disk corrupted data.
+    #[serde(default)]
+    pub damaged: u64,
+    /// Segments of the record log on disk.
+    #[serde(default)]
+    pub segments: u64,
     pub outputs: Vec<OutputStats>,
 }
 
 struct Shared {
     held: Arc<AtomicU64>,
+    damaged: u64,
+    /// The log's oldest sequence and segment count, published by the writer.
+    log_state: Arc<LogState>,
     data_dir: PathBuf,
     disk: DiskLimits,
     /// Whether the low-disk warning was last said (so it is said once per crossing).
     disk_warned: std::sync::atomic::AtomicBool,
     outputs: Mutex<Vec<OutputStats>>,
-    ingest: mpsc::Sender<IngestJob>,
+    ingest: mpsc::Sender<WriterJob>,
     /// Each output's worker, for replays.
     to_outputs: Mutex<Vec<mpsc::UnboundedSender<ToOutput>>>,
+}
+
+/// What the writer thread and the outputs share about the log.
+struct LogState {
+    first_seq: AtomicU64,
+    segments: AtomicU64,
+    /// Per output: everything below this sequence is settled (see [`Output::settled_below`]).
+    settled: Vec<AtomicU64>,
+}
+
+/// Work for the writer thread.
+enum WriterJob {
+    Ingest(IngestJob),
+    /// Delete segments every output is past.
+    Release,
 }
 
 struct IngestJob {
@@ -305,8 +341,17 @@ struct Journal {
     attempts: BufWriter<File>,
     failed: FailedStore,
     marks: DeliveryMarks,
-    /// Confirmed since the last [`Journal::write_marks`].
-    pending_marks: Vec<u64>,
+    /// Confirmed since the last [`Journal::write_marks`]: (segment, seq).
+    pending_marks: Vec<(u64, u64)>,
+    /// Replayed failed records not confirmed yet: their confirmation goes to the failed store
+    /// (their segment may be gone).
+    replayed: HashSet<u64>,
+}
+
+/// What an output's journals say at start.
+struct JournalStart {
+    delivered: HashSet<u64>,
+    states: std::collections::BTreeMap<u64, failed::State>,
 }
 
 /// What reaches an output's worker: new records, or a request to replay failed ones.
@@ -323,8 +368,9 @@ impl Journal {
     fn open(
         dir: &Path,
         output: &str,
-    ) -> Result<(Journal, HashSet<u64>, HashSet<u64>), EngineError> {
-        let (marks, delivered) = DeliveryMarks::open(dir, output)?;
+        first_seq: u64,
+    ) -> Result<(Journal, JournalStart), EngineError> {
+        let (marks, delivered) = DeliveryMarks::open(dir, output, first_seq)?;
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| EngineError::Log(log::LogError::Io { path, source })
@@ -335,17 +381,22 @@ impl Journal {
             .append(true)
             .open(&attempts_path)
             .map_err(io(&attempts_path))?;
-        let failed_seqs = FailedStore::current(dir, output).into_keys().collect();
+        let states = FailedStore::states(dir, output);
         let failed = FailedStore::open(dir, output).map_err(io(dir))?;
+        let replayed = states
+            .iter()
+            .filter(|(_, s)| matches!(s, failed::State::Replayed(_)))
+            .map(|(seq, _)| *seq)
+            .collect();
         Ok((
             Journal {
                 attempts: BufWriter::new(attempts),
                 failed,
                 marks,
                 pending_marks: Vec::new(),
+                replayed,
             },
-            delivered,
-            failed_seqs,
+            JournalStart { delivered, states },
         ))
     }
 
@@ -357,8 +408,17 @@ impl Journal {
                         let _ = writeln!(self.attempts, "{line}");
                     }
                 }
-                Effect::Delivered(seq) => self.pending_marks.push(seq),
+                Effect::Delivered(segment, seq) => {
+                    if self.replayed.remove(&seq) {
+                        if let Err(e) = self.failed.delivered(seq) {
+                            eprintln!("drill engine: {}: {e}", self.failed.path().display());
+                        }
+                    } else {
+                        self.pending_marks.push((segment, seq));
+                    }
+                }
                 Effect::Failed(failed) => {
+                    self.replayed.remove(&failed.seq);
                     // A failed message is the only copy from now on: durable at once.
                     if let Err(e) = self.failed.add(&failed) {
                         eprintln!("drill engine: {}: {e}", self.failed.path().display());
@@ -400,14 +460,9 @@ impl Journal {
             return Vec::new();
         }
         out.failed = out.failed.saturating_sub(chosen.len() as u64);
+        self.replayed.extend(seqs);
         let keys = chosen.iter().map(|f| f.key.clone()).collect();
-        out.ingest(chosen.into_iter().map(|f| {
-            Arc::new(StoredRecord {
-                seq: f.seq,
-                key: f.key,
-                data: f.data,
-            })
-        }));
+        out.ingest(chosen.into_iter().map(replayed_record));
         keys
     }
 
@@ -429,6 +484,17 @@ impl Journal {
     }
 }
 
+/// A failed record back on its queue. Its confirmation is kept in the failed store, so the
+/// segment it names does not matter (it may be gone).
+fn replayed_record(f: output::FailedRecord) -> Arc<StoredRecord> {
+    Arc::new(StoredRecord {
+        seq: f.seq,
+        key: f.key,
+        data: f.data,
+        segment: 0,
+    })
+}
+
 fn disk_free(dir: &Path) -> u64 {
     nix::sys::statvfs::statvfs(dir)
         .map(|s| s.blocks_available() * s.fragment_size())
@@ -437,28 +503,32 @@ fn disk_free(dir: &Path) -> u64 {
 
 /// Runs the engine until `cancel` fires. Prints `listening on ADDR` once ready.
 pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), EngineError> {
-    let (mut log, records, recovery) = RecordLog::open(&config.data_dir)?;
-    if recovery.torn_bytes > 0 {
-        eprintln!(
-            "drill engine: recovered {} records; dropped a torn tail of {} bytes (never acknowledged)",
-            recovery.records, recovery.torn_bytes
-        );
-    }
-    let (ingest_tx, mut ingest_rx) = mpsc::channel::<IngestJob>(1024);
+    let (mut log, records, recovery) =
+        RecordLog::open(&config.data_dir, config.disk.segment_bytes)?;
+    say_recovery(&recovery);
+    let (ingest_tx, mut ingest_rx) = mpsc::channel::<WriterJob>(1024);
+    let damaged = recovery.lost_records();
+    let log_state = Arc::new(LogState {
+        first_seq: AtomicU64::new(log.first_seq()),
+        segments: AtomicU64::new(log.segments() as u64),
+        settled: config.outputs.iter().map(|_| AtomicU64::new(0)).collect(),
+    });
     let shared = Arc::new(Shared {
-        held: Arc::new(AtomicU64::new(records.len() as u64)),
+        held: Arc::new(AtomicU64::new(log.next_seq().saturating_sub(damaged))),
+        damaged,
+        log_state: log_state.clone(),
         data_dir: config.data_dir.clone(),
         disk: config.disk.clone(),
         disk_warned: std::sync::atomic::AtomicBool::new(false),
         outputs: Mutex::new(Vec::new()),
-        ingest: ingest_tx,
+        ingest: ingest_tx.clone(),
         to_outputs: Mutex::new(Vec::new()),
     });
 
     let mut to_outputs = Vec::new();
     let mut drivers = Vec::new();
     for (index, o) in config.outputs.iter().enumerate() {
-        let (journal, delivered, failed) = Journal::open(&config.data_dir, &o.name)?;
+        let (journal, start) = Journal::open(&config.data_dir, &o.name, log.first_seq())?;
         let refusals = o
             .refusals
             .as_ref()
@@ -468,15 +538,9 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
                 backoff_max: r.backoff[1].0,
             })
             .unwrap_or_default();
-        let mut out = Output::new(&o.name, &o.topic, o.order, refusals, o.window);
-        out.delivered = delivered.len() as u64;
-        out.failed = failed.len() as u64;
-        out.ingest(
-            records
-                .iter()
-                .filter(|r| !delivered.contains(&r.seq) && !failed.contains(&r.seq))
-                .cloned(),
-        );
+        let mut out =
+            Output::new(&o.name, &o.topic, o.order, refusals, o.window).starting_at(log.next_seq());
+        resume(&mut out, &records, start, log.first_seq());
         shared
             .outputs
             .lock()
@@ -502,40 +566,40 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
             cancel.clone(),
         )));
     }
+    drop(records);
 
-    // The writer thread: group commit. Every job waiting when a sync starts shares it.
+    // The writer thread: group commit. Every job waiting when a sync starts shares it. After
+    // each commit (and once a second) it deletes the segments every output is past.
     let held = shared.held.clone();
     let writer = std::thread::spawn(move || {
         while let Some(first) = ingest_rx.blocking_recv() {
-            let mut jobs = vec![first];
-            while let Ok(more) = ingest_rx.try_recv() {
-                jobs.push(more);
-            }
-            let sizes: Vec<usize> = jobs.iter().map(|j| j.lines.len()).collect();
-            let lines: Vec<String> = jobs
-                .iter_mut()
-                .flat_map(|j| std::mem::take(&mut j.lines))
-                .collect();
-            match log.append(lines) {
-                Ok(stored) => {
-                    held.fetch_add(stored.len() as u64, Ordering::SeqCst);
-                    for tx in &to_outputs {
-                        let _ = tx.send(ToOutput::Records(stored.clone()));
-                    }
-                    let mut keys = stored.iter().map(|r| r.key.clone());
-                    for (job, size) in jobs.into_iter().zip(sizes) {
-                        let mine: Vec<String> = keys.by_ref().take(size).collect();
-                        let _ = job.reply.send(Ok(mine));
-                    }
+            let mut jobs = Vec::new();
+            let mut next = Some(first);
+            while let Some(job) = next {
+                if let WriterJob::Ingest(j) = job {
+                    jobs.push(j);
                 }
-                Err(e) => {
-                    for job in jobs {
-                        let _ = job.reply.send(Err(e.to_string()));
-                    }
-                }
+                next = ingest_rx.try_recv().ok();
             }
+            if !jobs.is_empty() {
+                commit(&mut log, jobs, &held, &to_outputs);
+            }
+            release(&mut log, &log_state);
         }
     });
+    let ticker = {
+        let tx = ingest_tx;
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = every.tick() => { let _ = tx.try_send(WriterJob::Release); }
+                    _ = cancel.cancelled() => break,
+                }
+            }
+        })
+    };
 
     let app = Router::new()
         .route("/ingest", post(ingest))
@@ -558,9 +622,121 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     for d in drivers {
         let _ = d.await;
     }
+    let _ = ticker.await;
     drop(shared);
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;
     Ok(())
+}
+
+fn say_recovery(recovery: &log::Recovery) {
+    if recovery.torn_bytes > 0 {
+        eprintln!(
+            "drill engine: recovered {} records in {} segments; dropped a torn tail of {} bytes (never acknowledged)",
+            recovery.records, recovery.segments, recovery.torn_bytes
+        );
+    }
+    for d in &recovery.damage {
+        eprintln!(
+            "drill engine: DAMAGE: {}: {} unreadable bytes at offset {} inside acknowledged data (the disk changed them after they were synced)",
+            d.segment.display(),
+            d.bytes,
+            d.offset
+        );
+    }
+    if !recovery.lost.is_empty() {
+        let ranges: Vec<String> = recovery
+            .lost
+            .iter()
+            .map(|r| format!("{}..={}", r.start(), r.end()))
+            .collect();
+        eprintln!(
+            "drill engine: DAMAGE: {} acknowledged records are unreadable and cannot be forwarded: sequences {}; every other record was kept",
+            recovery.lost_records(),
+            ranges.join(", ")
+        );
+    }
+}
+
+/// Puts an output back where its journals say it stood: records neither confirmed nor set
+/// aside wait again (from the log, or from the failed store when replayed), and its counters
+/// are rebuilt so that held = delivered + waiting + failed.
+fn resume(out: &mut Output, records: &[Arc<StoredRecord>], start: JournalStart, first_seq: u64) {
+    use failed::State;
+    let JournalStart { delivered, states } = start;
+    out.ingest(
+        records
+            .iter()
+            .filter(|r| !delivered.contains(&r.seq) && !states.contains_key(&r.seq))
+            .cloned(),
+    );
+    // Everything below the log's first sequence was settled when its segment went: delivered
+    // unless the failed store still holds it. Above it, marks and the failed store tell.
+    let mut delivered_count = first_seq + delivered.len() as u64;
+    for (seq, state) in states {
+        let below = seq < first_seq;
+        match state {
+            State::Failed(_) | State::Replayed(_) if below => {
+                delivered_count = delivered_count.saturating_sub(1)
+            }
+            State::Delivered if !below => delivered_count += 1,
+            _ => {}
+        }
+        match state {
+            State::Failed(_) => out.failed += 1,
+            State::Replayed(f) => out.ingest([replayed_record(f)]),
+            State::Delivered => {}
+        }
+    }
+    out.delivered = delivered_count;
+}
+
+/// Appends the jobs' lines as one batch, and answers each job once it is synced.
+fn commit(
+    log: &mut RecordLog,
+    mut jobs: Vec<IngestJob>,
+    held: &AtomicU64,
+    to_outputs: &[mpsc::UnboundedSender<ToOutput>],
+) {
+    let sizes: Vec<usize> = jobs.iter().map(|j| j.lines.len()).collect();
+    let lines: Vec<String> = jobs
+        .iter_mut()
+        .flat_map(|j| std::mem::take(&mut j.lines))
+        .collect();
+    match log.append(lines) {
+        Ok(stored) => {
+            held.fetch_add(stored.len() as u64, Ordering::SeqCst);
+            for tx in to_outputs {
+                let _ = tx.send(ToOutput::Records(stored.clone()));
+            }
+            let mut keys = stored.iter().map(|r| r.key.clone());
+            for (job, size) in jobs.into_iter().zip(sizes) {
+                let mine: Vec<String> = keys.by_ref().take(size).collect();
+                let _ = job.reply.send(Ok(mine));
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.to_string()));
+            }
+        }
+    }
+}
+
+/// Deletes the segments every output is past, and publishes where the log now starts.
+fn release(log: &mut RecordLog, state: &LogState) {
+    let below = state
+        .settled
+        .iter()
+        .map(|s| s.load(Ordering::SeqCst))
+        .min()
+        .unwrap_or(0);
+    if let Err(e) = log.release(below) {
+        eprintln!("drill engine: cannot delete a delivered segment: {e}");
+    }
+    state.first_seq.store(log.first_seq(), Ordering::SeqCst);
+    state
+        .segments
+        .store(log.segments() as u64, Ordering::SeqCst);
 }
 
 /// Disk is the only limit (DESIGN.md §1.10): warn once per crossing below the warning level,
@@ -614,7 +790,7 @@ async fn ingest(State(shared): State<Arc<Shared>>, body: String) -> Response {
     let (reply, answer) = oneshot::channel();
     if shared
         .ingest
-        .send(IngestJob { lines, reply })
+        .send(WriterJob::Ingest(IngestJob { lines, reply }))
         .await
         .is_err()
     {
@@ -697,9 +873,11 @@ async fn failed_replay(State(shared): State<Arc<Shared>>, body: axum::body::Byte
 async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
     let outputs = shared.outputs.lock().map(|v| v.clone()).unwrap_or_default();
     let held = shared.held.load(Ordering::SeqCst);
-    // An engine-level record is delivered once every output delivered it (one output today).
-    let delivered = outputs.iter().map(|o| o.delivered).min().unwrap_or(0);
-    let failed = outputs.iter().map(|o| o.failed).max().unwrap_or(0);
+    // With several outputs, the top line is the furthest-behind output's (each output's own
+    // line closes held = delivered + waiting + failed).
+    let behind = outputs.iter().min_by_key(|o| o.delivered);
+    let delivered = behind.map_or(0, |o| o.delivered);
+    let failed = behind.map_or(0, |o| o.failed);
     let mut attempts = AttemptCountsView::default();
     for o in &outputs {
         attempts.delivered += o.attempts.delivered;
@@ -716,11 +894,16 @@ async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
         attempts,
         disk_free_bytes,
         disk_low: disk_free_bytes < shared.disk.warn_below_bytes,
+        damaged: shared.damaged,
+        segments: shared.log_state.segments.load(Ordering::SeqCst),
         outputs,
     })
 }
 
 fn publish_stats(shared: &Shared, index: usize, out: &Output, connected: bool) {
+    if let Some(settled) = shared.log_state.settled.get(index) {
+        settled.store(out.settled_below(), Ordering::SeqCst);
+    }
     if let Ok(mut outputs) = shared.outputs.lock()
         && let Some(s) = outputs.get_mut(index)
     {
@@ -901,6 +1084,7 @@ async fn drive_mqtt(
                         }
                     }
                     journal.flush();
+                    journal.marks.forget_below(shared.log_state.first_seq.load(Ordering::SeqCst));
                     publish_stats(&shared, index, &out, true);
                 }
             }

@@ -92,7 +92,8 @@ pub struct FailedRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     Closed(AttemptRecord),
-    Delivered(u64),
+    /// Confirmed: `(segment, seq)` of the record, for its delivery mark.
+    Delivered(u64, u64),
     Failed(FailedRecord),
 }
 
@@ -143,6 +144,8 @@ pub struct Output {
     pub attempts: AttemptCounts,
     pub delivered: u64,
     pub failed: u64,
+    /// One past the highest sequence this output has been given.
+    seen_through: u64,
 }
 
 impl Output {
@@ -166,12 +169,36 @@ impl Output {
             attempts: AttemptCounts::default(),
             delivered: 0,
             failed: 0,
+            seen_through: 0,
         }
+    }
+
+    /// Every record below the returned sequence is settled for this output: delivered, or set
+    /// aside in its failed messages. Records it was not given yet lie above it, so the log may
+    /// delete whole segments below it.
+    pub fn settled_below(&self) -> u64 {
+        let open = self.open.values().map(|o| o.entry.record.seq).min();
+        [
+            self.ready.first_key_value().map(|(s, _)| *s),
+            self.delayed.first_key_value().map(|(s, _)| *s),
+            open,
+        ]
+        .into_iter()
+        .flatten()
+        .fold(self.seen_through, u64::min)
+    }
+
+    /// The log's next sequence when this output started: everything below it was given at
+    /// start (recovered records) or is settled.
+    pub fn starting_at(mut self, next_seq: u64) -> Output {
+        self.seen_through = next_seq;
+        self
     }
 
     /// Records the engine accepted (or recovered) that this output has not delivered.
     pub fn ingest(&mut self, records: impl IntoIterator<Item = Arc<StoredRecord>>) {
         for record in records {
+            self.seen_through = self.seen_through.max(record.seq + 1);
             self.ready.insert(
                 record.seq,
                 Entry {
@@ -282,7 +309,7 @@ impl Output {
             self.delivered += 1;
             return vec![
                 Effect::Closed(attempt(Outcome::Delivered, None)),
-                Effect::Delivered(entry.record.seq),
+                Effect::Delivered(entry.record.segment, entry.record.seq),
             ];
         }
         let error = ack.describe();
@@ -350,6 +377,7 @@ mod tests {
                     seq,
                     key: format!("k-{seq}"),
                     data: format!("{{\"seq\":{seq}}}"),
+                    segment: 0,
                 })
             })
             .collect()
@@ -417,6 +445,38 @@ mod tests {
             })
             .collect();
         assert_eq!(keys, vec!["k-0", "k-1"]);
+    }
+
+    #[test]
+    fn settled_below_is_the_oldest_record_not_yet_settled() {
+        let mut out = Output::new("o", "t", Order::Any, policy(), 8).starting_at(0);
+        assert_eq!(out.settled_below(), 0);
+        out.ingest(records(3));
+        let now = Instant::now();
+        let sent = pkids(&out.next_sends(now));
+        assert_eq!(out.settled_below(), 0, "all three open");
+        out.on_ack(&ack(sent[1], SUCCESS), now);
+        assert_eq!(out.settled_below(), 0, "record 0 still open");
+        out.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
+        assert_eq!(out.settled_below(), 0, "record 0 refused, backing off");
+        out.on_ack(&ack(sent[2], SUCCESS), now);
+        out.on_link_lost("cut");
+        assert_eq!(out.settled_below(), 0);
+        // Record 0 fails for good (policy: 3 refusals): everything given is settled.
+        for _ in 2..=3 {
+            let due = out.next_due().unwrap();
+            let again = pkids(&out.next_sends(due));
+            out.on_ack(&ack(again[0], QUOTA_EXCEEDED), due);
+        }
+        assert_eq!(out.failed, 1);
+        assert_eq!(out.settled_below(), 3);
+        // A fresh output over a log that already holds 10 sequences starts past them.
+        assert_eq!(
+            Output::new("o", "t", Order::Any, policy(), 8)
+                .starting_at(10)
+                .settled_below(),
+            10
+        );
     }
 
     #[test]
