@@ -7,8 +7,10 @@
 //!   wiped and the sequence starts again.
 //! - `records-<first sequence, 20 digits>.log` — the segments. Each holds append-only frames,
 //!   one per accepted record: `[len: u32 LE][crc32 of body: u32 LE][body: len bytes]`, body =
-//!   `[seq: u64 LE][flags: u8][key length: u16 LE][write key][the ingested line, as is]`; flag
-//!   bit 0 marks the last frame of a batch (one group commit). Sequences are dense: they start
+//!   `[seq: u64 LE][flags: u8][the ingested line, as is]`; flag bit 0 marks the last frame of a
+//!   batch (one group commit). The write key is not stored per frame: it is `<engine id>-<seq>`,
+//!   so `engine.id` is part of the data (17 bytes per record saved, about 8% of the bytes
+//!   written for 200-byte records). Sequences are dense: they start
 //!   at 0 and increase by one per frame, across segments. The newest segment is the *active*
 //!   one; a new segment starts (named after the next sequence) when a batch would be appended
 //!   to an active segment already `segment_bytes` long, so a batch never spans two segments.
@@ -70,35 +72,48 @@ pub struct StoredRecord {
 
 const END_OF_BATCH: u8 = 1;
 
-/// Appends one frame body: `[seq][flags][key length][key][data]`.
-fn encode(buf: &mut Vec<u8>, seq: u64, key: &str, data: &str, end: bool) {
+/// Appends one frame body: `[seq][flags][data]`.
+fn encode(buf: &mut Vec<u8>, seq: u64, data: &str, end: bool) {
     buf.extend_from_slice(&seq.to_le_bytes());
     buf.push(if end { END_OF_BATCH } else { 0 });
-    buf.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    buf.extend_from_slice(key.as_bytes());
     buf.extend_from_slice(data.as_bytes());
 }
 
+/// A record's write key: the engine's identity and the record's sequence.
+fn write_key(prefix: &str, seq: u64) -> String {
+    let mut digits = itoa::Buffer::new();
+    let number = digits.format(seq);
+    let mut key = String::with_capacity(prefix.len() + number.len());
+    key.push_str(prefix);
+    key.push_str(number);
+    key
+}
+
+/// Where a segment's frames belong: its first sequence, and the write-key prefix.
+#[derive(Clone, Copy)]
+struct Origin<'a> {
+    segment: u64,
+    key_prefix: &'a str,
+}
+
 /// Reads one frame body back: (record, end of batch).
-fn decode(body: &[u8], segment: u64) -> Option<(StoredRecord, bool)> {
+fn decode(body: &[u8], origin: Origin) -> Option<(StoredRecord, bool)> {
     let seq = u64::from_le_bytes(body.get(0..8)?.try_into().ok()?);
     let flags = *body.get(8)?;
-    let key_len = u16::from_le_bytes(body.get(9..11)?.try_into().ok()?) as usize;
-    let key = std::str::from_utf8(body.get(11..11 + key_len)?).ok()?;
-    let data = std::str::from_utf8(body.get(11 + key_len..)?).ok()?;
+    let data = std::str::from_utf8(body.get(9..)?).ok()?;
     Some((
         StoredRecord {
             seq,
-            key: key.to_string(),
+            key: write_key(origin.key_prefix, seq),
             data: data.to_string(),
-            segment,
+            segment: origin.segment,
         },
         flags & END_OF_BATCH != 0,
     ))
 }
 
 /// The intact frame at `at`, if there is one: (record, end of batch, frame size).
-fn frame_at(bytes: &[u8], at: usize, segment: u64) -> Option<(StoredRecord, bool, usize)> {
+fn frame_at(bytes: &[u8], at: usize, origin: Origin) -> Option<(StoredRecord, bool, usize)> {
     let header = bytes.get(at..at + HEADER)?;
     let len = u32::from_le_bytes(header[0..4].try_into().ok()?);
     let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
@@ -109,7 +124,7 @@ fn frame_at(bytes: &[u8], at: usize, segment: u64) -> Option<(StoredRecord, bool
     if crc32fast::hash(body) != crc {
         return None;
     }
-    let (record, end) = decode(body, segment)?;
+    let (record, end) = decode(body, origin)?;
     Some((record, end, HEADER + len as usize))
 }
 
@@ -127,13 +142,13 @@ enum Piece {
 
 /// Splits a segment into intact frames and gaps. After a bad frame it looks for the next
 /// offset where an intact frame with a higher sequence starts (resync).
-fn pieces(bytes: &[u8], segment: u64) -> Vec<Piece> {
+fn pieces(bytes: &[u8], origin: Origin) -> Vec<Piece> {
     let mut out = Vec::new();
     let mut at = 0;
     let mut last: Option<u64> = None;
     let fits = |last: Option<u64>, r: &StoredRecord| last.is_none_or(|l| r.seq > l);
     while at < bytes.len() {
-        if let Some((record, end, size)) = frame_at(bytes, at, segment).filter(|f| fits(last, &f.0))
+        if let Some((record, end, size)) = frame_at(bytes, at, origin).filter(|f| fits(last, &f.0))
         {
             last = Some(record.seq);
             out.push(Piece::Frame { at, record, end });
@@ -141,7 +156,7 @@ fn pieces(bytes: &[u8], segment: u64) -> Vec<Piece> {
             continue;
         }
         let next = (at + 1..bytes.len())
-            .find(|&q| frame_at(bytes, q, segment).is_some_and(|f| fits(last, &f.0)));
+            .find(|&q| frame_at(bytes, q, origin).is_some_and(|f| fits(last, &f.0)));
         let to = next.unwrap_or(bytes.len());
         out.push(Piece::Gap { at, len: to - at });
         at = to;
@@ -227,8 +242,12 @@ pub struct RecordLog {
     active_first: u64,
     active_path: PathBuf,
     file: File,
-    engine_id: String,
+    /// `<engine id>-`: every write key starts with it.
+    key_prefix: String,
     next_seq: u64,
+    /// The frames of the batch being appended; kept between batches, so a large batch does
+    /// not map and fault in fresh pages every time.
+    buf: Vec<u8>,
     /// Length of the active segment up to the last synced frame.
     synced_len: u64,
     segment_bytes: u64,
@@ -242,7 +261,7 @@ impl RecordLog {
         segment_bytes: u64,
     ) -> Result<(RecordLog, Vec<Arc<StoredRecord>>, Recovery), LogError> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let engine_id = engine_id(dir)?;
+        let key_prefix = format!("{}-", engine_id(dir)?);
         let mut firsts = list_segments(dir)?;
         if firsts.is_empty() {
             File::create(segment_path(dir, 0)).map_err(io_err(dir))?;
@@ -260,7 +279,13 @@ impl RecordLog {
             let path = segment_path(dir, first);
             let is_active = i + 1 == firsts.len();
             let (mut file, bytes) = open_and_read(&path)?;
-            let all = pieces(&bytes, first);
+            let all = pieces(
+                &bytes,
+                Origin {
+                    segment: first,
+                    key_prefix: &key_prefix,
+                },
+            );
             // In the active segment, the last batch stays only if whole and undamaged.
             let keep = if is_active {
                 let ends: Vec<usize> = all
@@ -336,8 +361,9 @@ impl RecordLog {
                 active_first,
                 active_path,
                 file,
-                engine_id,
+                key_prefix,
                 next_seq,
+                buf: Vec::new(),
                 synced_len,
                 segment_bytes: segment_bytes.max(1),
             },
@@ -366,20 +392,22 @@ impl RecordLog {
         if self.synced_len >= self.segment_bytes {
             self.roll()?;
         }
-        let mut buf = Vec::with_capacity(lines.iter().map(|l| l.len() + 64).sum());
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        buf.reserve(lines.iter().map(|l| l.len() + 64).sum());
         let count = lines.len();
         let mut stored = Vec::with_capacity(lines.len());
         let mut seq = self.next_seq;
         for (i, line) in lines.into_iter().enumerate() {
             let record = StoredRecord {
                 seq,
-                key: format!("{}-{seq}", self.engine_id),
+                key: write_key(&self.key_prefix, seq),
                 data: line,
                 segment: self.active_first,
             };
             let at = buf.len();
             buf.extend_from_slice(&[0u8; HEADER]);
-            encode(&mut buf, seq, &record.key, &record.data, i + 1 == count);
+            encode(&mut buf, seq, &record.data, i + 1 == count);
             let body_len = (buf.len() - at - HEADER) as u32;
             let crc = crc32fast::hash(&buf[at + HEADER..]);
             buf[at..at + 4].copy_from_slice(&body_len.to_le_bytes());
@@ -391,6 +419,10 @@ impl RecordLog {
             .file
             .write_all(&buf)
             .and_then(|_| self.file.sync_data());
+        let len = buf.len() as u64;
+        if buf.capacity() <= 16 << 20 {
+            self.buf = buf;
+        }
         if let Err(source) = written {
             // Leave no half batch behind: a later batch must not follow unsynced garbage.
             let _ = self.truncate_to_synced();
@@ -400,7 +432,7 @@ impl RecordLog {
             });
         }
         self.next_seq = seq;
-        self.synced_len += buf.len() as u64;
+        self.synced_len += len;
         Ok(stored)
     }
 
@@ -663,7 +695,7 @@ mod tests {
     fn segments_roll_and_go_once_every_output_is_past_them() {
         let dir = tempfile::tempdir().unwrap();
         // Tiny segments: every batch of 4 starts a new one.
-        let (mut log, _, _) = RecordLog::open(dir.path(), 100).unwrap();
+        let (mut log, _, _) = RecordLog::open(dir.path(), 50).unwrap();
         for i in 0..5 {
             log.append(lines(4, i * 4)).unwrap();
         }
@@ -680,7 +712,7 @@ mod tests {
         assert_eq!(log.release(20).unwrap(), 3);
         assert_eq!(log.segments(), 1);
         drop(log);
-        let (mut log, all, recovery) = RecordLog::open(dir.path(), 100).unwrap();
+        let (mut log, all, recovery) = RecordLog::open(dir.path(), 50).unwrap();
         assert_eq!(seqs(&all), vec![16, 17, 18, 19]);
         assert!(recovery.lost.is_empty(), "deleted segments are not losses");
         assert_eq!(log.append(lines(1, 0)).unwrap()[0].seq, 20);
@@ -703,7 +735,13 @@ mod tests {
         for (segment, seq) in [(firsts[0], 1u64), (*firsts.last().unwrap(), 13)] {
             let path = segment_path(dir.path(), segment);
             let mut bytes = std::fs::read(&path).unwrap();
-            let pieces = pieces(&bytes, segment);
+            let pieces = pieces(
+                &bytes,
+                Origin {
+                    segment,
+                    key_prefix: "k-",
+                },
+            );
             let at = pieces
                 .iter()
                 .find_map(|p| match p {
