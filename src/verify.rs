@@ -5,7 +5,8 @@
 //! compares what the source was told was accepted with what arrived: missing, duplicates (with
 //! and without the original's write key), reordered (per key), unexpected, and the fate of
 //! ingests whose answer was lost. If the reader itself lost its connection, that is a *verifier*
-//! fault and is reported as such — never as engine loss.
+//! fault and is reported as such — never as engine loss. [`read_stream`] reads a whole JetStream
+//! stream the same way, straight from the server.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -235,6 +236,81 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
         }
     }
     rec
+}
+
+/// Reads a whole JetStream stream straight from the server (never through the proxy): every
+/// message from the first sequence to the last, with its `Nats-Msg-Id` as the write key. The
+/// count read is checked against the stream's own message count; a shortfall is a *verifier*
+/// fault, never engine loss.
+pub async fn read_stream(
+    server: SocketAddr,
+    stream: &str,
+    limit: Duration,
+) -> Result<Received, String> {
+    use async_nats::jetstream::{self, consumer};
+    let client = async_nats::ConnectOptions::new()
+        .name("drill-verifier")
+        .ignore_discovered_servers()
+        .connect(server.to_string())
+        .await
+        .map_err(|e| format!("verifier cannot connect to {server}: {e}"))?;
+    let js = jetstream::new(client);
+    let mut handle = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| format!("verifier: stream {stream}: {e}"))?;
+    let expected = handle
+        .info()
+        .await
+        .map_err(|e| format!("verifier: stream {stream} info: {e}"))?
+        .state
+        .messages;
+    let reader: consumer::PullConsumer = handle
+        .create_consumer(consumer::pull::Config {
+            deliver_policy: consumer::DeliverPolicy::All,
+            ack_policy: consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("verifier: consumer on {stream}: {e}"))?;
+    let mut messages = reader
+        .messages()
+        .await
+        .map_err(|e| format!("verifier: reading {stream}: {e}"))?;
+    let mut received = Received::default();
+    let started = Instant::now();
+    while (received.arrivals.len() as u64) < expected {
+        let left = limit.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, messages.next()).await {
+            Ok(Some(Ok(m))) => {
+                let id = serde_json::from_slice::<serde_json::Value>(&m.payload)
+                    .ok()
+                    .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string));
+                let write_key = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                    .map(|v| v.as_str().to_string());
+                received.arrivals.push(Arrival {
+                    id,
+                    write_key,
+                    at: started.elapsed(),
+                });
+            }
+            Ok(Some(Err(e))) => {
+                received.verifier_fault = Some(format!("verifier: reading {stream}: {e}"));
+                break;
+            }
+            Ok(None) | Err(_) => {
+                received.verifier_fault = Some(format!(
+                    "verifier read {} of the {expected} messages in stream {stream} within {limit:?}",
+                    received.arrivals.len()
+                ));
+                break;
+            }
+        }
+    }
+    Ok(received)
 }
 
 #[cfg(test)]

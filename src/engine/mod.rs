@@ -12,6 +12,7 @@
 
 pub mod failed;
 pub mod log;
+mod nats;
 pub mod output;
 
 use std::collections::HashSet;
@@ -130,7 +131,21 @@ impl OutputConfig {
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum OutputKind {
+    /// MQTT 5, QoS 1; `topic` is the topic. Keeps `at_least_once`.
     Mqtt,
+    /// NATS JetStream; `topic` is the subject a stream captures. Keeps `effectively_once`
+    /// within the stream's duplicate window (or `at_least_once`, if declared).
+    Nats,
+}
+
+impl OutputKind {
+    /// The strongest promise this kind of output can keep (DESIGN.md §1.7).
+    pub fn strongest_promise(self) -> Promise {
+        match self {
+            OutputKind::Mqtt => Promise::AtLeastOnce,
+            OutputKind::Nats => Promise::EffectivelyOnce,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -224,11 +239,28 @@ impl EngineConfig {
                 )));
             }
             // DESIGN.md §1.7: claiming more than an output can keep is a configuration error.
-            if o.promise != Promise::AtLeastOnce {
+            let can = o.kind.strongest_promise();
+            if o.promise.rank() > can.rank() {
+                let why = match o.kind {
+                    OutputKind::Mqtt => {
+                        "an MQTT 5 QoS 1 output keeps `at_least_once` (a lost PUBACK means a resend)"
+                    }
+                    OutputKind::Nats => {
+                        "a JetStream output keeps `effectively_once` only within the stream's duplicate window"
+                    }
+                };
                 return Err(err(format!(
-                    "output `{}` declares `{}`, but an MQTT 5 QoS 1 output keeps `at_least_once` (a lost PUBACK means a resend); declare at_least_once",
+                    "output `{}` declares `{}`, but {why}; declare {} or less",
                     o.name,
-                    o.promise.name()
+                    o.promise.name(),
+                    can.name()
+                )));
+            }
+            if o.promise == Promise::AtMostOnce {
+                return Err(err(format!(
+                    "output `{}` declares `at_most_once`, which this engine does not offer: it never drops a record it could resend; declare {}",
+                    o.name,
+                    can.name()
                 )));
             }
             if o.name.is_empty()
@@ -556,15 +588,15 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
             all.push(tx.clone());
         }
         to_outputs.push(tx);
-        drivers.push(tokio::spawn(drive_mqtt(
-            out,
-            o.clone(),
-            index,
-            rx,
-            journal,
-            shared.clone(),
-            cancel.clone(),
-        )));
+        let (cfg, shared, cancel) = (o.clone(), shared.clone(), cancel.clone());
+        drivers.push(match o.kind {
+            OutputKind::Mqtt => {
+                tokio::spawn(drive_mqtt(out, cfg, index, rx, journal, shared, cancel))
+            }
+            OutputKind::Nats => tokio::spawn(nats::drive_nats(
+                out, cfg, index, rx, journal, shared, cancel,
+            )),
+        });
     }
     drop(records);
 
@@ -1101,4 +1133,57 @@ async fn drive_mqtt(
     }
     journal.sync();
     publish_stats(&shared, index, &out, false);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(outputs: Vec<OutputConfig>) -> EngineConfig {
+        EngineConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: "/tmp/x".into(),
+            outputs,
+            disk: DiskLimits::default(),
+        }
+    }
+
+    fn output(name: &str, kind: OutputKind, promise: Promise) -> OutputConfig {
+        OutputConfig {
+            kind,
+            promise,
+            ..OutputConfig::mqtt(name, "127.0.0.1:1".parse().unwrap(), "t")
+        }
+    }
+
+    #[test]
+    fn an_output_may_declare_only_what_it_can_keep() {
+        let path = Path::new("engine.yaml");
+        let ok = |o: Vec<OutputConfig>| config(o).validate(path).map_err(|e| e.to_string());
+        assert!(ok(vec![output("m", OutputKind::Mqtt, Promise::AtLeastOnce)]).is_ok());
+        assert!(
+            ok(vec![output(
+                "n",
+                OutputKind::Nats,
+                Promise::EffectivelyOnce
+            )])
+            .is_ok()
+        );
+        let e = ok(vec![output(
+            "m",
+            OutputKind::Mqtt,
+            Promise::EffectivelyOnce,
+        )])
+        .unwrap_err();
+        assert!(e.contains("declare at_least_once or less"), "{e}");
+        let e = ok(vec![output("n", OutputKind::Nats, Promise::AtMostOnce)]).unwrap_err();
+        assert!(e.contains("at_most_once"), "{e}");
+        let e = ok(vec![
+            output("a", OutputKind::Mqtt, Promise::AtLeastOnce),
+            output("a", OutputKind::Nats, Promise::AtLeastOnce),
+        ])
+        .unwrap_err();
+        assert!(e.contains("used twice"), "{e}");
+        assert!(ok(vec![]).unwrap_err().contains("empty"));
+    }
 }

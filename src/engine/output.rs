@@ -88,6 +88,15 @@ pub struct FailedRecord {
     pub last_attempt_ms: u64,
 }
 
+/// What a destination said to one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Stored (for JetStream also a `duplicate: true` PubAck: the copy it has is this one).
+    Accepted,
+    /// The destination said no to this record, in these words, while the connection worked.
+    Refused(String),
+}
+
 /// What the I/O side must persist after a call on [`Output`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
@@ -225,9 +234,26 @@ impl Output {
         self.open.values().all(|o| seen.insert(o.entry.record.seq))
     }
 
-    /// Opens attempts for as many waiting records as the window allows and returns the
-    /// publishes to put on the wire, in order.
+    /// Opens attempts for as many waiting records as the window allows and returns the MQTT
+    /// publishes to put on the wire, in order (the packet id is the attempt's tag).
     pub fn next_sends(&mut self, now: Instant) -> Vec<Packet> {
+        let topic = self.topic.clone();
+        self.next_attempts(now)
+            .into_iter()
+            .map(|(tag, record)| {
+                crate::mqtt::publish_with_key(
+                    &topic,
+                    tag,
+                    bytes::Bytes::from(record.data.clone().into_bytes()),
+                    &record.key,
+                )
+            })
+            .collect()
+    }
+
+    /// Opens attempts for as many waiting records as the window allows: each gets a tag (unique
+    /// among open attempts) to answer it by. In order of sequence.
+    pub fn next_attempts(&mut self, now: Instant) -> Vec<(u16, Arc<StoredRecord>)> {
         let due: Vec<u64> = self
             .delayed
             .iter()
@@ -260,12 +286,7 @@ impl Output {
             entry.attempts += 1;
             let opened_ms = wall_ms();
             entry.first_attempt_ms.get_or_insert(opened_ms);
-            sends.push(crate::mqtt::publish_with_key(
-                &self.topic,
-                pkid,
-                bytes::Bytes::from(entry.record.data.clone().into_bytes()),
-                &entry.record.key,
-            ));
+            sends.push((pkid, entry.record.clone()));
             self.open.insert(pkid, Open { entry, opened_ms });
         }
         sends
@@ -286,14 +307,23 @@ impl Output {
         self.delayed.values().map(|(at, _)| *at).min()
     }
 
-    /// The destination answered one publish.
+    /// The MQTT destination answered one publish.
     pub fn on_ack(&mut self, ack: &Ack, now: Instant) -> Vec<Effect> {
-        let Some(open) = self.open.remove(&ack.pkid) else {
+        let answer = if ack.accepted() {
+            Answer::Accepted
+        } else {
+            Answer::Refused(ack.describe())
+        };
+        self.on_answer(ack.pkid, answer, now)
+    }
+
+    /// The destination answered the attempt tagged `tag`.
+    pub fn on_answer(&mut self, tag: u16, answer: Answer, now: Instant) -> Vec<Effect> {
+        let Some(open) = self.open.remove(&tag) else {
             return Vec::new();
         };
         let closed_ms = wall_ms();
         let mut entry = open.entry;
-        let accepted = ack.accepted();
         let attempt = |outcome, error| AttemptRecord {
             output: self.name.clone(),
             key: entry.record.key.clone(),
@@ -304,15 +334,17 @@ impl Output {
             outcome,
             error,
         };
-        if accepted {
-            self.attempts.delivered += 1;
-            self.delivered += 1;
-            return vec![
-                Effect::Closed(attempt(Outcome::Delivered, None)),
-                Effect::Delivered(entry.record.segment, entry.record.seq),
-            ];
-        }
-        let error = ack.describe();
+        let error = match answer {
+            Answer::Refused(error) => error,
+            Answer::Accepted => {
+                self.attempts.delivered += 1;
+                self.delivered += 1;
+                return vec![
+                    Effect::Closed(attempt(Outcome::Delivered, None)),
+                    Effect::Delivered(entry.record.segment, entry.record.seq),
+                ];
+            }
+        };
         self.attempts.refused += 1;
         let closed = Effect::Closed(attempt(Outcome::Refused, Some(error.clone())));
         entry.refusals += 1;

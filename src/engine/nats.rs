@@ -1,0 +1,205 @@
+//! The NATS JetStream output: the I/O side of one [`Output`] whose destination is a stream.
+//!
+//! Each record is published with `Nats-Msg-Id` = its write key, so the stream's duplicate window
+//! turns a resend into `duplicate: true` instead of a second copy: the output declares
+//! `effectively_once` (within the window). Many publishes are in flight at once (the output's
+//! window), each awaited as its own future.
+//!
+//! Outcomes: a PubAck (duplicate or not) is `delivered`; a JetStream API error for this record
+//! while the connection works (e.g. the stream's `max_msg_size`), or a payload the server's
+//! `max_payload` forbids (it never left the machine), is a counted refusal; a timeout, a broken
+//! pipe or no responders ends *every* open attempt `possibly_sent` and drops the connection: the
+//! next one is made only after a data-free probe (a JetStream account-info round trip) answers,
+//! and the held records go again with the same message ids. The client is built so that it
+//! cannot route around the proxy (`ignore_discovered_servers`) and never reconnects on its own
+//! (a reconnect would flush its buffered publishes without the output's say): this output
+//! decides when to connect.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, context::PublishErrorKind, message::PublishMessage};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::output::{Answer, Output};
+use super::{Journal, OutputConfig, Shared, ToOutput, publish_stats};
+
+/// Connects and probes: a JetStream account-info request and its answer. Writes no data.
+async fn connect_and_probe(cfg: &OutputConfig, name: &str) -> Result<jetstream::Context, String> {
+    let limit = cfg.answer_timeout.0;
+    let options = async_nats::ConnectOptions::new()
+        .name(name)
+        .ignore_discovered_servers()
+        .ping_interval(cfg.keepalive.0)
+        .connection_timeout(limit)
+        .request_timeout(Some(limit))
+        .max_reconnects(Some(0));
+    let client = tokio::time::timeout(limit, options.connect(cfg.address.to_string()))
+        .await
+        .map_err(|_| format!("no connection within {limit:?}"))?
+        .map_err(|e| e.to_string())?;
+    let js = jetstream::new(client);
+    tokio::time::timeout(limit, js.query_account())
+        .await
+        .map_err(|_| format!("no account-info answer within {limit:?}"))?
+        .map_err(|e| format!("account-info probe: {e}"))?;
+    Ok(js)
+}
+
+/// What became of one publish.
+enum Outcome {
+    Answer(Answer),
+    /// Nothing certain came back: the connection is to be treated as lost.
+    LinkLost(String),
+}
+
+fn classify(
+    result: Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Answer(Answer::Accepted),
+        Err(e) => match e.kind() {
+            PublishErrorKind::Other | PublishErrorKind::MaxPayloadExceeded => {
+                Outcome::Answer(Answer::Refused(e.to_string()))
+            }
+            PublishErrorKind::TimedOut
+            | PublishErrorKind::BrokenPipe
+            | PublishErrorKind::StreamNotFound
+            | PublishErrorKind::MaxAckPending
+            | PublishErrorKind::WrongLastMessageId
+            | PublishErrorKind::WrongLastSequence => Outcome::LinkLost(e.to_string()),
+        },
+    }
+}
+
+/// The I/O side of one JetStream output. Runs until `cancel` fires or the ingest channel closes.
+pub(super) async fn drive_nats(
+    mut out: Output,
+    cfg: OutputConfig,
+    index: usize,
+    mut rx: mpsc::UnboundedReceiver<ToOutput>,
+    mut journal: Journal,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    let name = cfg
+        .client_id
+        .clone()
+        .unwrap_or_else(|| format!("drill-engine-{}", cfg.name));
+    let mut retry = Duration::from_millis(100);
+    let mut said_down = false;
+    publish_stats(&shared, index, &out, false);
+    'outer: loop {
+        let attempt = connect_and_probe(&cfg, &name);
+        tokio::pin!(attempt);
+        let connected = loop {
+            tokio::select! {
+                result = &mut attempt => break result,
+                m = rx.recv() => match m {
+                    Some(m) => { journal.take(&shared.data_dir, &mut out, m); publish_stats(&shared, index, &out, false); }
+                    None => break 'outer,
+                },
+                _ = cancel.cancelled() => break 'outer,
+            }
+        };
+        let js = match connected {
+            Ok(js) => js,
+            Err(why) => {
+                if !said_down {
+                    eprintln!(
+                        "drill engine: output {}: destination unreachable: {why}",
+                        cfg.name
+                    );
+                    said_down = true;
+                }
+                let wake = tokio::time::sleep(retry);
+                tokio::pin!(wake);
+                loop {
+                    tokio::select! {
+                        _ = &mut wake => break,
+                        m = rx.recv() => match m {
+                            Some(m) => { journal.take(&shared.data_dir, &mut out, m); publish_stats(&shared, index, &out, false); }
+                            None => break 'outer,
+                        },
+                        _ = cancel.cancelled() => break 'outer,
+                    }
+                }
+                retry = (retry * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        if said_down {
+            eprintln!(
+                "drill engine: output {}: destination back (probe answered)",
+                cfg.name
+            );
+        }
+        retry = Duration::from_millis(100);
+        publish_stats(&shared, index, &out, true);
+        let mut in_flight = FuturesUnordered::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let lost: String = 'conn: loop {
+            for (tag, record) in out.next_attempts(std::time::Instant::now()) {
+                let publish = PublishMessage::build()
+                    .payload(bytes::Bytes::from(record.data.clone().into_bytes()))
+                    .message_id(&record.key);
+                match js.send_publish(cfg.topic.clone(), publish).await {
+                    Ok(ack) => in_flight.push(async move { (tag, classify(ack.await)) }.boxed()),
+                    Err(e) => match classify(Err(e)) {
+                        Outcome::Answer(answer) => {
+                            let now = std::time::Instant::now();
+                            journal.record(out.on_answer(tag, answer, now));
+                        }
+                        Outcome::LinkLost(why) => break 'conn why,
+                    },
+                }
+            }
+            let due = out.next_due().map(tokio::time::Instant::from_std);
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break "engine stopping".to_string(),
+                Some((tag, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                    match outcome {
+                        Outcome::Answer(answer) => {
+                            journal.record(out.on_answer(tag, answer, std::time::Instant::now()));
+                            journal.write_marks();
+                        }
+                        Outcome::LinkLost(why) => break why,
+                    }
+                }
+                m = rx.recv() => match m {
+                    Some(m) => journal.take(&shared.data_dir, &mut out, m),
+                    None => break "ingest closed".to_string(),
+                },
+                _ = async { if let Some(d) = due { tokio::time::sleep_until(d).await } }, if due.is_some() => {}
+                _ = tick.tick() => {
+                    if matches!(js.client().connection_state(), async_nats::connection::State::Disconnected) {
+                        break "connection lost".to_string();
+                    }
+                    journal.flush();
+                    journal.marks.forget_below(shared.log_state.first_seq.load(std::sync::atomic::Ordering::SeqCst));
+                    publish_stats(&shared, index, &out, true);
+                }
+            }
+        };
+        // Whatever is still in flight has no certain answer: possibly sent, held, and sent
+        // again (same message id) only after the next probe.
+        drop(in_flight);
+        journal.record(out.on_link_lost(&lost));
+        journal.flush();
+        publish_stats(&shared, index, &out, false);
+        drop(js);
+        if cancel.is_cancelled() {
+            break;
+        }
+        eprintln!("drill engine: output {}: connection lost: {lost}", cfg.name);
+        said_down = true;
+    }
+    journal.sync();
+    publish_stats(&shared, index, &out, false);
+}
+
+use futures::FutureExt;

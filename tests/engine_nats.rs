@@ -1,0 +1,244 @@
+//! The JetStream output against a real `nats-server -js`, through a real proxy link.
+//!
+//! - One oversized record among accepted ones is refused by the stream (`max_msg_size`): exactly
+//!   the configured number of counted refusals, then Failed messages with the server's words;
+//!   the rest flows. A cut in the middle spends no refusal.
+//! - A half-open link (answers swallowed) ends attempts `possibly_sent`; after the heal they go
+//!   again with the same `Nats-Msg-Id`, and the stream holds exactly one copy of each record:
+//!   read-back count = accepted count.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use drill::brokers::{self, Broker};
+use drill::engine::{DurText, EngineConfig, OutputConfig, OutputKind, RefusalConfig, Stats};
+use drill::proxy::{Direction, Fault, Link};
+use drill::scenario::{Order, Promise};
+use drill::sut::EngineProcess;
+use drill::verify;
+use tokio_util::sync::CancellationToken;
+
+const STREAM: &str = "DRILL";
+const SUBJECT: &str = "drill.t";
+
+struct Rig {
+    broker: Broker,
+    link: Link,
+    engine: EngineProcess,
+    _dir: tempfile::TempDir,
+    work: std::path::PathBuf,
+}
+
+async fn rig(max_msg_size: i32) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().to_path_buf();
+    let broker = brokers::start_nats(&work, None)
+        .await
+        .expect("nats-server is installed (ci/setup.sh)");
+    let client = async_nats::connect(broker.addr.to_string()).await.unwrap();
+    jetstream::new(client)
+        .create_stream(jetstream::stream::Config {
+            name: STREAM.to_string(),
+            subjects: vec![SUBJECT.to_string()],
+            duplicate_window: Duration::from_secs(120),
+            max_message_size: max_msg_size,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let link = Link::start("nats", any, broker.addr, CancellationToken::new())
+        .await
+        .unwrap();
+    let config = EngineConfig {
+        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        data_dir: work.join("engine-data"),
+        outputs: vec![OutputConfig {
+            kind: OutputKind::Nats,
+            promise: Promise::EffectivelyOnce,
+            order: Order::Any,
+            keepalive: DurText(Duration::from_secs(1)),
+            answer_timeout: DurText(Duration::from_secs(2)),
+            window: 64,
+            refusals: Some(RefusalConfig {
+                max: 3,
+                backoff: [
+                    DurText(Duration::from_millis(100)),
+                    DurText(Duration::from_millis(400)),
+                ],
+            }),
+            ..OutputConfig::mqtt("js", link.listen_addr(), SUBJECT)
+        }],
+        disk: Default::default(),
+    };
+    let engine = EngineProcess::start(Path::new(env!("CARGO_BIN_EXE_drill")), config, &work)
+        .await
+        .unwrap();
+    Rig {
+        broker,
+        link,
+        engine,
+        _dir: dir,
+        work,
+    }
+}
+
+fn line(i: usize, bytes: usize) -> String {
+    format!("{{\"id\":\"r-{i}\",\"pad\":\"{}\"}}\n", "x".repeat(bytes))
+}
+
+async fn ingest(engine: SocketAddr, lines: impl Iterator<Item = String>) -> Vec<String> {
+    let client = reqwest::Client::new();
+    let lines: Vec<String> = lines.collect();
+    let mut keys = Vec::new();
+    for chunk in lines.chunks(50) {
+        let answer: serde_json::Value = client
+            .post(format!("http://{engine}/ingest"))
+            .body(chunk.concat())
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        for k in answer["write_keys"].as_array().unwrap() {
+            keys.push(k.as_str().unwrap().to_string());
+        }
+    }
+    keys
+}
+
+async fn wait_stats(engine: &EngineProcess, what: &str, cond: impl Fn(&Stats) -> bool) -> Stats {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = engine.stats().await.unwrap();
+        if cond(&stats) {
+            return stats;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn attempts(work: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(work.join("engine-data/attempts.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Copies per harness id in the stream.
+async fn stream_copies(broker: SocketAddr) -> (HashMap<String, u32>, usize) {
+    let got = verify::read_stream(broker, STREAM, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(got.verifier_fault.is_none(), "{:?}", got.verifier_fault);
+    let mut copies = HashMap::new();
+    for a in &got.arrivals {
+        assert!(a.write_key.is_some(), "every message carries Nats-Msg-Id");
+        *copies.entry(a.id.clone().unwrap()).or_insert(0) += 1;
+    }
+    (copies, got.arrivals.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_record_is_refused_and_counted_a_cut_is_not() {
+    let mut rig = rig(2000).await;
+    let addr = rig.engine.addr();
+    // 300 records; number 150 is larger than the stream's max_msg_size.
+    let keys = ingest(
+        addr,
+        (0..300).map(|i| line(i, if i == 150 { 5000 } else { 180 })),
+    )
+    .await;
+    let poison_key = keys[150].clone();
+    wait_stats(&rig.engine, "299 delivered, 1 failed", |s| {
+        s.delivered == 299 && s.failed == 1
+    })
+    .await;
+    let refused: Vec<_> = attempts(&rig.work)
+        .into_iter()
+        .filter(|a| a["key"] == poison_key.as_str() && a["outcome"] == "refused")
+        .collect();
+    let words = refused[0]["error"].as_str().unwrap_or_default().to_string();
+    println!(
+        "{} counted refusals of the oversized record; the server said: {words}",
+        refused.len()
+    );
+    assert_eq!(refused.len(), 3);
+    assert!(words.contains("maximum"), "the server's own words: {words}");
+
+    // A cut: the link refuses while 100 more records are ingested. Nothing is counted.
+    rig.link.apply_settled(Fault::Refuse, Direction::Both).await;
+    ingest(addr, (300..400).map(|i| line(i, 180))).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during = rig.engine.stats().await.unwrap();
+    assert_eq!(
+        during.attempts.refused, 3,
+        "a cut spends no refusal: {during:?}"
+    );
+    assert_eq!((during.waiting, during.failed), (100, 1));
+    rig.link.apply_settled(Fault::Heal, Direction::Both).await;
+    let after = wait_stats(&rig.engine, "399 delivered", |s| s.delivered == 399).await;
+    assert_eq!(after.attempts.refused, 3);
+
+    let (copies, total) = stream_copies(rig.broker.addr).await;
+    println!(
+        "stream {STREAM}: {total} messages, {} distinct records",
+        copies.len()
+    );
+    assert_eq!(copies.len(), 399);
+    assert_eq!(total, 399, "one copy each");
+    assert!(!copies.contains_key("r-150"));
+    rig.engine.stop(Duration::from_secs(5)).await;
+    rig.broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_link_leaves_exactly_one_copy_of_each_record() {
+    let mut rig = rig(1 << 20).await;
+    let addr = rig.engine.addr();
+    ingest(addr, (0..200).map(|i| line(i, 180))).await;
+    wait_stats(&rig.engine, "200 delivered", |s| s.delivered == 200).await;
+    // Answers are swallowed: publishes land, PubAcks never come back.
+    rig.link
+        .apply_settled(Fault::Swallow, Direction::Downstream)
+        .await;
+    ingest(addr, (200..600).map(|i| line(i, 180))).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let during = rig.engine.stats().await.unwrap();
+    rig.link.apply_settled(Fault::Heal, Direction::Both).await;
+    let healed = Instant::now();
+    let after = wait_stats(&rig.engine, "600 delivered", |s| s.delivered == 600).await;
+    println!(
+        "half-open 6 s: {} possibly_sent attempts during it; all 600 delivered {:?} after the heal; attempts {:?}",
+        during.attempts.possibly_sent,
+        healed.elapsed(),
+        after.attempts
+    );
+    assert!(
+        during.attempts.possibly_sent > 0,
+        "the swallowed answers must end attempts possibly_sent: {during:?}"
+    );
+    assert_eq!(after.attempts.refused, 0);
+    let (copies, total) = stream_copies(rig.broker.addr).await;
+    println!(
+        "stream {STREAM}: {total} messages for {} records",
+        copies.len()
+    );
+    assert_eq!(copies.len(), 600, "nothing lost");
+    assert_eq!(
+        total, 600,
+        "resends were deduplicated by Nats-Msg-Id: no extra copy"
+    );
+    rig.engine.stop(Duration::from_secs(5)).await;
+    rig.broker.stop().await;
+}
