@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, message::PublishMessage};
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -201,5 +201,3 @@ pub(super) async fn drive_nats(
     journal.sync();
     publish_stats(&shared, index, &out, false);
 }
-
-use futures::FutureExt;
