@@ -975,6 +975,76 @@ async fn connect_and_probe(cfg: &OutputConfig, client_id: &str) -> Result<mqtt::
     Ok(session)
 }
 
+/// What an output's driver works on while it is not connected.
+struct OutputSide<'a> {
+    out: &'a mut Output,
+    index: usize,
+    rx: &'a mut mpsc::UnboundedReceiver<ToOutput>,
+    journal: &'a mut Journal,
+    shared: &'a Shared,
+}
+
+impl OutputSide<'_> {
+    /// Connects and probes with `attempt` until it succeeds, backing off 100 ms → 2 s and
+    /// taking in new records meanwhile. Says once that the destination is down, and that it is
+    /// back. `None` when the engine stops or ingest closes.
+    async fn connect<T, F, Fut>(
+        &mut self,
+        name: &str,
+        said_down: &mut bool,
+        cancel: &CancellationToken,
+        mut attempt: F,
+    ) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, String>>,
+    {
+        let mut retry = Duration::from_millis(100);
+        loop {
+            let connecting = attempt();
+            tokio::pin!(connecting);
+            let result = loop {
+                tokio::select! {
+                    result = &mut connecting => break result,
+                    m = self.rx.recv() => self.take(m)?,
+                    _ = cancel.cancelled() => return None,
+                }
+            };
+            match result {
+                Ok(connected) => {
+                    if *said_down {
+                        eprintln!("drill engine: output {name}: destination back (probe answered)");
+                    }
+                    return Some(connected);
+                }
+                Err(why) => {
+                    if !*said_down {
+                        eprintln!("drill engine: output {name}: destination unreachable: {why}");
+                        *said_down = true;
+                    }
+                    let wake = tokio::time::sleep(retry);
+                    tokio::pin!(wake);
+                    loop {
+                        tokio::select! {
+                            _ = &mut wake => break,
+                            m = self.rx.recv() => self.take(m)?,
+                            _ = cancel.cancelled() => return None,
+                        }
+                    }
+                    retry = (retry * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Takes one message from the ingest channel while disconnected; `None` once it closed.
+    fn take(&mut self, message: Option<ToOutput>) -> Option<()> {
+        self.journal.take(&self.shared.data_dir, self.out, message?);
+        publish_stats(self.shared, self.index, self.out, false);
+        Some(())
+    }
+}
+
 /// The I/O side of one MQTT output. Runs until `cancel` fires or the ingest channel closes.
 async fn drive_mqtt(
     mut out: Output,
@@ -990,56 +1060,24 @@ async fn drive_mqtt(
         .clone()
         .unwrap_or_else(|| format!("drill-engine-{}", cfg.name));
     let answer_timeout = cfg.answer_timeout.0;
-    let mut retry = Duration::from_millis(100);
     let mut said_down = false;
     publish_stats(&shared, index, &out, false);
-    'outer: loop {
-        // Connect and probe, still taking in new records meanwhile.
-        let attempt = connect_and_probe(&cfg, &client_id);
-        tokio::pin!(attempt);
-        let session = loop {
-            tokio::select! {
-                result = &mut attempt => break result,
-                batch = rx.recv() => match batch {
-                    Some(m) => { journal.take(&shared.data_dir, &mut out, m); publish_stats(&shared, index, &out, false); }
-                    None => break 'outer,
-                },
-                _ = cancel.cancelled() => break 'outer,
-            }
+    loop {
+        let mut side = OutputSide {
+            out: &mut out,
+            index,
+            rx: &mut rx,
+            journal: &mut journal,
+            shared: &shared,
         };
-        let session = match session {
-            Ok(s) => s,
-            Err(why) => {
-                if !said_down {
-                    eprintln!(
-                        "drill engine: output {}: destination unreachable: {why}",
-                        cfg.name
-                    );
-                    said_down = true;
-                }
-                let wake = tokio::time::sleep(retry);
-                tokio::pin!(wake);
-                loop {
-                    tokio::select! {
-                        _ = &mut wake => break,
-                        batch = rx.recv() => match batch {
-                            Some(m) => { journal.take(&shared.data_dir, &mut out, m); publish_stats(&shared, index, &out, false); }
-                            None => break 'outer,
-                        },
-                        _ = cancel.cancelled() => break 'outer,
-                    }
-                }
-                retry = (retry * 2).min(Duration::from_secs(2));
-                continue;
-            }
+        let Some(session) = side
+            .connect(&cfg.name, &mut said_down, &cancel, || {
+                connect_and_probe(&cfg, &client_id)
+            })
+            .await
+        else {
+            break;
         };
-        if said_down {
-            eprintln!(
-                "drill engine: output {}: destination back (probe answered)",
-                cfg.name
-            );
-        }
-        retry = Duration::from_millis(100);
         let (mut tx, incoming) = session.framed.split();
         // Every packet already readable arrives as one batch, so a burst of PUBACKs costs one
         // write of delivery marks, not one per record.

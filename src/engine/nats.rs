@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::output::{Answer, Output};
-use super::{Journal, OutputConfig, Shared, ToOutput, publish_stats};
+use super::{Journal, OutputConfig, OutputSide, Shared, ToOutput, publish_stats};
 
 /// Connects and probes: a JetStream account-info request and its answer. Writes no data.
 async fn connect_and_probe(cfg: &OutputConfig, name: &str) -> Result<jetstream::Context, String> {
@@ -89,55 +89,24 @@ pub(super) async fn drive_nats(
         .client_id
         .clone()
         .unwrap_or_else(|| format!("drill-engine-{}", cfg.name));
-    let mut retry = Duration::from_millis(100);
     let mut said_down = false;
     publish_stats(&shared, index, &out, false);
-    'outer: loop {
-        let attempt = connect_and_probe(&cfg, &name);
-        tokio::pin!(attempt);
-        let connected = loop {
-            tokio::select! {
-                result = &mut attempt => break result,
-                m = rx.recv() => match m {
-                    Some(m) => { journal.take(&shared.data_dir, &mut out, m); publish_stats(&shared, index, &out, false); }
-                    None => break 'outer,
-                },
-                _ = cancel.cancelled() => break 'outer,
-            }
+    loop {
+        let mut side = OutputSide {
+            out: &mut out,
+            index,
+            rx: &mut rx,
+            journal: &mut journal,
+            shared: &shared,
         };
-        let js = match connected {
-            Ok(js) => js,
-            Err(why) => {
-                if !said_down {
-                    eprintln!(
-                        "drill engine: output {}: destination unreachable: {why}",
-                        cfg.name
-                    );
-                    said_down = true;
-                }
-                let wake = tokio::time::sleep(retry);
-                tokio::pin!(wake);
-                loop {
-                    tokio::select! {
-                        _ = &mut wake => break,
-                        m = rx.recv() => match m {
-                            Some(m) => { journal.take(&shared.data_dir, &mut out, m); publish_stats(&shared, index, &out, false); }
-                            None => break 'outer,
-                        },
-                        _ = cancel.cancelled() => break 'outer,
-                    }
-                }
-                retry = (retry * 2).min(Duration::from_secs(2));
-                continue;
-            }
+        let Some(js) = side
+            .connect(&cfg.name, &mut said_down, &cancel, || {
+                connect_and_probe(&cfg, &name)
+            })
+            .await
+        else {
+            break;
         };
-        if said_down {
-            eprintln!(
-                "drill engine: output {}: destination back (probe answered)",
-                cfg.name
-            );
-        }
-        retry = Duration::from_millis(100);
         publish_stats(&shared, index, &out, true);
         let mut in_flight = FuturesUnordered::new();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
