@@ -140,9 +140,14 @@ pub fn nats_server_path() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Starts `nats-server -js` as a local process with its own store directory under `work`.
-/// `advertise` is the address clients are told to use (the proxy's), never the server's own.
-pub async fn start_nats(work: &Path, advertise: Option<SocketAddr>) -> Result<Broker, BrokerError> {
+/// Starts `nats-server -js` as a local process with its own store directory under `work`, on
+/// `port` (one try) or a free port (up to five tries). `advertise` is the address clients are
+/// told to use (the proxy's), never the server's own.
+pub async fn start_nats(
+    work: &Path,
+    port: Option<u16>,
+    advertise: Option<SocketAddr>,
+) -> Result<Broker, BrokerError> {
     let bin = nats_server_path().ok_or(BrokerError::NatsMissing)?;
     let store = work.join("nats");
     std::fs::create_dir_all(&store)?;
@@ -155,8 +160,11 @@ pub async fn start_nats(work: &Path, advertise: Option<SocketAddr>) -> Result<Br
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| "nats-server (version unknown)".to_string());
     let mut last_error = String::new();
-    for _ in 0..5 {
-        let port = free_port()?;
+    for _ in 0..if port.is_some() { 1 } else { 5 } {
+        let port = match port {
+            Some(p) => p,
+            None => free_port()?,
+        };
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let mut command = Command::new(&bin);
         command
@@ -191,6 +199,40 @@ pub async fn start_nats(work: &Path, advertise: Option<SocketAddr>) -> Result<Br
         what: "nats-server".to_string(),
         why: last_error,
     })
+}
+
+/// Creates the JetStream stream a drill writes to: file storage, `subject`, the duplicate
+/// window, and (for poison records) a per-message size limit the stream enforces by refusing.
+pub async fn create_stream(
+    server: SocketAddr,
+    name: &str,
+    subject: &str,
+    duplicate_window: Duration,
+    max_message_size: Option<usize>,
+) -> Result<(), BrokerError> {
+    use async_nats::jetstream;
+    let fail = |why: String| BrokerError::Start {
+        what: format!("JetStream stream {name}"),
+        why,
+    };
+    let client = async_nats::ConnectOptions::new()
+        .name("drill-provisioner")
+        .ignore_discovered_servers()
+        .connect(server.to_string())
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    jetstream::new(client)
+        .create_stream(jetstream::stream::Config {
+            name: name.to_string(),
+            subjects: vec![subject.to_string()],
+            duplicate_window,
+            max_message_size: max_message_size.map_or(-1, |m| m as i32),
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(())
 }
 
 async fn wait_listening(

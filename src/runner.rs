@@ -14,13 +14,16 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::brokers::{self, Broker};
-use crate::engine::{EngineConfig, OutputConfig, Stats};
+use crate::brokers;
+use crate::engine::{EngineConfig, OutputConfig, OutputKind, Stats};
 use crate::proxy::{Direction, Fault, FaultSpec, Link};
 use crate::report::{self, Facts, FaultRecord};
-use crate::scenario::{FaultAction, Plan, ProcessAction, RuntimeChoice};
+use crate::scenario::{DestinationKind, FaultAction, Plan, ProcessAction, RuntimeChoice};
 use crate::sut::EngineProcess;
-use crate::verify::{self, Reader};
+use crate::verify::{self, ReadBack, Reader};
+
+/// The JetStream stream a NATS drill writes to.
+const STREAM: &str = "DRILL";
 use crate::workload::{self, Sent};
 
 /// Why a drill could not be carried out (exit code 3): not a verdict on the engine.
@@ -34,6 +37,8 @@ pub enum RunError {
     Engine(#[from] crate::sut::SutError),
     #[error("reader: {0}")]
     Reader(#[from] crate::mqtt::MqttError),
+    #[error("{0}")]
+    Verifier(String),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -182,6 +187,7 @@ pub async fn run(
     }
     std::fs::create_dir_all(&work).map_err(io(&work))?;
     let run_id = format!("{}-{seed}", plan.name);
+    let mut notes: Vec<String> = Vec::new();
 
     say(&format!(
         "drill {}: {}",
@@ -189,7 +195,49 @@ pub async fn run(
         plan.about.as_deref().unwrap_or("")
     ));
     let limit = (!plan.workload.poison.is_empty()).then(|| plan.workload.message_limit());
-    let mut broker: Broker = brokers::start_mqtt(runtime, &work, limit).await?;
+    let link_cancel = cancel.child_token();
+    let link_name = plan.destination.link_name();
+    let (mut broker, link) = match plan.destination.kind {
+        DestinationKind::Nats => {
+            if runtime == RuntimeChoice::Container {
+                return Err(brokers::BrokerError::ContainerUnsupported.into());
+            }
+            // The proxy is bound first, so the server can advertise it (never itself).
+            let port = brokers::free_port().map_err(io(&work))?;
+            let upstream = SocketAddr::from(([127, 0, 0, 1], port));
+            let link = Link::start(
+                link_name,
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                upstream,
+                link_cancel.clone(),
+            )
+            .await?;
+            let broker = brokers::start_nats(&work, Some(port), Some(link.listen_addr())).await?;
+            let window = plan
+                .destination
+                .duplicate_window
+                .unwrap_or(Duration::from_secs(120));
+            brokers::create_stream(broker.addr, STREAM, &plan.destination.topic, window, limit)
+                .await?;
+            notes.push(format!(
+                "JetStream stream {STREAM} on subject `{}`: duplicate window {} s (at least the longest outage plus the longest backoff)",
+                plan.destination.topic,
+                window.as_secs()
+            ));
+            (broker, link)
+        }
+        _ => {
+            let broker = brokers::start_mqtt(runtime, &work, limit).await?;
+            let link = Link::start(
+                link_name,
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                broker.addr,
+                link_cancel.clone(),
+            )
+            .await?;
+            (broker, link)
+        }
+    };
     if let Some(note) = &broker.note {
         say(&format!("  {note}"));
     }
@@ -197,16 +245,9 @@ pub async fn run(
         "  broker: {} ({}) on {}",
         broker.version, broker.runtime, broker.addr
     ));
-
-    let link_cancel = cancel.child_token();
-    let link_name = plan.destination.link_name();
-    let link = Link::start(
-        link_name,
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        broker.addr,
-        link_cancel.clone(),
-    )
-    .await?;
+    for note in &notes {
+        say(&format!("  {note}"));
+    }
     link.seed(seed);
     say(&format!(
         "  proxy link {link_name}: {} -> {}",
@@ -231,6 +272,10 @@ pub async fn run(
                     crate::engine::DurText(plan.engine.refusals.2),
                 ],
             }),
+            kind: match plan.destination.kind {
+                DestinationKind::Nats => OutputKind::Nats,
+                _ => OutputKind::Mqtt,
+            },
             ..OutputConfig::mqtt(link_name, link.listen_addr(), &plan.destination.topic)
         }],
         disk: Default::default(),
@@ -244,14 +289,22 @@ pub async fn run(
     // The reader subscribes before the first record; then the workload and the timeline run
     // side by side on the drill's clock.
     let t0 = Instant::now();
+    let t0_wall = std::time::SystemTime::now();
     let reader_cancel = cancel.child_token();
-    let reader = Reader::start(
-        broker.addr,
-        &plan.destination.topic,
-        t0,
-        reader_cancel.clone(),
-    )
-    .await?;
+    let reader = match plan.destination.kind {
+        DestinationKind::Nats => ReadBack::stream(broker.addr, STREAM, t0_wall)
+            .await
+            .map_err(RunError::Verifier)?,
+        _ => ReadBack::Mqtt(
+            Reader::start(
+                broker.addr,
+                &plan.destination.topic,
+                t0,
+                reader_cancel.clone(),
+            )
+            .await?,
+        ),
+    };
     let sent = Arc::new(Mutex::new(Sent::default()));
     let workload_cancel = cancel.child_token();
     let workload = tokio::spawn(workload::drive(
@@ -273,7 +326,6 @@ pub async fn run(
 
     let mut faults: Vec<FaultRecord> = Vec::new();
     let mut crashes: Vec<Duration> = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
     let mut progress = tokio::time::interval(Duration::from_secs(5));
     progress.tick().await;
     let steps = timeline(plan);
@@ -297,7 +349,7 @@ pub async fn run(
                 say(&format!(
                     "  {:>4}s  accepted {accepted:>6}  read back {:>6}  link {link_name}: {}{}",
                     t0.elapsed().as_secs(),
-                    reader.count(),
+                    reader.count().await,
                     status.fault,
                     status.direction.map(|d| format!(" {d}")).unwrap_or_default()
                 ));
@@ -434,11 +486,11 @@ pub async fn run(
     }
     // Let the reader catch up: until its count has been still for 1.5 s (at most 20 s).
     let settle_deadline = Instant::now() + Duration::from_secs(20);
-    let mut count = reader.count();
+    let mut count = reader.count().await;
     let mut still_since = Instant::now();
     while Instant::now() < settle_deadline && still_since.elapsed() < Duration::from_millis(1500) {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = reader.count();
+        let now = reader.count().await;
         if now != count {
             count = now;
             still_since = Instant::now();
@@ -478,7 +530,11 @@ pub async fn run(
             .collect(),
         None => HashSet::new(),
     };
-    let allowed = report::allowed_duplicates(&sent, &received, &possibly_sent_keys, &crash_keys);
+    // `effectively_once` allows no extra copy at all; `at_least_once` one with the write key.
+    let allowed = match plan.engine.promise {
+        crate::scenario::Promise::EffectivelyOnce => 0,
+        _ => report::allowed_duplicates(&sent, &received, &possibly_sent_keys, &crash_keys),
+    };
     let recovery = report::recovery(&faults, &sent, &received);
 
     let mut versions = BTreeMap::new();

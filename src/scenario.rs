@@ -238,6 +238,10 @@ struct RawDestination {
     runtime: Option<RuntimeChoice>,
     #[serde(default)]
     topic: Option<String>,
+    /// NATS only: the stream's duplicate window (default: the longest outage plus the longest
+    /// backoff, at least 2 min).
+    #[serde(default)]
+    duplicate_window: Option<Spanned<Dur>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -375,7 +379,10 @@ pub struct Plan {
 pub struct Destination {
     pub kind: DestinationKind,
     pub runtime: RuntimeChoice,
+    /// The MQTT topic, or the NATS subject.
     pub topic: String,
+    /// NATS: the stream's duplicate window (always set for `nats` once validated).
+    pub duplicate_window: Option<Duration>,
 }
 
 impl Destination {
@@ -452,6 +459,30 @@ pub enum FaultAction {
         restart_after: Option<Duration>,
         wipe_data: bool,
     },
+}
+
+/// The longest stretch any one fault keeps the destination out of reach: a link fault until it
+/// heals (by `for`, by a later `heal`, or at the end of the drill), a proxy restart's
+/// `down_for`, an engine's `restart_after`.
+pub fn longest_outage(faults: &[ScheduledFault], drill_ends: Duration) -> Duration {
+    faults
+        .iter()
+        .map(|f| match &f.what {
+            FaultAction::Link { lasts: Some(d), .. } => *d,
+            FaultAction::Link {
+                link, lasts: None, ..
+            } => {
+                let heal = faults.iter().find(|h| {
+                    h.at > f.at && matches!(&h.what, FaultAction::Heal { link: l } if l == link)
+                });
+                heal.map_or(drill_ends, |h| h.at).saturating_sub(f.at)
+            }
+            FaultAction::ProxyRestart { down_for } => *down_for,
+            FaultAction::Engine { restart_after, .. } => restart_after.unwrap_or_default(),
+            FaultAction::Heal { .. } => Duration::ZERO,
+        })
+        .max()
+        .unwrap_or_default()
 }
 
 #[derive(Debug, Clone, Default)]
@@ -555,25 +586,46 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
         ));
     }
     let kind = raw.destination.kind.value;
-    if kind != DestinationKind::Mqtt {
+    if kind == DestinationKind::Kafka {
         return Err(invalid(
             shown,
             &raw.destination.kind.referenced,
             format!(
-                "field `destination.kind`: `{}` is not supported by this build yet; use `mqtt`",
+                "field `destination.kind`: `{}` is not supported by this build yet; use `mqtt` or `nats`",
                 kind.name()
             ),
         ));
     }
-    let destination = Destination {
+    if let Some(w) = &raw.destination.duplicate_window
+        && kind != DestinationKind::Nats
+    {
+        return Err(invalid(
+            shown,
+            &w.referenced,
+            "field `destination.duplicate_window`: only a `nats` destination has one".to_string(),
+        ));
+    }
+    let runtime = raw.destination.runtime.unwrap_or(RuntimeChoice::Auto);
+    if kind == DestinationKind::Nats && runtime == RuntimeChoice::Embedded {
+        return Err(invalid(
+            shown,
+            &raw.destination.kind.referenced,
+            "field `destination.runtime`: there is no embedded NATS server; use `process` (nats-server) or `auto`".to_string(),
+        ));
+    }
+    let mut destination = Destination {
         kind,
-        runtime: raw.destination.runtime.unwrap_or(RuntimeChoice::Auto),
+        runtime,
         topic: raw.destination.topic.unwrap_or_else(|| "drill".to_string()),
+        duplicate_window: raw.destination.duplicate_window.as_ref().map(|w| w.value.0),
     };
     let builtin = raw.system.and_then(|s| s.builtin).unwrap_or_default();
     let engine = EngineSpec {
         order: builtin.order.unwrap_or_default(),
-        promise: builtin.promise.unwrap_or_default(),
+        promise: builtin.promise.unwrap_or(match kind {
+            DestinationKind::Nats => Promise::EffectivelyOnce,
+            _ => Promise::AtLeastOnce,
+        }),
         keepalive: builtin
             .keepalive
             .map(|d| d.0)
@@ -866,6 +918,16 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
         }
     }
     faults.sort_by_key(|f| f.at);
+    if kind == DestinationKind::Nats && destination.duplicate_window.is_none() {
+        let drill_ends = workload.duration
+            + raw
+                .drain_timeout
+                .map(|d| d.0)
+                .unwrap_or(Duration::from_secs(60));
+        let window =
+            longest_outage(&faults, drill_ends) + engine.refusals.2 + 2 * engine.answer_timeout;
+        destination.duplicate_window = Some(window.max(Duration::from_secs(120)));
+    }
     let expect = raw
         .expect
         .map(|e| Expectations {
@@ -941,6 +1003,32 @@ faults:
         let e = err(&text);
         assert!(e.starts_with("s.yaml:5:"), "{e}");
         assert!(e.contains("fualt"), "{e}");
+    }
+
+    #[test]
+    fn a_nats_destination_gets_a_duplicate_window_longer_than_its_outages() {
+        let text = "name: n\ndestination: { kind: nats }\nworkload: { rate: 10/s, duration: 10m }\nfaults:\n  - { at: 10s, link: nats, fault: swallow, direction: downstream, for: 5m }\n";
+        let plan = parse(Path::new("n.yaml"), text).unwrap();
+        assert_eq!(plan.engine.promise, Promise::EffectivelyOnce);
+        // 5 min outage + 60 s backoff cap + twice the 3 s answer timeout.
+        assert_eq!(
+            plan.destination.duplicate_window,
+            Some(Duration::from_secs(300 + 60 + 6))
+        );
+        let short = text.replace("for: 5m", "for: 5s");
+        let plan = parse(Path::new("n.yaml"), &short).unwrap();
+        assert_eq!(
+            plan.destination.duplicate_window,
+            Some(Duration::from_secs(120))
+        );
+        let e = err(&text.replace("kind: nats }", "kind: nats, runtime: embedded }"));
+        assert!(e.contains("no embedded NATS server"), "{e}");
+        let e = err(&text
+            .replace("kind: nats }", "kind: mqtt, duplicate_window: 1m }")
+            .replace("link: nats", "link: mqtt"));
+        assert!(e.contains("only a `nats` destination"), "{e}");
+        let e = err(&text.replace("kind: nats }", "kind: kafka }"));
+        assert!(e.contains("not supported by this build yet"), "{e}");
     }
 
     #[test]

@@ -238,14 +238,78 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
     rec
 }
 
+/// The read-back side of a drill: a live MQTT subscriber, or a JetStream stream read whole once
+/// the drill has drained. Both connect to the broker directly, never through the proxy.
+pub enum ReadBack {
+    Mqtt(Reader),
+    Stream {
+        server: SocketAddr,
+        stream: String,
+        js: Box<async_nats::jetstream::Context>,
+        t0: std::time::SystemTime,
+    },
+}
+
+impl ReadBack {
+    /// Watches a stream (it must exist); `t0` is the drill's start as wall time.
+    pub async fn stream(
+        server: SocketAddr,
+        stream: &str,
+        t0: std::time::SystemTime,
+    ) -> Result<ReadBack, String> {
+        let client = async_nats::ConnectOptions::new()
+            .name("drill-verifier-count")
+            .ignore_discovered_servers()
+            .connect(server.to_string())
+            .await
+            .map_err(|e| format!("verifier cannot connect to {server}: {e}"))?;
+        Ok(ReadBack::Stream {
+            server,
+            stream: stream.to_string(),
+            js: Box::new(async_nats::jetstream::new(client)),
+            t0,
+        })
+    }
+
+    /// How many copies have arrived so far.
+    pub async fn count(&self) -> usize {
+        match self {
+            ReadBack::Mqtt(r) => r.count(),
+            ReadBack::Stream { js, stream, .. } => match js.get_stream(stream).await {
+                Ok(mut s) => s.info().await.map_or(0, |i| i.state.messages as usize),
+                Err(_) => 0,
+            },
+        }
+    }
+
+    /// Everything that arrived.
+    pub async fn stop(self) -> Received {
+        match self {
+            ReadBack::Mqtt(r) => r.stop().await,
+            ReadBack::Stream {
+                server, stream, t0, ..
+            } => read_stream(server, &stream, Duration::from_secs(120), Some(t0))
+                .await
+                .unwrap_or_else(|e| Received {
+                    arrivals: Vec::new(),
+                    verifier_fault: Some(e),
+                }),
+        }
+    }
+}
+
 /// Reads a whole JetStream stream straight from the server (never through the proxy): every
 /// message from the first sequence to the last, with its `Nats-Msg-Id` as the write key. The
 /// count read is checked against the stream's own message count; a shortfall is a *verifier*
 /// fault, never engine loss.
+///
+/// With `t0` (the drill's start as wall time), each arrival is stamped with the server's own
+/// time of storing it, relative to `t0`; otherwise with the time it was read.
 pub async fn read_stream(
     server: SocketAddr,
     stream: &str,
     limit: Duration,
+    t0: Option<std::time::SystemTime>,
 ) -> Result<Received, String> {
     use async_nats::jetstream::{self, consumer};
     let client = async_nats::ConnectOptions::new()
@@ -291,10 +355,15 @@ pub async fn read_stream(
                     .as_ref()
                     .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
                     .map(|v| v.as_str().to_string());
+                let stored = t0.and_then(|t0| {
+                    let at = m.info().ok()?.published.unix_timestamp_nanos();
+                    let t0 = t0.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as i128;
+                    Some(Duration::from_nanos(u64::try_from(at - t0).unwrap_or(0)))
+                });
                 received.arrivals.push(Arrival {
                     id,
                     write_key,
-                    at: started.elapsed(),
+                    at: stored.unwrap_or_else(|| started.elapsed()),
                 });
             }
             Ok(Some(Err(e))) => {

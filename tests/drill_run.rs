@@ -225,6 +225,24 @@ fn the_engine_crash_scenario_loses_nothing() {
 }
 
 #[test]
+fn the_nats_half_open_scenario_leaves_one_copy_of_each_record() {
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/nats-half-open.yaml");
+    let ran = run_drill(scenario, "nats-half-open", &[]);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    let l = &r["ledger"];
+    assert_eq!(l["lost"], 0);
+    assert_eq!(l["duplicates"], 0, "effectively_once: not one extra copy");
+    assert_eq!(r["closes"], true);
+    assert!(l["held"].as_u64().unwrap_or(0) > 10_000);
+    for rec in r["recovery"].as_array().unwrap() {
+        let heal = rec["heal_ms"].as_u64().unwrap();
+        let first = rec["first_delivery_ms"].as_u64().unwrap_or(u64::MAX);
+        assert!(first.saturating_sub(heal) <= 5000, "{rec}");
+    }
+}
+
+#[test]
 fn the_poison_record_scenario_sets_one_record_aside() {
     let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/poison-record.yaml");
     let ran = run_drill(scenario, "poison-record", &[]);

@@ -35,7 +35,7 @@ struct Rig {
 async fn rig(max_msg_size: i32) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().to_path_buf();
-    let broker = brokers::start_nats(&work, None)
+    let broker = brokers::start_nats(&work, None, None)
         .await
         .expect("nats-server is installed (ci/setup.sh)");
     let client = async_nats::connect(broker.addr.to_string()).await.unwrap();
@@ -137,7 +137,7 @@ fn attempts(work: &Path) -> Vec<serde_json::Value> {
 
 /// Copies per harness id in the stream.
 async fn stream_copies(broker: SocketAddr) -> (HashMap<String, u32>, usize) {
-    let got = verify::read_stream(broker, STREAM, Duration::from_secs(30))
+    let got = verify::read_stream(broker, STREAM, Duration::from_secs(30), None)
         .await
         .unwrap();
     assert!(got.verifier_fault.is_none(), "{:?}", got.verifier_fault);
