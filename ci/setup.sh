@@ -26,5 +26,13 @@ if ! command -v nats-server >/dev/null 2>&1; then
   hash -r
 fi
 
+# tansu: a Kafka-protocol broker (no Apache Kafka distribution is reachable here). A cold build
+# takes about 14 minutes; the binary lands in ~/.cargo/bin and is reused from then on.
+if ! command -v tansu >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/tansu" ]; then
+  echo "ci/setup.sh: building tansu 0.6.0 (cargo install, about 14 minutes cold)"
+  cargo install tansu --version 0.6.0 --features dynostore,libsql --locked -q
+fi
+
 echo "ci/setup.sh: mosquitto: $( (mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null || true) | head -n1)"
 echo "ci/setup.sh: nats-server: $(nats-server --version 2>/dev/null || echo 'not on PATH')"
+echo "ci/setup.sh: tansu: $( (tansu --version 2>/dev/null || "$HOME/.cargo/bin/tansu" --version 2>/dev/null || echo 'not installed') | head -n1)"

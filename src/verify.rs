@@ -248,6 +248,13 @@ pub enum ReadBack {
         js: Box<async_nats::jetstream::Context>,
         t0: std::time::SystemTime,
     },
+    /// A Kafka topic, read whole through `bootstrap` at the end (the broker advertises the
+    /// proxy's address, so that is where every client goes; the runner heals the link first).
+    Topic {
+        bootstrap: SocketAddr,
+        topic: String,
+        t0: std::time::SystemTime,
+    },
 }
 
 impl ReadBack {
@@ -271,14 +278,16 @@ impl ReadBack {
         })
     }
 
-    /// How many copies have arrived so far.
-    pub async fn count(&self) -> usize {
+    /// How many copies have arrived so far, where that can be known without reading them
+    /// (not for Kafka: its reported end offsets are not trusted).
+    pub async fn count(&self) -> Option<usize> {
         match self {
-            ReadBack::Mqtt(r) => r.count(),
+            ReadBack::Mqtt(r) => Some(r.count()),
             ReadBack::Stream { js, stream, .. } => match js.get_stream(stream).await {
-                Ok(mut s) => s.info().await.map_or(0, |i| i.state.messages as usize),
-                Err(_) => 0,
+                Ok(mut s) => s.info().await.ok().map(|i| i.state.messages as usize),
+                Err(_) => None,
             },
+            ReadBack::Topic { .. } => None,
         }
     }
 
@@ -289,6 +298,16 @@ impl ReadBack {
             ReadBack::Stream {
                 server, stream, t0, ..
             } => read_stream(server, &stream, Duration::from_secs(120), Some(t0))
+                .await
+                .unwrap_or_else(|e| Received {
+                    arrivals: Vec::new(),
+                    verifier_fault: Some(e),
+                }),
+            ReadBack::Topic {
+                bootstrap,
+                topic,
+                t0,
+            } => read_topic(bootstrap, &topic, Duration::from_secs(120), Some(t0))
                 .await
                 .unwrap_or_else(|e| Received {
                     arrivals: Vec::new(),
@@ -380,6 +399,123 @@ pub async fn read_stream(
         }
     }
     Ok(received)
+}
+
+/// Reads a whole Kafka topic: every partition from the earliest offset until the broker says
+/// partition EOF, with the `write-key` header. The end offsets the broker reports are not
+/// trusted (the Kafka-protocol broker used here reports stale high watermarks): the reader goes
+/// on until every partition reached EOF and then listens one more second; anything that
+/// arrives meanwhile re-opens that partition. A reader that stops early would count engine
+/// loss that is not there, so a timeout is reported as a *verifier* fault.
+///
+/// With `t0` (the drill's start as wall time), arrivals are stamped with the record's
+/// timestamp relative to `t0`.
+pub async fn read_topic(
+    bootstrap: SocketAddr,
+    topic: &str,
+    limit: Duration,
+    t0: Option<std::time::SystemTime>,
+) -> Result<Received, String> {
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || read_topic_blocking(bootstrap, &topic, limit, t0))
+        .await
+        .map_err(|e| format!("verifier: {e}"))?
+}
+
+fn read_topic_blocking(
+    bootstrap: SocketAddr,
+    topic: &str,
+    limit: Duration,
+    t0: Option<std::time::SystemTime>,
+) -> Result<Received, String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::KafkaError;
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap.to_string())
+        .set("group.id", format!("drill-verifier-{}", std::process::id()))
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .map_err(|e| format!("verifier: {e}"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .map_err(|e| format!("verifier: metadata of {topic}: {e}"))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        return Err(format!("verifier: topic {topic} has no partitions"));
+    }
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for &p in &partitions {
+        assignment
+            .add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .map_err(|e| format!("verifier: {e}"))?;
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(|e| format!("verifier: {e}"))?;
+    let t0_ms = t0
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as i64);
+    let started = Instant::now();
+    let mut at_eof: HashSet<i32> = HashSet::new();
+    let mut all_eof_since: Option<Instant> = None;
+    let mut received = Received::default();
+    loop {
+        if started.elapsed() > limit {
+            received.verifier_fault = Some(format!(
+                "verifier read {} records from {topic} but {} of {} partitions never reached EOF within {limit:?}",
+                received.arrivals.len(),
+                partitions.len() - at_eof.len(),
+                partitions.len()
+            ));
+            return Ok(received);
+        }
+        if let Some(since) = all_eof_since
+            && since.elapsed() > Duration::from_secs(1)
+        {
+            return Ok(received);
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                at_eof.remove(&m.partition());
+                all_eof_since = None;
+                let id = m
+                    .payload()
+                    .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
+                    .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string));
+                let write_key = m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == "write-key")
+                        .and_then(|h| h.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                });
+                let at = match (m.timestamp().to_millis(), t0_ms) {
+                    (Some(ts), Some(t0)) => {
+                        Duration::from_millis(u64::try_from(ts - t0).unwrap_or(0))
+                    }
+                    _ => started.elapsed(),
+                };
+                received.arrivals.push(Arrival { id, write_key, at });
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_eof.insert(p);
+                if at_eof.len() == partitions.len() && all_eof_since.is_none() {
+                    all_eof_since = Some(Instant::now());
+                }
+            }
+            Some(Err(e)) => {
+                received.verifier_fault = Some(format!("verifier: reading {topic}: {e}"));
+                return Ok(received);
+            }
+            None => {}
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,8 +5,13 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn drill(args: &[&str]) -> Output {
+    drill_with(args, &[])
+}
+
+fn drill_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_drill"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("drill runs")
 }
@@ -26,11 +31,15 @@ struct Ran {
 
 /// Runs `drill run FILE --out <temp> EXTRA...` and reads back scenario `name`'s reports.
 fn run_drill(file: &str, name: &str, extra: &[&str]) -> Ran {
+    run_drill_with(file, name, extra, &[])
+}
+
+fn run_drill_with(file: &str, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Ran {
     let out = tempfile::tempdir().unwrap();
     let out_arg = out.path().display().to_string();
     let mut args = vec!["run", file, "--out", &out_arg];
     args.extend_from_slice(extra);
-    let output = drill(&args);
+    let output = drill_with(&args, env);
     let dir = out.path().join(name);
     let report = std::fs::read_to_string(dir.join("report.json"))
         .ok()
@@ -267,4 +276,64 @@ fn the_poison_record_scenario_sets_one_record_aside() {
         ran.markdown
             .contains("3000 held = 2999 delivered + 0 waiting + 1 failed + 0 lost")
     );
+}
+
+/// A scenario file with some of its durations replaced (each must be there), written to `dir`
+/// under the same name: how CI runs the long drills, ten times shorter.
+fn shortened(dir: &Path, file: &str, swaps: &[(&str, &str)]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    for (from, to) in swaps {
+        assert!(text.contains(from), "{file} has no `{from}`");
+        text = text.replacen(from, to, 1);
+    }
+    let target = dir.join(path.file_name().unwrap());
+    std::fs::write(&target, text).unwrap();
+    target.display().to_string()
+}
+
+fn assert_clean_pass(ran: &Ran) {
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    let l = &r["ledger"];
+    assert_eq!(l["lost"], 0);
+    assert_eq!(l["duplicates"], 0);
+    assert_eq!(r["closes"], true);
+    for rec in r["recovery"].as_array().unwrap() {
+        let heal = rec["heal_ms"].as_u64().unwrap();
+        let first = rec["first_delivery_ms"].as_u64().unwrap_or(u64::MAX);
+        assert!(first.saturating_sub(heal) <= 5000, "{rec}");
+    }
+}
+
+const KAFKA_HALF_OPEN_SHORT: &[(&str, &str)] = &[
+    ("duration: 260s", "duration: 26s"),
+    ("at: 40s", "at: 4s"),
+    ("for: 180s", "for: 18s"),
+];
+
+#[test]
+fn the_kafka_cut_scenario_ten_times_shorter_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = shortened(
+        dir.path(),
+        "scenarios/kafka-cut.yaml",
+        &[
+            ("duration: 200s", "duration: 20s"),
+            ("at: 40s", "at: 4s"),
+            ("for: 120s", "for: 12s"),
+        ],
+    );
+    assert_clean_pass(&run_drill(&file, "kafka-cut", &[]));
+}
+
+#[test]
+fn the_kafka_half_open_scenario_ten_times_shorter_loses_nothing_and_copies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = shortened(
+        dir.path(),
+        "scenarios/kafka-half-open.yaml",
+        KAFKA_HALF_OPEN_SHORT,
+    );
+    assert_clean_pass(&run_drill(&file, "kafka-half-open", &[]));
 }

@@ -11,6 +11,7 @@
 //! stored record, and never lets an outage expire or spend anything.
 
 pub mod failed;
+mod kafka;
 pub mod log;
 mod nats;
 pub mod output;
@@ -136,6 +137,8 @@ pub enum OutputKind {
     /// NATS JetStream; `topic` is the subject a stream captures. Keeps `effectively_once`
     /// within the stream's duplicate window (or `at_least_once`, if declared).
     Nats,
+    /// Kafka (idempotent producer); `topic` is the topic. Keeps `at_least_once`.
+    Kafka,
 }
 
 impl OutputKind {
@@ -144,6 +147,7 @@ impl OutputKind {
         match self {
             OutputKind::Mqtt => Promise::AtLeastOnce,
             OutputKind::Nats => Promise::EffectivelyOnce,
+            OutputKind::Kafka => Promise::AtLeastOnce,
         }
     }
 }
@@ -247,6 +251,9 @@ impl EngineConfig {
                     }
                     OutputKind::Nats => {
                         "a JetStream output keeps `effectively_once` only within the stream's duplicate window"
+                    }
+                    OutputKind::Kafka => {
+                        "a Kafka output keeps `at_least_once` (a new producer session after a crash may add a copy)"
                     }
                 };
                 return Err(err(format!(
@@ -594,6 +601,9 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
                 tokio::spawn(drive_mqtt(out, cfg, index, rx, journal, shared, cancel))
             }
             OutputKind::Nats => tokio::spawn(nats::drive_nats(
+                out, cfg, index, rx, journal, shared, cancel,
+            )),
+            OutputKind::Kafka => tokio::spawn(kafka::drive_kafka(
                 out, cfg, index, rx, journal, shared, cancel,
             )),
         });

@@ -1,0 +1,220 @@
+//! The Kafka output: the I/O side of one [`Output`] whose destination is a Kafka topic, through
+//! librdkafka (`rdkafka`).
+//!
+//! The producer is idempotent (`enable.idempotence=true`, so within one producer session the
+//! broker drops a retried batch it already has) and has no age limit (`message.timeout.ms=0`:
+//! an outage never expires a record). The write key travels in the `write-key` header. Many
+//! deliveries are in flight at once (the output's window), each awaited as its own future.
+//!
+//! Outcomes: a delivery report without error is `delivered`; a broker error that refuses this
+//! record while others succeed (message too large, invalid or corrupt record, policy violation),
+//! or a record librdkafka will not send at all (too large for `message.max.bytes`: it never
+//! left the machine), is a counted refusal; anything else (a purged or failed session, a
+//! transport error surfacing as a delivery error) ends *every* open attempt `possibly_sent` and
+//! starts a new producer session only after a data-free probe (a metadata request for the
+//! topic) answers. During a cut nothing is resent by the engine: librdkafka keeps the open
+//! attempts' batches and retries them under the same producer id and sequence numbers, which
+//! an idempotent broker deduplicates. Declared promise: `at_least_once` (a new producer session
+//! after a crash or a lost session may add a copy, carrying the same write key).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::output::{Answer, Output};
+use super::{Journal, OutputConfig, OutputSide, Shared, ToOutput, publish_stats};
+
+/// The producer settings the rules above need.
+fn producer_config(cfg: &OutputConfig, name: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", cfg.address.to_string())
+        .set("client.id", name)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.timeout.ms", "0")
+        .set("socket.keepalive.enable", "true")
+        .set(
+            "socket.connection.setup.timeout.ms",
+            cfg.answer_timeout.0.as_millis().max(1000).to_string(),
+        )
+        .set("reconnect.backoff.ms", "100")
+        .set("reconnect.backoff.max.ms", "1000")
+        .set("linger.ms", "5");
+    config
+}
+
+/// Builds a producer and probes: a metadata request for the topic and its answer. Writes no
+/// data.
+async fn connect_and_probe(cfg: &OutputConfig, name: &str) -> Result<FutureProducer, String> {
+    let producer: FutureProducer = producer_config(cfg, name)
+        .create()
+        .map_err(|e| format!("cannot make a producer: {e}"))?;
+    let probe = producer.clone();
+    let topic = cfg.topic.clone();
+    let limit = cfg.answer_timeout.0;
+    let metadata =
+        tokio::task::spawn_blocking(move || probe.client().fetch_metadata(Some(&topic), limit))
+            .await
+            .map_err(|e| format!("metadata probe: {e}"))?
+            .map_err(|e| format!("metadata probe: {e}"))?;
+    match metadata.topics().first() {
+        Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(producer),
+        Some(t) => Err(format!(
+            "topic {} not usable: {:?}, {} partitions",
+            cfg.topic,
+            t.error(),
+            t.partitions().len()
+        )),
+        None => Err(format!("no metadata for topic {}", cfg.topic)),
+    }
+}
+
+/// What became of one produce.
+enum Outcome {
+    Answer(Answer),
+    /// Nothing certain came back: the session is to be treated as lost.
+    SessionLost(String),
+}
+
+/// Broker (or client) errors that refuse this one record while others go through.
+fn refuses_the_record(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageSizeTooLarge
+            | RDKafkaErrorCode::InvalidMessage
+            | RDKafkaErrorCode::InvalidMessageSize
+            | RDKafkaErrorCode::InvalidRecord
+            | RDKafkaErrorCode::PolicyViolation
+            | RDKafkaErrorCode::InvalidRequiredAcks
+    )
+}
+
+fn classify(error: &KafkaError) -> Outcome {
+    match error.rdkafka_error_code() {
+        Some(code) if refuses_the_record(code) => {
+            Outcome::Answer(Answer::Refused(error.to_string()))
+        }
+        _ => Outcome::SessionLost(error.to_string()),
+    }
+}
+
+/// The I/O side of one Kafka output. Runs until `cancel` fires or the ingest channel closes.
+pub(super) async fn drive_kafka(
+    mut out: Output,
+    cfg: OutputConfig,
+    index: usize,
+    mut rx: mpsc::UnboundedReceiver<ToOutput>,
+    mut journal: Journal,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    let name = cfg
+        .client_id
+        .clone()
+        .unwrap_or_else(|| format!("drill-engine-{}", cfg.name));
+    let mut said_down = false;
+    publish_stats(&shared, index, &out, false);
+    loop {
+        let mut side = OutputSide {
+            out: &mut out,
+            index,
+            rx: &mut rx,
+            journal: &mut journal,
+            shared: &shared,
+        };
+        let Some(producer) = side
+            .connect(&cfg.name, &mut said_down, &cancel, || {
+                connect_and_probe(&cfg, &name)
+            })
+            .await
+        else {
+            break;
+        };
+        publish_stats(&shared, index, &out, true);
+        let mut in_flight = FuturesUnordered::new();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let lost: String = 'session: loop {
+            for (tag, record) in out.next_attempts(std::time::Instant::now()) {
+                let headers = OwnedHeaders::new().insert(Header {
+                    key: "write-key",
+                    value: Some(record.key.as_str()),
+                });
+                let produce = FutureRecord::to(&cfg.topic)
+                    .payload(record.data.as_str())
+                    .key(record.key.as_str())
+                    .headers(headers);
+                match producer.send_result(produce) {
+                    Ok(delivery) => in_flight.push(
+                        async move {
+                            let outcome = match delivery.await {
+                                Ok(Ok(_)) => Outcome::Answer(Answer::Accepted),
+                                Ok(Err((e, _))) => classify(&e),
+                                Err(_) => {
+                                    Outcome::SessionLost("delivery report dropped".to_string())
+                                }
+                            };
+                            (tag, outcome)
+                        }
+                        .boxed(),
+                    ),
+                    Err((e, _)) => match classify(&e) {
+                        Outcome::Answer(answer) => {
+                            journal.record(out.on_answer(tag, answer, std::time::Instant::now()));
+                        }
+                        Outcome::SessionLost(why) => break 'session why,
+                    },
+                }
+            }
+            let due = out.next_due().map(tokio::time::Instant::from_std);
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break "engine stopping".to_string(),
+                Some((tag, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                    match outcome {
+                        Outcome::Answer(answer) => {
+                            journal.record(out.on_answer(tag, answer, std::time::Instant::now()));
+                            journal.write_marks();
+                        }
+                        Outcome::SessionLost(why) => break why,
+                    }
+                }
+                m = rx.recv() => match m {
+                    Some(m) => journal.take(&shared.data_dir, &mut out, m),
+                    None => break "ingest closed".to_string(),
+                },
+                _ = async { if let Some(d) = due { tokio::time::sleep_until(d).await } }, if due.is_some() => {}
+                _ = tick.tick() => {
+                    journal.flush();
+                    journal.marks.forget_below(shared.log_state.first_seq.load(std::sync::atomic::Ordering::SeqCst));
+                    publish_stats(&shared, index, &out, true);
+                }
+            }
+        };
+        // Whatever is still in flight has no certain answer: possibly sent, held, and sent
+        // again (same write key) only after the next probe, by a new producer session.
+        drop(in_flight);
+        journal.record(out.on_link_lost(&lost));
+        journal.flush();
+        publish_stats(&shared, index, &out, false);
+        drop(producer);
+        if cancel.is_cancelled() {
+            break;
+        }
+        eprintln!(
+            "drill engine: output {}: producer session lost: {lost}",
+            cfg.name
+        );
+        said_down = true;
+    }
+    journal.sync();
+    publish_stats(&shared, index, &out, false);
+}
