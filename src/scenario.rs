@@ -1022,7 +1022,7 @@ faults:
             Some(Duration::from_secs(120))
         );
         let e = err(&text.replace("kind: nats }", "kind: nats, runtime: embedded }"));
-        assert!(e.contains("no embedded NATS server"), "{e}");
+        assert!(e.contains("no embedded nats broker"), "{e}");
         let e = err(&text
             .replace("kind: nats }", "kind: mqtt, duplicate_window: 1m }")
             .replace("link: nats", "link: mqtt"));
