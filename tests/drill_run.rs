@@ -337,3 +337,36 @@ fn the_kafka_half_open_scenario_ten_times_shorter_loses_nothing_and_copies_nothi
     );
     assert_clean_pass(&run_drill(&file, "kafka-half-open", &[]));
 }
+
+/// The check is real: the same (shortened) half-open drill against a deliberately naive Kafka
+/// output — no idempotence, librdkafka's default delivery timeout, a resend on a timer — must
+/// fail, with the copies counted. Only in test builds (`--features naive-engine`).
+#[cfg(feature = "naive-engine")]
+#[test]
+fn a_naive_engine_fails_the_kafka_half_open_drill_with_extra_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = shortened(
+        dir.path(),
+        "scenarios/kafka-half-open.yaml",
+        KAFKA_HALF_OPEN_SHORT,
+    );
+    let ran = run_drill_with(
+        &file,
+        "kafka-half-open",
+        &[],
+        &[("DRILL_NAIVE_ENGINE", "1")],
+    );
+    let (o, r) = (&ran.output, &ran.report);
+    let l = &r["ledger"];
+    println!(
+        "naive engine: exit {:?}; lost {}, duplicates {} ({} beyond at_least_once)",
+        o.status.code(),
+        l["lost"],
+        l["duplicates"],
+        l["duplicates_beyond_promise"]
+    );
+    assert_eq!(o.status.code(), Some(1), "{}\n{r:#}", show(o));
+    let lost = l["lost"].as_u64().unwrap();
+    let beyond = l["duplicates_beyond_promise"].as_u64().unwrap();
+    assert!(lost + beyond > 0, "{r:#}");
+}
