@@ -57,6 +57,17 @@ pub struct Broker {
 }
 
 impl Broker {
+    /// A broker this value does not own a process for (the nodes of a cluster own theirs).
+    pub fn without_process(addr: SocketAddr, runtime: &'static str, version: String) -> Broker {
+        Broker {
+            addr,
+            runtime,
+            version,
+            note: None,
+            child: None,
+        }
+    }
+
     /// Stops the broker (SIGTERM, then SIGKILL after 5 s).
     pub async fn stop(&mut self) {
         if let Some(child) = self.child.as_mut() {
@@ -308,12 +319,16 @@ pub async fn create_topic(
 
 /// Creates the JetStream stream a drill writes to: file storage, `subject`, the duplicate
 /// window, and (for poison records) a per-message size limit the stream enforces by refusing.
+///
+/// `replicas` > 1 needs a cluster; a new cluster elects its JetStream leader first, so this
+/// retries for up to 30 s.
 pub async fn create_stream(
     server: SocketAddr,
     name: &str,
     subject: &str,
     duplicate_window: Duration,
     max_message_size: Option<usize>,
+    replicas: usize,
 ) -> Result<(), BrokerError> {
     use async_nats::jetstream;
     let fail = |why: String| BrokerError::Start {
@@ -326,18 +341,158 @@ pub async fn create_stream(
         .connect(server.to_string())
         .await
         .map_err(|e| fail(e.to_string()))?;
-    jetstream::new(client)
-        .create_stream(jetstream::stream::Config {
-            name: name.to_string(),
-            subjects: vec![subject.to_string()],
-            duplicate_window,
-            max_message_size: max_message_size.map_or(-1, |m| m as i32),
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        })
+    let js = jetstream::new(client);
+    let config = jetstream::stream::Config {
+        name: name.to_string(),
+        subjects: vec![subject.to_string()],
+        duplicate_window,
+        max_message_size: max_message_size.map_or(-1, |m| m as i32),
+        storage: jetstream::stream::StorageType::File,
+        num_replicas: replicas,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match js.create_stream(config.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(fail(e.to_string())),
+        }
+    }
+}
+
+/// The server name of the node that leads stream `name` now, asked of `server`.
+pub async fn stream_leader(server: SocketAddr, name: &str) -> Option<String> {
+    let client = async_nats::ConnectOptions::new()
+        .name("drill-provisioner")
+        .ignore_discovered_servers()
+        .connection_timeout(Duration::from_secs(2))
+        .connect(server.to_string())
         .await
-        .map_err(|e| fail(e.to_string()))?;
-    Ok(())
+        .ok()?;
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js.get_stream(name).await.ok()?;
+    stream.info().await.ok()?.cluster.as_ref()?.leader.clone()
+}
+
+/// One node of a NATS cluster a drill started: it can be killed and started again on the
+/// same ports and store.
+pub struct NatsNode {
+    pub name: String,
+    pub addr: SocketAddr,
+    bin: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl NatsNode {
+    async fn spawn(&mut self) -> Result<(), BrokerError> {
+        let mut command = Command::new(&self.bin);
+        command
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&self.log)?,
+            ))
+            .kill_on_drop(true);
+        let mut child = dies_with_drill(&mut command).spawn()?;
+        wait_listening(self.addr, &mut child, &self.name).await?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL (`kill`) or SIGTERM (`stop`, then SIGKILL after 5 s).
+    pub async fn halt(&mut self, kill: bool) {
+        if let Some(mut child) = self.child.take() {
+            if !kill && let Some(pid) = child.id() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+                if tokio::time::timeout(Duration::from_secs(5), child.wait())
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Starts the node again (same ports, same store).
+    pub async fn restart(&mut self) -> Result<(), BrokerError> {
+        self.halt(true).await;
+        self.spawn().await
+    }
+}
+
+/// Starts a NATS cluster with JetStream: node `i` serves clients on `client_ports[i]` and
+/// advertises `advertise[i]` (its proxy link); routes join every node to every other, and
+/// `no_advertise` keeps cluster gossip from offering clients a way around the proxy.
+pub async fn start_nats_cluster(
+    work: &Path,
+    client_ports: &[u16],
+    advertise: &[SocketAddr],
+) -> Result<Vec<NatsNode>, BrokerError> {
+    let bin = nats_server_path().ok_or(BrokerError::NatsMissing)?;
+    let cluster_ports = client_ports
+        .iter()
+        .map(|_| free_port())
+        .collect::<Result<Vec<u16>, _>>()?;
+    let routes = cluster_ports
+        .iter()
+        .map(|p| format!("nats://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut nodes = Vec::new();
+    for (i, (&port, &adv)) in client_ports.iter().zip(advertise).enumerate() {
+        let name = format!("n{}", i + 1);
+        let store = work.join(format!("nats-{name}"));
+        std::fs::create_dir_all(&store)?;
+        let args: Vec<String> = [
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-js",
+            "-sd",
+            &store.display().to_string(),
+            "--server_name",
+            &name,
+            "--cluster_name",
+            "drill",
+            "--cluster",
+            &format!("nats://127.0.0.1:{}", cluster_ports[i]),
+            "--routes",
+            &routes,
+            "--no_advertise",
+            "--client_advertise",
+            &adv.to_string(),
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        nodes.push(NatsNode {
+            name,
+            addr: ([127, 0, 0, 1], port).into(),
+            bin: bin.clone(),
+            args,
+            log: store.join("nats-server.log"),
+            child: None,
+        });
+    }
+    for node in &mut nodes {
+        node.spawn().await?;
+    }
+    Ok(nodes)
 }
 
 async fn wait_listening(

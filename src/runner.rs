@@ -87,12 +87,35 @@ enum Step {
         wipe_data: bool,
     },
     RestartEngine,
+    Broker {
+        index: usize,
+        node: crate::scenario::BrokerNode,
+        action: ProcessAction,
+    },
+    RestartBroker,
 }
 
 fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
     let mut steps = Vec::new();
     for (index, f) in plan.faults.iter().enumerate() {
         match &f.what {
+            FaultAction::Broker {
+                node,
+                action,
+                restart_after,
+            } => {
+                steps.push((
+                    f.at,
+                    Step::Broker {
+                        index,
+                        node: *node,
+                        action: *action,
+                    },
+                ));
+                if let Some(d) = restart_after {
+                    steps.push((f.at + *d, Step::RestartBroker));
+                }
+            }
             FaultAction::Link { link, spec, lasts } => {
                 steps.push((
                     f.at,
@@ -202,34 +225,60 @@ pub async fn run(
     let limit = (!plan.workload.poison.is_empty()).then(|| plan.workload.message_limit());
     let link_cancel = cancel.child_token();
     let link_name = plan.destination.link_name();
+    let mut cluster: Vec<brokers::NatsNode> = Vec::new();
+    let mut links: Vec<Link> = Vec::new();
     let (mut broker, link) = match plan.destination.kind {
         DestinationKind::Nats => {
             if runtime == RuntimeChoice::Container {
                 return Err(brokers::BrokerError::ContainerUnsupported.into());
             }
-            // The proxy is bound first, so the server can advertise it (never itself).
-            let port = brokers::free_port().map_err(io(&work))?;
-            let upstream = SocketAddr::from(([127, 0, 0, 1], port));
-            let link = Link::start(
-                link_name,
-                SocketAddr::from(([127, 0, 0, 1], 0)),
-                upstream,
-                link_cancel.clone(),
-            )
-            .await?;
-            let broker = brokers::start_nats(&work, Some(port), Some(link.listen_addr())).await?;
+            // The proxies are bound first, so each server can advertise its own (never itself).
+            let mut ports = Vec::new();
+            for name in plan.destination.link_names() {
+                let port = brokers::free_port().map_err(io(&work))?;
+                let upstream = SocketAddr::from(([127, 0, 0, 1], port));
+                links.push(
+                    Link::start(
+                        &name,
+                        SocketAddr::from(([127, 0, 0, 1], 0)),
+                        upstream,
+                        link_cancel.clone(),
+                    )
+                    .await?,
+                );
+                ports.push(port);
+            }
+            let advertised: Vec<SocketAddr> = links.iter().map(Link::listen_addr).collect();
+            let broker = if ports.len() == 1 {
+                brokers::start_nats(&work, Some(ports[0]), Some(advertised[0])).await?
+            } else {
+                cluster = brokers::start_nats_cluster(&work, &ports, &advertised).await?;
+                brokers::Broker::without_process(
+                    cluster[0].addr,
+                    "process",
+                    format!("nats-server cluster of {} nodes", cluster.len()),
+                )
+            };
             let window = plan
                 .destination
                 .duplicate_window
                 .unwrap_or(Duration::from_secs(120));
-            brokers::create_stream(broker.addr, STREAM, &plan.destination.topic, window, limit)
-                .await?;
+            let replicas = cluster.len().clamp(1, 3);
+            brokers::create_stream(
+                broker.addr,
+                STREAM,
+                &plan.destination.topic,
+                window,
+                limit,
+                replicas,
+            )
+            .await?;
             notes.push(format!(
-                "JetStream stream {STREAM} on subject `{}`: duplicate window {} s (at least the longest outage plus the longest backoff)",
+                "JetStream stream {STREAM} on subject `{}`: {replicas} replica(s), duplicate window {} s (at least the longest outage plus the longest backoff)",
                 plan.destination.topic,
                 window.as_secs()
             ));
-            (broker, link)
+            (broker, links[0].clone())
         }
         DestinationKind::Kafka => {
             if runtime == RuntimeChoice::Container {
@@ -256,6 +305,7 @@ pub async fn run(
                 "Kafka topic `{}`: {KAFKA_PARTITIONS} partitions; the broker advertises the proxy link",
                 plan.destination.topic
             ));
+            links.push(link.clone());
             (broker, link)
         }
         DestinationKind::Mqtt => {
@@ -267,6 +317,7 @@ pub async fn run(
                 link_cancel.clone(),
             )
             .await?;
+            links.push(link.clone());
             (broker, link)
         }
     };
@@ -280,12 +331,15 @@ pub async fn run(
     for note in &notes {
         say(&format!("  {note}"));
     }
-    link.seed(seed);
-    say(&format!(
-        "  proxy link {link_name}: {} -> {}",
-        link.listen_addr(),
-        broker.addr
-    ));
+    for l in &links {
+        l.seed(seed);
+        say(&format!(
+            "  proxy link {}: {} -> {}",
+            l.name(),
+            l.listen_addr(),
+            l.upstream_addr()
+        ));
+    }
 
     let engine_port = brokers::free_port().map_err(io(&work))?;
     let config = EngineConfig {
@@ -309,6 +363,7 @@ pub async fn run(
                 DestinationKind::Kafka => OutputKind::Kafka,
                 DestinationKind::Mqtt => OutputKind::Mqtt,
             },
+            more_addresses: links.iter().skip(1).map(Link::listen_addr).collect(),
             ..OutputConfig::mqtt(link_name, link.listen_addr(), &plan.destination.topic)
         }],
         disk: Default::default(),
@@ -325,9 +380,17 @@ pub async fn run(
     let t0_wall = std::time::SystemTime::now();
     let reader_cancel = cancel.child_token();
     let reader = match plan.destination.kind {
-        DestinationKind::Nats => ReadBack::stream(broker.addr, STREAM, t0_wall)
-            .await
-            .map_err(RunError::Verifier)?,
+        DestinationKind::Nats => ReadBack::stream(
+            if cluster.is_empty() {
+                vec![broker.addr]
+            } else {
+                cluster.iter().map(|n| n.addr).collect()
+            },
+            STREAM,
+            t0_wall,
+        )
+        .await
+        .map_err(RunError::Verifier)?,
         DestinationKind::Kafka => ReadBack::Topic {
             bootstrap: link.listen_addr(),
             topic: plan.destination.topic.clone(),
@@ -364,6 +427,7 @@ pub async fn run(
 
     let mut faults: Vec<FaultRecord> = Vec::new();
     let mut crashes: Vec<Duration> = Vec::new();
+    let mut killed_node: Option<usize> = None;
     let mut progress = tokio::time::interval(Duration::from_secs(5));
     progress.tick().await;
     let steps = timeline(plan);
@@ -385,9 +449,10 @@ pub async fn run(
                 let accepted = sent.lock().map(|s| s.accepted().count()).unwrap_or(0);
                 let status = link.status();
                 say(&format!(
-                    "  {:>4}s  accepted {accepted:>6}  read back {:>6}  link {link_name}: {}{}",
+                    "  {:>4}s  accepted {accepted:>6}  read back {:>6}  link {}: {}{}",
                     t0.elapsed().as_secs(),
                     reader.count().await.map_or("-".to_string(), |n| n.to_string()),
+                    link.name(),
                     status.fault,
                     status.direction.map(|d| format!(" {d}")).unwrap_or_default()
                 ));
@@ -398,7 +463,9 @@ pub async fn run(
                 let now = t0.elapsed();
                 match step {
                     Step::Link { index, link: name, spec } => {
-                        link.apply_spec_settled(*spec).await;
+                        if let Some(l) = links.iter().find(|l| l.name() == name.as_str()) {
+                            l.apply_spec_settled(*spec).await;
+                        }
                         let what = describe(spec);
                         say(&format!("  {:>4}s  fault: link {name} {what} {}", now.as_secs(), spec.direction.name()));
                         faults.push(FaultRecord {
@@ -412,7 +479,9 @@ pub async fn run(
                     }
                     Step::ProxyDown { index } => {
                         // A proxy restart: every connection dropped, nothing listens.
-                        link.apply_settled(Fault::Refuse, Direction::Both).await;
+                        for l in &links {
+                            l.apply_settled(Fault::Refuse, Direction::Both).await;
+                        }
                         say(&format!("  {:>4}s  fault: proxy restart (down)", now.as_secs()));
                         faults.push(FaultRecord {
                             index: *index,
@@ -424,7 +493,9 @@ pub async fn run(
                         });
                     }
                     Step::Heal { index, link: name } => {
-                        link.apply_settled(Fault::Heal, Direction::Both).await;
+                        for l in links.iter().filter(|l| name == "proxy" || l.name() == name.as_str()) {
+                            l.apply_settled(Fault::Heal, Direction::Both).await;
+                        }
                         say(&format!("  {:>4}s  heal: link {name}", now.as_secs()));
                         let open = faults.iter_mut().rev().find(|f| {
                             f.until_ms.is_none()
@@ -462,6 +533,46 @@ pub async fn run(
                             until_ms: None,
                         });
                     }
+                    Step::Broker { index, node, action } => {
+                        let at = match node {
+                            crate::scenario::BrokerNode::Number(n) => Some(n - 1),
+                            crate::scenario::BrokerNode::Leader => stream_leader_node(&cluster).await,
+                        };
+                        let kill = *action == ProcessAction::Kill;
+                        let what = if kill { "kill (SIGKILL)" } else { "stop (SIGTERM)" };
+                        match at.and_then(|i| cluster.get_mut(i).map(|n| (i, n))) {
+                            Some((i, node)) => {
+                                node.halt(kill).await;
+                                killed_node = Some(i);
+                                say(&format!("  {:>4}s  fault: broker {} {what}", now.as_secs(), node.name));
+                                faults.push(FaultRecord {
+                                    index: *index,
+                                    at_ms: ms(now),
+                                    target: format!("broker {}", node.name),
+                                    fault: what.to_string(),
+                                    direction: None,
+                                    until_ms: None,
+                                });
+                            }
+                            None => {
+                                let why = "broker fault skipped: no such node, or no stream leader could be found".to_string();
+                                say(&format!("  {:>4}s  {why}", now.as_secs()));
+                                notes.push(why);
+                            }
+                        }
+                    }
+                    Step::RestartBroker => {
+                        if let Some(i) = killed_node.take()
+                            && let Some(node) = cluster.get_mut(i)
+                        {
+                            node.restart().await?;
+                            say(&format!("  {:>4}s  broker {} restarted", now.as_secs(), node.name));
+                            let target = format!("broker {}", node.name);
+                            if let Some(f) = faults.iter_mut().rev().find(|f| f.target == target && f.until_ms.is_none()) {
+                                f.until_ms = Some(ms(t0.elapsed()));
+                            }
+                        }
+                    }
                     Step::RestartEngine => {
                         engine.spawn().await?;
                         engine.note("restarted by the drill").await;
@@ -478,8 +589,7 @@ pub async fn run(
     if interrupted || cancel.is_cancelled() {
         workload_cancel.cancel();
         engine.kill().await;
-        broker.stop().await;
-        link.shutdown().await;
+        teardown(&mut broker, &mut cluster, &links).await;
         return Err(RunError::Interrupted);
     }
     // A link left faulted by the scenario stays so: a drill may test a permanent outage.
@@ -515,8 +625,7 @@ pub async fn run(
         tokio::select! {
             _ = cancel.cancelled() => {
                 engine.kill().await;
-                broker.stop().await;
-                link.shutdown().await;
+                teardown(&mut broker, &mut cluster, &links).await;
                 return Err(RunError::Interrupted);
             }
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -539,8 +648,7 @@ pub async fn run(
     }
     if cancel.is_cancelled() {
         engine.kill().await;
-        broker.stop().await;
-        link.shutdown().await;
+        teardown(&mut broker, &mut cluster, &links).await;
         return Err(RunError::Interrupted);
     }
     let final_stats = engine.stats().await.ok().or(last_stats);
@@ -556,8 +664,7 @@ pub async fn run(
     let received = reader.stop().await;
     reader_cancel.cancel();
     let link_status = link.status();
-    link.shutdown().await;
-    broker.stop().await;
+    teardown(&mut broker, &mut cluster, &links).await;
 
     let sent = match Arc::try_unwrap(sent) {
         Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
@@ -611,6 +718,27 @@ pub async fn run(
         verifier_fault: received.verifier_fault.is_some(),
         duration_ms: ms(t0.elapsed()),
     })
+}
+
+/// Which node of `cluster` leads the drill's stream now (asked of every live node).
+async fn stream_leader_node(cluster: &[brokers::NatsNode]) -> Option<usize> {
+    for node in cluster {
+        if let Some(leader) = brokers::stream_leader(node.addr, STREAM).await {
+            return cluster.iter().position(|n| n.name == leader);
+        }
+    }
+    None
+}
+
+/// Stops every broker process and proxy link a drill started.
+async fn teardown(broker: &mut brokers::Broker, cluster: &mut [brokers::NatsNode], links: &[Link]) {
+    for l in links {
+        l.shutdown().await;
+    }
+    for node in cluster.iter_mut() {
+        node.halt(false).await;
+    }
+    broker.stop().await;
 }
 
 /// Write keys that had an attempt end `possibly_sent` (from the engine's attempt journal).

@@ -242,6 +242,10 @@ struct RawDestination {
     /// backoff, at least 2 min).
     #[serde(default)]
     duplicate_window: Option<Spanned<Dur>>,
+    /// NATS only: a cluster of this many nodes (routes between them, one proxy link each,
+    /// named `nats-1` …). Default 1.
+    #[serde(default)]
+    nodes: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -323,6 +327,10 @@ struct RawFault {
     every: Option<Dur>,
     #[serde(default)]
     down_for: Option<Dur>,
+    /// `target: broker`: which node — `leader` (where the stream's leader is at that instant)
+    /// or a node number from 1.
+    #[serde(default)]
+    node: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -378,6 +386,8 @@ pub struct Plan {
 #[derive(Debug, Clone)]
 pub struct Destination {
     pub kind: DestinationKind,
+    /// Broker nodes (a NATS cluster when more than 1).
+    pub nodes: usize,
     pub runtime: RuntimeChoice,
     /// The MQTT topic, or the NATS subject.
     pub topic: String,
@@ -390,6 +400,26 @@ impl Destination {
     pub fn link_name(&self) -> &'static str {
         self.kind.name()
     }
+
+    /// One link per broker node: `nats` for one node, `nats-1`, `nats-2` … for a cluster.
+    pub fn link_names(&self) -> Vec<String> {
+        if self.nodes <= 1 {
+            vec![self.link_name().to_string()]
+        } else {
+            (1..=self.nodes)
+                .map(|n| format!("{}-{n}", self.link_name()))
+                .collect()
+        }
+    }
+}
+
+/// Which broker node a process fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerNode {
+    /// The node the stream's leader is on at that instant.
+    Leader,
+    /// Node `n` (from 1).
+    Number(usize),
 }
 
 /// Settings of the built-in engine under test.
@@ -459,6 +489,11 @@ pub enum FaultAction {
         restart_after: Option<Duration>,
         wipe_data: bool,
     },
+    Broker {
+        node: BrokerNode,
+        action: ProcessAction,
+        restart_after: Option<Duration>,
+    },
 }
 
 /// The longest stretch any one fault keeps the destination out of reach: a link fault until it
@@ -478,7 +513,8 @@ pub fn longest_outage(faults: &[ScheduledFault], drill_ends: Duration) -> Durati
                 heal.map_or(drill_ends, |h| h.at).saturating_sub(f.at)
             }
             FaultAction::ProxyRestart { down_for } => *down_for,
-            FaultAction::Engine { restart_after, .. } => restart_after.unwrap_or_default(),
+            FaultAction::Engine { restart_after, .. }
+            | FaultAction::Broker { restart_after, .. } => restart_after.unwrap_or_default(),
             FaultAction::Heal { .. } => Duration::ZERO,
         })
         .max()
@@ -606,8 +642,21 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
             ),
         ));
     }
+    let nodes = match &raw.destination.nodes {
+        None => 1,
+        Some(n) if kind != DestinationKind::Nats || n.value == 0 || n.value > 5 => {
+            return Err(invalid(
+                shown,
+                &n.referenced,
+                "field `destination.nodes`: a NATS cluster of 1 to 5 nodes (only `nats` has nodes)"
+                    .to_string(),
+            ));
+        }
+        Some(n) => n.value,
+    };
     let mut destination = Destination {
         kind,
+        nodes,
         runtime,
         topic: raw.destination.topic.unwrap_or_else(|| "drill".to_string()),
         duplicate_window: raw.destination.duplicate_window.as_ref().map(|w| w.value.0),
@@ -678,7 +727,8 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
             "field `workload.poison`: poison records need a destination that refuses one oversized write (`mqtt` or `nats`); remove it for `kafka`".to_string(),
         ));
     }
-    let links: BTreeSet<&str> = [destination.link_name()].into_iter().collect();
+    let link_names = destination.link_names();
+    let links: BTreeSet<&str> = link_names.iter().map(String::as_str).collect();
     let mut faults = Vec::new();
     for (i, spanned) in raw.faults.iter().enumerate() {
         let f = &spanned.value;
@@ -892,12 +942,52 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                             },
                         });
                     }
-                    (target @ ("engine" | "proxy"), action) => {
+                    ("broker", ProcessAction::Kill | ProcessAction::Stop) => {
+                        let node = match f.node.as_deref() {
+                            Some("leader") if destination.nodes > 1 => BrokerNode::Leader,
+                            Some(n) => match n.parse::<usize>() {
+                                Ok(n) if (1..=destination.nodes).contains(&n) => {
+                                    BrokerNode::Number(n)
+                                }
+                                _ => {
+                                    return Err(invalid(
+                                        shown,
+                                        loc,
+                                        format!(
+                                            "{}: `{n}`; use `leader` (a cluster's stream leader) or a node number 1..={}",
+                                            field("node"),
+                                            destination.nodes
+                                        ),
+                                    ));
+                                }
+                            },
+                            None => BrokerNode::Number(1),
+                        };
+                        if destination.kind != DestinationKind::Nats {
+                            return Err(invalid(
+                                shown,
+                                loc,
+                                format!(
+                                    "{}: broker faults are built for `nats` destinations so far",
+                                    field("target")
+                                ),
+                            ));
+                        }
+                        faults.push(ScheduledFault {
+                            at: f.at.0,
+                            what: FaultAction::Broker {
+                                node,
+                                action,
+                                restart_after: f.restart_after.map(|d| d.0),
+                            },
+                        });
+                    }
+                    (target @ ("engine" | "proxy" | "broker"), action) => {
                         return Err(invalid(
                             shown,
                             loc,
                             format!(
-                                "{}: `{}` cannot `{action:?}`; the engine takes kill or stop, the proxy restart",
+                                "{}: `{}` cannot `{action:?}`; the engine and a broker take kill or stop, the proxy restart",
                                 field("action"),
                                 target
                             ),
@@ -908,7 +998,7 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                             shown,
                             loc,
                             format!(
-                                "{}: `{other}` is not a target this build can act on; use `engine` or `proxy`",
+                                "{}: `{other}` is not a target this build can act on; use `engine`, `broker` or `proxy`",
                                 field("target")
                             ),
                         ));
@@ -1027,6 +1117,26 @@ faults:
             .replace("kind: nats }", "kind: mqtt, duplicate_window: 1m }")
             .replace("link: nats", "link: mqtt"));
         assert!(e.contains("only a `nats` destination"), "{e}");
+        let cluster = text
+            .replace("kind: nats }", "kind: nats, nodes: 3 }")
+            .replace("link: nats,", "link: nats-2,")
+            + "  - { at: 20s, target: broker, node: leader, action: kill, restart_after: 5s }\n";
+        let plan = parse(Path::new("n.yaml"), &cluster).unwrap();
+        assert_eq!(
+            plan.destination.link_names(),
+            ["nats-1", "nats-2", "nats-3"]
+        );
+        assert!(matches!(
+            plan.faults[1].what,
+            FaultAction::Broker {
+                node: BrokerNode::Leader,
+                ..
+            }
+        ));
+        let e = err(&cluster.replace("node: leader", "node: 4"));
+        assert!(e.contains("node number 1..=3"), "{e}");
+        let e = err(&text.replace("kind: nats }", "kind: mqtt, nodes: 3 }"));
+        assert!(e.contains("only `nats` has nodes"), "{e}");
         let e = err(&text.replace("kind: nats }", "kind: kafka, runtime: embedded }"));
         assert!(e.contains("no embedded kafka broker"), "{e}");
     }

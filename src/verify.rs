@@ -243,7 +243,8 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
 pub enum ReadBack {
     Mqtt(Reader),
     Stream {
-        server: SocketAddr,
+        /// Every node (a cluster's read-back goes to whichever answers).
+        servers: Vec<SocketAddr>,
         stream: String,
         js: Box<async_nats::jetstream::Context>,
         t0: std::time::SystemTime,
@@ -260,18 +261,22 @@ pub enum ReadBack {
 impl ReadBack {
     /// Watches a stream (it must exist); `t0` is the drill's start as wall time.
     pub async fn stream(
-        server: SocketAddr,
+        servers: Vec<SocketAddr>,
         stream: &str,
         t0: std::time::SystemTime,
     ) -> Result<ReadBack, String> {
+        let addrs: Vec<async_nats::ServerAddr> = servers
+            .iter()
+            .filter_map(|a| format!("nats://{a}").parse().ok())
+            .collect();
         let client = async_nats::ConnectOptions::new()
             .name("drill-verifier-count")
             .ignore_discovered_servers()
-            .connect(server.to_string())
+            .connect(addrs)
             .await
-            .map_err(|e| format!("verifier cannot connect to {server}: {e}"))?;
+            .map_err(|e| format!("verifier cannot connect to {servers:?}: {e}"))?;
         Ok(ReadBack::Stream {
-            server,
+            servers,
             stream: stream.to_string(),
             js: Box::new(async_nats::jetstream::new(client)),
             t0,
@@ -296,13 +301,21 @@ impl ReadBack {
         match self {
             ReadBack::Mqtt(r) => r.stop().await,
             ReadBack::Stream {
-                server, stream, t0, ..
-            } => read_stream(server, &stream, Duration::from_secs(120), Some(t0))
-                .await
-                .unwrap_or_else(|e| Received {
-                    arrivals: Vec::new(),
-                    verifier_fault: Some(e),
-                }),
+                servers,
+                stream,
+                t0,
+                ..
+            } => {
+                let mut last = Received::default();
+                for server in servers {
+                    match read_stream(server, &stream, Duration::from_secs(120), Some(t0)).await {
+                        Ok(r) if r.verifier_fault.is_none() => return r,
+                        Ok(r) => last = r,
+                        Err(e) => last.verifier_fault = Some(e),
+                    }
+                }
+                last
+            }
             ReadBack::Topic {
                 bootstrap,
                 topic,

@@ -252,6 +252,23 @@ fn the_nats_half_open_scenario_leaves_one_copy_of_each_record() {
 }
 
 #[test]
+fn the_nats_cluster_survives_losing_its_stream_leader() {
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scenarios/nats-cluster-node-loss.yaml"
+    );
+    let ran = run_drill(scenario, "nats-cluster-node-loss", &[]);
+    assert_clean_pass(&ran);
+    let faults = ran.report["faults"].as_array().unwrap();
+    assert!(
+        faults
+            .iter()
+            .any(|f| f["target"].as_str().unwrap_or("").starts_with("broker n")),
+        "the leader's node was killed: {faults:?}"
+    );
+}
+
+#[test]
 fn the_poison_record_scenario_sets_one_record_aside() {
     let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/poison-record.yaml");
     let ran = run_drill(scenario, "poison-record", &[]);

@@ -88,6 +88,10 @@ pub struct OutputConfig {
     pub kind: OutputKind,
     /// The destination (for a drill: the proxy link in front of the broker).
     pub address: SocketAddr,
+    /// More servers of the same destination (the other nodes of a NATS cluster, each through
+    /// its own link). The client tries them all; it never learns others from the cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_addresses: Vec<SocketAddr>,
     pub topic: String,
     #[serde(default)]
     pub client_id: Option<String>,
@@ -117,6 +121,7 @@ impl OutputConfig {
             name: name.to_string(),
             kind: OutputKind::Mqtt,
             address,
+            more_addresses: Vec::new(),
             topic: topic.to_string(),
             client_id: None,
             promise: Promise::default(),

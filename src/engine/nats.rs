@@ -37,7 +37,15 @@ async fn connect_and_probe(cfg: &OutputConfig, name: &str) -> Result<jetstream::
         .connection_timeout(limit)
         .request_timeout(Some(limit))
         .max_reconnects(Some(0));
-    let client = tokio::time::timeout(limit, options.connect(cfg.address.to_string()))
+    let servers: Vec<async_nats::ServerAddr> = std::iter::once(cfg.address)
+        .chain(cfg.more_addresses.iter().copied())
+        .map(|a| {
+            format!("nats://{a}")
+                .parse()
+                .map_err(|e| format!("server address {a}: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let client = tokio::time::timeout(limit, options.connect(servers))
         .await
         .map_err(|_| format!("no connection within {limit:?}"))?
         .map_err(|e| e.to_string())?;
