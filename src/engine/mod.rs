@@ -1000,7 +1000,7 @@ struct OutputSide<'a> {
 }
 
 impl OutputSide<'_> {
-    /// Connects and probes with `attempt` until it succeeds, backing off 100 ms → 2 s and
+    /// Connects and probes with `attempt` until it succeeds, backing off 100 ms → 1 s (a probe a second during a long outage) and
     /// taking in new records meanwhile. Says once that the destination is down, and that it is
     /// back. `None` when the engine stops or ingest closes.
     async fn connect<T, F, Fut>(
@@ -1046,7 +1046,7 @@ impl OutputSide<'_> {
                             _ = cancel.cancelled() => return None,
                         }
                     }
-                    retry = (retry * 2).min(Duration::from_secs(2));
+                    retry = (retry * 2).min(Duration::from_secs(1));
                 }
             }
         }
