@@ -1000,9 +1000,9 @@ struct OutputSide<'a> {
 }
 
 impl OutputSide<'_> {
-    /// Connects and probes with `attempt` until it succeeds, backing off 100 ms → 1 s (a probe a second during a long outage) and
-    /// taking in new records meanwhile. Says once that the destination is down, and that it is
-    /// back. `None` when the engine stops or ingest closes.
+    /// Connects and probes with `attempt` until it succeeds, backing off 100 ms → 1 s (a probe
+    /// a second during a long outage) and taking in new records meanwhile. Says once that the
+    /// destination is down, and that it is back. `None` when the engine stops or ingest closes.
     async fn connect<T, F, Fut>(
         &mut self,
         name: &str,
