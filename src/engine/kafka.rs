@@ -76,7 +76,10 @@ fn producer_config(cfg: &OutputConfig, name: &str) -> ClientConfig {
 
 /// Builds a producer and probes: a metadata request for the topic and its answer. Writes no
 /// data.
-async fn connect_and_probe(cfg: &OutputConfig, name: &str) -> Result<FutureProducer, String> {
+pub(super) async fn connect_and_probe(
+    cfg: &OutputConfig,
+    name: &str,
+) -> Result<FutureProducer, String> {
     let producer: FutureProducer = producer_config(cfg, name)
         .create()
         .map_err(|e| format!("cannot make a producer: {e}"))?;

@@ -963,6 +963,18 @@ fn publish_stats(shared: &Shared, index: usize, out: &Output, connected: bool) {
     }
 }
 
+/// One data-free probe of an output's destination, exactly as its worker makes it before
+/// (re)connecting: MQTT CONNECT + PINGREQ, a JetStream account-info request, a Kafka metadata
+/// request. For tests that show a probe writes nothing.
+pub async fn probe(cfg: &OutputConfig) -> Result<(), String> {
+    let name = format!("drill-probe-{}", cfg.name);
+    match cfg.kind {
+        OutputKind::Mqtt => connect_and_probe(cfg, &name).await.map(drop),
+        OutputKind::Nats => nats::connect_and_probe(cfg, &name).await.map(drop),
+        OutputKind::Kafka => kafka::connect_and_probe(cfg, &name).await.map(drop),
+    }
+}
+
 /// Connects and probes: CONNECT/CONNACK, then a PINGREQ/PINGRESP round trip. Writes no data.
 async fn connect_and_probe(cfg: &OutputConfig, client_id: &str) -> Result<mqtt::Session, String> {
     let limit = cfg.answer_timeout.0;

@@ -28,7 +28,10 @@ use super::output::{Answer, Output};
 use super::{Journal, OutputConfig, OutputSide, Shared, ToOutput, publish_stats};
 
 /// Connects and probes: a JetStream account-info request and its answer. Writes no data.
-async fn connect_and_probe(cfg: &OutputConfig, name: &str) -> Result<jetstream::Context, String> {
+pub(super) async fn connect_and_probe(
+    cfg: &OutputConfig,
+    name: &str,
+) -> Result<jetstream::Context, String> {
     let limit = cfg.answer_timeout.0;
     let options = async_nats::ConnectOptions::new()
         .name(name)

@@ -1,0 +1,210 @@
+//! Probes carry no data (DESIGN.md §1.5), for every output kind, against real brokers: the
+//! engine delivers 100 records, then its link is refused for 6 s while 50 more arrive (the
+//! engine probes about once a second and holds them), and meanwhile 30 probes of exactly the
+//! kind the engine makes reach the broker and are answered. After the heal the destination holds
+//! exactly 150 records, one copy each: read-back count = accepted count.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use drill::brokers::{self, Broker};
+use drill::engine::{self, DurText, EngineConfig, OutputConfig, OutputKind};
+use drill::proxy::{Direction, Fault, Link};
+use drill::scenario::{Promise, RuntimeChoice};
+use drill::sut::EngineProcess;
+use drill::verify::{self, Reader};
+use tokio_util::sync::CancellationToken;
+
+async fn ingest(engine: SocketAddr, from: usize, count: usize) {
+    let body: String = (from..from + count)
+        .map(|i| format!("{{\"id\":\"r-{i}\"}}\n"))
+        .collect();
+    let answer = reqwest::Client::new()
+        .post(format!("http://{engine}/ingest"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert!(answer.status().is_success());
+}
+
+async fn delivered(engine: &EngineProcess, count: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = engine.stats().await.unwrap();
+        if stats.delivered >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no delivery of {count}: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs the drill described above against an output of `kind` through `link`; returns the
+/// number of probes that were answered while the engine held records.
+async fn probes_during_an_outage(work: &Path, link: &Link, output: OutputConfig) -> usize {
+    let config = EngineConfig {
+        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        data_dir: work.join("engine-data"),
+        outputs: vec![OutputConfig {
+            keepalive: DurText(Duration::from_secs(1)),
+            answer_timeout: DurText(Duration::from_secs(2)),
+            ..output.clone()
+        }],
+        disk: Default::default(),
+    };
+    let mut engine = EngineProcess::start(Path::new(env!("CARGO_BIN_EXE_drill")), config, work)
+        .await
+        .unwrap();
+    ingest(engine.addr(), 0, 100).await;
+    delivered(&engine, 100).await;
+    link.apply_settled(Fault::Refuse, Direction::Both).await;
+    ingest(engine.addr(), 100, 50).await;
+    // The same probe the engine makes, straight at the broker (past the refused link).
+    let direct = OutputConfig {
+        address: link.upstream_addr(),
+        answer_timeout: DurText(Duration::from_secs(5)),
+        ..output
+    };
+    let started = Instant::now();
+    let mut answered = 0;
+    for _ in 0..30 {
+        if engine::probe(&direct).await.is_ok() {
+            answered += 1;
+        }
+    }
+    if let Some(rest) = Duration::from_secs(6).checked_sub(started.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
+    let held = engine.stats().await.unwrap();
+    assert_eq!(held.waiting, 50, "held during the outage: {held:?}");
+    link.apply_settled(Fault::Heal, Direction::Both).await;
+    delivered(&engine, 150).await;
+    engine.stop(Duration::from_secs(5)).await;
+    answered
+}
+
+fn exactly_once(ids: impl Iterator<Item = Option<String>>) -> (usize, usize) {
+    let ids: Vec<String> = ids.flatten().collect();
+    let distinct: HashSet<&String> = ids.iter().collect();
+    (ids.len(), distinct.len())
+}
+
+async fn link_to(upstream: SocketAddr) -> Link {
+    Link::start(
+        "probe",
+        "127.0.0.1:0".parse().unwrap(),
+        upstream,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_probes_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker: Broker = brokers::start_mqtt(RuntimeChoice::Process, dir.path(), None)
+        .await
+        .expect("mosquitto is installed (ci/setup.sh)");
+    let reader = Reader::start(
+        broker.addr,
+        "t/probe",
+        Instant::now(),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let link = link_to(broker.addr).await;
+    let answered = probes_during_an_outage(
+        dir.path(),
+        &link,
+        OutputConfig::mqtt("mqtt", link.listen_addr(), "t/probe"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = reader.stop().await;
+    let (copies, distinct) = exactly_once(got.arrivals.into_iter().map(|a| a.id));
+    println!(
+        "mqtt: {answered} probes answered during the outage; {copies} copies of {distinct} records read back"
+    );
+    assert_eq!(answered, 30);
+    assert_eq!((copies, distinct), (150, 150));
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jetstream_probes_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = brokers::start_nats(dir.path(), None, None)
+        .await
+        .expect("nats-server is installed (ci/setup.sh)");
+    brokers::create_stream(
+        broker.addr,
+        "PROBE",
+        "t.probe",
+        Duration::from_secs(120),
+        None,
+        1,
+    )
+    .await
+    .unwrap();
+    let link = link_to(broker.addr).await;
+    let answered = probes_during_an_outage(
+        dir.path(),
+        &link,
+        OutputConfig {
+            kind: OutputKind::Nats,
+            promise: Promise::EffectivelyOnce,
+            ..OutputConfig::mqtt("js", link.listen_addr(), "t.probe")
+        },
+    )
+    .await;
+    let got = verify::read_stream(broker.addr, "PROBE", Duration::from_secs(30), None)
+        .await
+        .unwrap();
+    let (copies, distinct) = exactly_once(got.arrivals.into_iter().map(|a| a.id));
+    println!(
+        "jetstream: {answered} probes answered during the outage; {copies} messages for {distinct} records"
+    );
+    assert_eq!(answered, 30);
+    assert_eq!((copies, distinct), (150, 150));
+    broker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_probes_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = brokers::free_port().unwrap();
+    let link = link_to(([127, 0, 0, 1], port).into()).await;
+    let mut broker = brokers::start_kafka(dir.path(), Some(port), Some(link.listen_addr()))
+        .await
+        .expect("tansu is installed (ci/setup.sh)");
+    brokers::create_topic(link.listen_addr(), "probe", 1)
+        .await
+        .unwrap();
+    let answered = probes_during_an_outage(
+        dir.path(),
+        &link,
+        OutputConfig {
+            kind: OutputKind::Kafka,
+            ..OutputConfig::mqtt("kafka", link.listen_addr(), "probe")
+        },
+    )
+    .await;
+    let got = verify::read_topic(link.listen_addr(), "probe", Duration::from_secs(60), None)
+        .await
+        .unwrap();
+    let (copies, distinct) = exactly_once(got.arrivals.into_iter().map(|a| a.id));
+    println!(
+        "kafka: {answered} probes answered during the outage; {copies} records for {distinct} read back"
+    );
+    assert_eq!(answered, 30);
+    assert_eq!((copies, distinct), (150, 150));
+    broker.stop().await;
+}
