@@ -10,6 +10,8 @@ if command -v python3 >/dev/null 2>&1; then
 fi
 
 bash ci/setup.sh
+# Local broker images for the container runtime's tests (skipped when no Docker engine answers).
+bash ci/images.sh
 cargo fmt --check
 cargo clippy --all-targets --all-features --locked -- -D warnings
 # --all-features builds the naive engine the tests must catch; release builds never have it.

@@ -31,8 +31,8 @@ pub enum BrokerError {
         "tansu (a Kafka-protocol broker) is not installed; install it: cargo install tansu --features dynostore,libsql (ci/setup.sh does, about 14 minutes)"
     )]
     TansuMissing,
-    #[error("the container runtime is not built yet; use --runtime process or embedded")]
-    ContainerUnsupported,
+    #[error("container runtime: {0}")]
+    ContainerUnavailable(String),
     #[error(
         "poison records need a broker that refuses one oversized write while accepting the rest: mosquitto (runtime process); install it (Debian: apt-get install mosquitto) or remove `workload.poison`"
     )]
@@ -131,7 +131,9 @@ pub async fn start_mqtt(
     match choice {
         RuntimeChoice::Process => start_mosquitto(work, message_limit).await,
         RuntimeChoice::Embedded => start_embedded().await,
-        RuntimeChoice::Container => Err(BrokerError::ContainerUnsupported),
+        RuntimeChoice::Container => Err(BrokerError::ContainerUnavailable(
+            "start_mqtt runs local brokers only; the runner places containers".to_string(),
+        )),
         RuntimeChoice::Auto => match mosquitto_path() {
             Some(_) => start_mosquitto(work, message_limit).await,
             None => {

@@ -9,6 +9,7 @@
 
 pub mod bench;
 pub mod brokers;
+pub mod container;
 pub mod engine;
 pub mod mqtt;
 pub mod proxy;

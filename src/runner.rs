@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::brokers;
+use crate::container;
 use crate::engine::{EngineConfig, OutputConfig, OutputKind, Stats};
 use crate::proxy::{Direction, Fault, FaultSpec, Link};
 use crate::report::{self, Facts, FaultRecord};
@@ -226,12 +227,75 @@ pub async fn run(
     let link_cancel = cancel.child_token();
     let link_name = plan.destination.link_name();
     let mut cluster: Vec<brokers::NatsNode> = Vec::new();
+    let mut containers: Vec<container::ContainerBroker> = Vec::new();
+    let placement = place(plan.destination.kind, runtime, &mut notes).await?;
+    let broker_faults = plan
+        .faults
+        .iter()
+        .any(|f| matches!(f.what, FaultAction::Broker { .. }));
+    let pauses = plan.faults.iter().any(|f| {
+        matches!(
+            f.what,
+            FaultAction::Broker {
+                action: ProcessAction::Pause,
+                ..
+            }
+        )
+    });
+    if broker_faults && placement.is_none() && (plan.destination.nodes < 2 || pauses) {
+        return Err(brokers::BrokerError::ContainerUnavailable(
+            "broker faults need the container runtime (pause too) or a NATS cluster (kill, stop); use --runtime container".to_string(),
+        )
+        .into());
+    }
     let mut links: Vec<Link> = Vec::new();
     let (mut broker, link) = match plan.destination.kind {
-        DestinationKind::Nats => {
-            if runtime == RuntimeChoice::Container {
-                return Err(brokers::BrokerError::ContainerUnsupported.into());
+        DestinationKind::Nats if placement.is_some() => {
+            let Some((docker, image, image_id)) = placement.clone() else {
+                unreachable!("checked by the guard")
+            };
+            if plan.destination.nodes > 1 {
+                return Err(brokers::BrokerError::ContainerUnavailable(
+                    "a NATS cluster runs as local processes so far; use --runtime process"
+                        .to_string(),
+                )
+                .into());
             }
+            let link = Link::start(
+                link_name,
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                SocketAddr::from(([127, 0, 0, 1], 9)),
+                link_cancel.clone(),
+            )
+            .await?;
+            let c = container::start(
+                docker,
+                DestinationKind::Nats,
+                &image,
+                image_id,
+                &run_id,
+                link.listen_addr(),
+                None,
+            )
+            .await?;
+            link.set_upstream(c.addr);
+            let window = plan
+                .destination
+                .duplicate_window
+                .unwrap_or(Duration::from_secs(120));
+            brokers::create_stream(c.addr, STREAM, &plan.destination.topic, window, limit, 1)
+                .await?;
+            notes.push(format!(
+                "JetStream stream {STREAM} on subject `{}`: 1 replica, duplicate window {} s (at least the longest outage plus the longest backoff)",
+                plan.destination.topic,
+                window.as_secs()
+            ));
+            let broker = container_broker(&c);
+            containers.push(c);
+            links.push(link.clone());
+            (broker, link)
+        }
+        DestinationKind::Nats => {
             // The proxies are bound first, so each server can advertise its own (never itself).
             let mut ports = Vec::new();
             for name in plan.destination.link_names() {
@@ -280,10 +344,44 @@ pub async fn run(
             ));
             (broker, links[0].clone())
         }
+        DestinationKind::Kafka if placement.is_some() => {
+            let Some((docker, image, image_id)) = placement.clone() else {
+                unreachable!("checked by the guard")
+            };
+            let link = Link::start(
+                link_name,
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                SocketAddr::from(([127, 0, 0, 1], 9)),
+                link_cancel.clone(),
+            )
+            .await?;
+            let c = container::start(
+                docker,
+                DestinationKind::Kafka,
+                &image,
+                image_id,
+                &run_id,
+                link.listen_addr(),
+                None,
+            )
+            .await?;
+            link.set_upstream(c.addr);
+            brokers::create_topic(
+                link.listen_addr(),
+                &plan.destination.topic,
+                KAFKA_PARTITIONS,
+            )
+            .await?;
+            notes.push(format!(
+                "Kafka topic `{}`: {KAFKA_PARTITIONS} partitions; the broker advertises the proxy link",
+                plan.destination.topic
+            ));
+            let broker = container_broker(&c);
+            containers.push(c);
+            links.push(link.clone());
+            (broker, link)
+        }
         DestinationKind::Kafka => {
-            if runtime == RuntimeChoice::Container {
-                return Err(brokers::BrokerError::ContainerUnsupported.into());
-            }
             // The proxy is bound first, so the broker can advertise it (never itself).
             let port = brokers::free_port().map_err(io(&work))?;
             let upstream = SocketAddr::from(([127, 0, 0, 1], port));
@@ -308,7 +406,38 @@ pub async fn run(
             links.push(link.clone());
             (broker, link)
         }
+        DestinationKind::Mqtt if placement.is_some() => {
+            let Some((docker, image, image_id)) = placement.clone() else {
+                unreachable!("checked by the guard")
+            };
+            let c = container::start(
+                docker,
+                DestinationKind::Mqtt,
+                &image,
+                image_id,
+                &run_id,
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                limit,
+            )
+            .await?;
+            let link = Link::start(
+                link_name,
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                c.addr,
+                link_cancel.clone(),
+            )
+            .await?;
+            let broker = container_broker(&c);
+            containers.push(c);
+            links.push(link.clone());
+            (broker, link)
+        }
         DestinationKind::Mqtt => {
+            let runtime = if runtime == RuntimeChoice::Container {
+                RuntimeChoice::Auto
+            } else {
+                runtime
+            };
             let broker = brokers::start_mqtt(runtime, &work, limit).await?;
             let link = Link::start(
                 link_name,
@@ -379,7 +508,7 @@ pub async fn run(
     let t0 = Instant::now();
     let t0_wall = std::time::SystemTime::now();
     let reader_cancel = cancel.child_token();
-    let reader = match plan.destination.kind {
+    let mut reader = match plan.destination.kind {
         DestinationKind::Nats => ReadBack::stream(
             if cluster.is_empty() {
                 vec![broker.addr]
@@ -428,6 +557,7 @@ pub async fn run(
     let mut faults: Vec<FaultRecord> = Vec::new();
     let mut crashes: Vec<Duration> = Vec::new();
     let mut killed_node: Option<usize> = None;
+    let mut paused = false;
     let mut progress = tokio::time::interval(Duration::from_secs(5));
     progress.tick().await;
     let steps = timeline(plan);
@@ -509,12 +639,12 @@ pub async fn run(
                     Step::Engine { index, action, wipe_data } => {
                         match action {
                             ProcessAction::Kill => engine.kill().await,
-                            ProcessAction::Stop | ProcessAction::Restart => engine.stop(Duration::from_secs(10)).await,
+                            ProcessAction::Stop | ProcessAction::Restart | ProcessAction::Pause => engine.stop(Duration::from_secs(10)).await,
                         }
                         crashes.push(now);
                         let mut what = match action {
                             ProcessAction::Kill => "kill (SIGKILL)".to_string(),
-                            ProcessAction::Stop | ProcessAction::Restart => "stop (SIGTERM)".to_string(),
+                            ProcessAction::Stop | ProcessAction::Restart | ProcessAction::Pause => "stop (SIGTERM)".to_string(),
                         };
                         if *wipe_data {
                             let data = engine.data_dir().to_path_buf();
@@ -532,6 +662,47 @@ pub async fn run(
                             direction: None,
                             until_ms: None,
                         });
+                    }
+                    Step::Broker { index, action, .. } if !containers.is_empty() => {
+                        // One broker in a container: kill (SIGKILL) or stop it; restart_after
+                        // starts it again and the link follows its new host port.
+                        let c = &mut containers[0];
+                        let what = match action {
+                            ProcessAction::Kill => { c.kill().await; "kill (SIGKILL)" }
+                            ProcessAction::Pause => { c.pause().await; "pause" }
+                            _ => { c.stop().await; "stop (SIGTERM)" }
+                        };
+                        killed_node = Some(0);
+                        paused = *action == ProcessAction::Pause;
+                        say(&format!("  {:>4}s  fault: broker container {what}", now.as_secs()));
+                        faults.push(FaultRecord {
+                            index: *index,
+                            at_ms: ms(now),
+                            target: "broker container".to_string(),
+                            fault: what.to_string(),
+                            direction: None,
+                            until_ms: None,
+                        });
+                    }
+                    Step::RestartBroker if !containers.is_empty() => {
+                        if killed_node.take().is_some() {
+                            if std::mem::take(&mut paused) {
+                                containers[0].resume().await;
+                                say(&format!("  {:>4}s  broker container resumed", now.as_secs()));
+                            } else {
+                                let addr = containers[0].restart().await?;
+                                for l in &links {
+                                    l.set_upstream(addr);
+                                }
+                                say(&format!("  {:>4}s  broker container restarted on {addr}", now.as_secs()));
+                            }
+                            if let Some(f) = faults.iter_mut().rev().find(|f| f.target == "broker container" && f.until_ms.is_none()) {
+                                f.until_ms = Some(ms(t0.elapsed()));
+                            }
+                        }
+                    }
+                    Step::Broker { .. } if cluster.is_empty() => {
+                        // Checked before the drill started; unreachable in practice.
                     }
                     Step::Broker { index, node, action } => {
                         let at = match node {
@@ -589,7 +760,7 @@ pub async fn run(
     if interrupted || cancel.is_cancelled() {
         workload_cancel.cancel();
         engine.kill().await;
-        teardown(&mut broker, &mut cluster, &links).await;
+        teardown(&mut broker, &mut cluster, &mut containers, &links).await;
         return Err(RunError::Interrupted);
     }
     // A link left faulted by the scenario stays so: a drill may test a permanent outage.
@@ -625,7 +796,7 @@ pub async fn run(
         tokio::select! {
             _ = cancel.cancelled() => {
                 engine.kill().await;
-                teardown(&mut broker, &mut cluster, &links).await;
+                teardown(&mut broker, &mut cluster, &mut containers, &links).await;
                 return Err(RunError::Interrupted);
             }
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -648,7 +819,7 @@ pub async fn run(
     }
     if cancel.is_cancelled() {
         engine.kill().await;
-        teardown(&mut broker, &mut cluster, &links).await;
+        teardown(&mut broker, &mut cluster, &mut containers, &links).await;
         return Err(RunError::Interrupted);
     }
     let final_stats = engine.stats().await.ok().or(last_stats);
@@ -661,10 +832,13 @@ pub async fn run(
         link.apply_settled(Fault::Heal, Direction::Both).await;
         notes.push("the link was still faulted at the end; drill healed it (after stopping the engine) to read the topic back".to_string());
     }
+    if let Some(c) = containers.first() {
+        reader.point_at(vec![c.addr]);
+    }
     let received = reader.stop().await;
     reader_cancel.cancel();
     let link_status = link.status();
-    teardown(&mut broker, &mut cluster, &links).await;
+    teardown(&mut broker, &mut cluster, &mut containers, &links).await;
 
     let sent = match Arc::try_unwrap(sent) {
         Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
@@ -720,6 +894,64 @@ pub async fn run(
     })
 }
 
+/// Where the broker runs: `Some((engine, image, image id))` for a container, `None` for a
+/// local process (or the embedded MQTT broker). `auto` takes a container when a Docker engine
+/// answers and the image is present or can be pulled, and says in one line why not otherwise.
+async fn place(
+    kind: DestinationKind,
+    runtime: RuntimeChoice,
+    notes: &mut Vec<String>,
+) -> Result<Option<(container::Docker, String, String)>, RunError> {
+    let local = match kind {
+        DestinationKind::Mqtt => "local mosquitto (or the embedded broker)",
+        DestinationKind::Nats => "local nats-server",
+        DestinationKind::Kafka => "local tansu",
+    };
+    match runtime {
+        RuntimeChoice::Process | RuntimeChoice::Embedded => Ok(None),
+        RuntimeChoice::Container => {
+            let docker = container::daemon().await.map_err(|why| {
+                brokers::BrokerError::ContainerUnavailable(format!(
+                    "{why}; start Docker (or set DOCKER_HOST), or use --runtime process"
+                ))
+            })?;
+            let image = container::image_for(kind);
+            let id = container::ensure_image(&docker, &image).await.map_err(|why| {
+                brokers::BrokerError::ContainerUnavailable(format!(
+                    "{why}; pull it, set DRILL_IMAGE_{} to an image you have, or use --runtime process",
+                    kind.name().to_uppercase()
+                ))
+            })?;
+            Ok(Some((docker, image, id)))
+        }
+        RuntimeChoice::Auto => {
+            let why = match container::daemon().await {
+                Ok(docker) => {
+                    let image = container::image_for(kind);
+                    match container::ensure_image(&docker, &image).await {
+                        Ok(id) => return Ok(Some((docker, image, id))),
+                        Err(why) => why,
+                    }
+                }
+                Err(why) => why,
+            };
+            notes.push(format!("{why}: using {local}"));
+            Ok(None)
+        }
+    }
+}
+
+/// The report's view of a broker in a container.
+fn container_broker(c: &container::ContainerBroker) -> brokers::Broker {
+    let short: String = c
+        .image_id
+        .trim_start_matches("sha256:")
+        .chars()
+        .take(12)
+        .collect();
+    brokers::Broker::without_process(c.addr, "container", format!("{} (image {short})", c.image))
+}
+
 /// Which node of `cluster` leads the drill's stream now (asked of every live node).
 async fn stream_leader_node(cluster: &[brokers::NatsNode]) -> Option<usize> {
     for node in cluster {
@@ -731,9 +963,17 @@ async fn stream_leader_node(cluster: &[brokers::NatsNode]) -> Option<usize> {
 }
 
 /// Stops every broker process and proxy link a drill started.
-async fn teardown(broker: &mut brokers::Broker, cluster: &mut [brokers::NatsNode], links: &[Link]) {
+async fn teardown(
+    broker: &mut brokers::Broker,
+    cluster: &mut [brokers::NatsNode],
+    containers: &mut [container::ContainerBroker],
+    links: &[Link],
+) {
     for l in links {
         l.shutdown().await;
+    }
+    for c in containers.iter_mut() {
+        c.remove().await;
     }
     for node in cluster.iter_mut() {
         node.halt(false).await;

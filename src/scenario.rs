@@ -365,6 +365,9 @@ pub enum ProcessAction {
     /// The proxy: every connection dropped, the port refused for `down_for`, then listening
     /// again on the same port.
     Restart,
+    /// A broker in a container: frozen (SIGSTOP-like, `docker pause`), then resumed after
+    /// `restart_after`.
+    Pause,
 }
 
 /// A validated drill: everything the runner needs, nothing it has to check again.
@@ -942,7 +945,10 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                             },
                         });
                     }
-                    ("broker", ProcessAction::Kill | ProcessAction::Stop) => {
+                    (
+                        "broker",
+                        ProcessAction::Kill | ProcessAction::Stop | ProcessAction::Pause,
+                    ) => {
                         let node = match f.node.as_deref() {
                             Some("leader") if destination.nodes > 1 => BrokerNode::Leader,
                             Some(n) => match n.parse::<usize>() {
@@ -963,13 +969,13 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                             },
                             None => BrokerNode::Number(1),
                         };
-                        if destination.kind != DestinationKind::Nats {
+                        if action == ProcessAction::Pause && f.restart_after.is_none() {
                             return Err(invalid(
                                 shown,
                                 loc,
                                 format!(
-                                    "{}: broker faults are built for `nats` destinations so far",
-                                    field("target")
+                                    "{}: a paused broker needs `restart_after` (when it resumes)",
+                                    field("action")
                                 ),
                             ));
                         }
@@ -987,7 +993,7 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                             shown,
                             loc,
                             format!(
-                                "{}: `{}` cannot `{action:?}`; the engine and a broker take kill or stop, the proxy restart",
+                                "{}: `{}` cannot `{action:?}`; the engine takes kill or stop, a broker kill, stop or pause, the proxy restart",
                                 field("action"),
                                 target
                             ),

@@ -283,15 +283,29 @@ impl ReadBack {
         })
     }
 
+    /// Reads from `servers` from now on (a broker container restarted on a new host port).
+    pub fn point_at(&mut self, now: Vec<SocketAddr>) {
+        if let ReadBack::Stream { servers, .. } = self {
+            *servers = now;
+        }
+    }
+
     /// How many copies have arrived so far, where that can be known without reading them
     /// (not for Kafka: its reported end offsets are not trusted).
     pub async fn count(&self) -> Option<usize> {
         match self {
             ReadBack::Mqtt(r) => Some(r.count()),
-            ReadBack::Stream { js, stream, .. } => match js.get_stream(stream).await {
-                Ok(mut s) => s.info().await.ok().map(|i| i.state.messages as usize),
-                Err(_) => None,
-            },
+            // Bounded: a progress line must never wait on a broker that is down.
+            ReadBack::Stream { js, stream, .. } => {
+                let ask = async {
+                    let mut s = js.get_stream(stream).await.ok()?;
+                    s.info().await.ok().map(|i| i.state.messages as usize)
+                };
+                tokio::time::timeout(Duration::from_millis(500), ask)
+                    .await
+                    .ok()
+                    .flatten()
+            }
             ReadBack::Topic { .. } => None,
         }
     }

@@ -196,12 +196,109 @@ fn a_runtime_that_cannot_start_exits_3_with_one_clear_line() {
         "nocontainer",
         "name: nocontainer\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 1s }\n",
     );
-    let ran = run_drill(&file, "nocontainer", &["--runtime", "container"]);
+    let ran = run_drill_with(
+        &file,
+        "nocontainer",
+        &["--runtime", "container"],
+        &[("DOCKER_HOST", NO_DAEMON)],
+    );
     let o = &ran.output;
     assert_eq!(o.status.code(), Some(3), "{}", show(o));
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("container runtime"), "{stderr}");
+    assert!(stderr.contains("no Docker engine"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+/// A Docker endpoint where nothing answers.
+const NO_DAEMON: &str = "unix:///nonexistent/drill-no-docker.sock";
+
+#[test]
+fn auto_without_a_docker_engine_falls_back_and_says_why_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "fallback",
+        "name: fallback\ndestination: { kind: mqtt }\nworkload: { rate: 20/s, duration: 2s }\n",
+    );
+    let ran = run_drill_with(&file, "fallback", &[], &[("DOCKER_HOST", NO_DAEMON)]);
+    let o = &ran.output;
+    assert_eq!(o.status.code(), Some(0), "{}", show(o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let said: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("no Docker engine"))
+        .collect();
+    assert_eq!(said.len(), 1, "{stdout}");
+    assert!(said[0].contains("using local mosquitto"), "{stdout}");
+    assert_ne!(ran.report["runtime"], "container");
+}
+
+/// The local images `ci/images.sh` builds, when a Docker engine answers and they are there.
+fn local_images() -> Option<Vec<(&'static str, &'static str)>> {
+    let images = [
+        ("DRILL_IMAGE_MQTT", "drill-local/mosquitto"),
+        ("DRILL_IMAGE_NATS", "drill-local/nats"),
+        ("DRILL_IMAGE_KAFKA", "drill-local/kafka"),
+    ];
+    for (_, image) in images {
+        let there = Command::new("docker")
+            .args(["image", "inspect", image])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !there {
+            println!("skipped: no Docker engine, or {image} is not built (ci/images.sh)");
+            return None;
+        }
+    }
+    Some(images.to_vec())
+}
+
+fn no_drill_containers(run: &str) -> bool {
+    let o = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label=drill.run={run}")])
+        .output()
+        .unwrap();
+    o.stdout.is_empty()
+}
+
+#[test]
+fn the_quickstart_runs_in_a_container() {
+    let Some(images) = local_images() else { return };
+    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/quickstart.yaml");
+    let ran = run_drill_with(scenario, "quickstart", &["--runtime", "container"], &images);
+    assert_clean_pass_allowing_promised_copies(&ran);
+    assert_eq!(ran.report["runtime"], "container");
+    assert!(
+        ran.report["versions"]["broker"]
+            .as_str()
+            .unwrap_or("")
+            .contains("drill-local/mosquitto (image "),
+        "{:#}",
+        ran.report["versions"]
+    );
+    assert!(no_drill_containers("quickstart-7"));
+}
+
+#[test]
+fn the_kafka_half_open_drill_runs_in_a_container() {
+    let Some(images) = local_images() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = shortened(
+        dir.path(),
+        "scenarios/kafka-half-open.yaml",
+        KAFKA_HALF_OPEN_SHORT,
+    );
+    let ran = run_drill_with(
+        &file,
+        "kafka-half-open",
+        &["--runtime", "container"],
+        &images,
+    );
+    assert_clean_pass(&ran);
+    assert_eq!(ran.report["runtime"], "container");
+    assert!(no_drill_containers("kafka-half-open-22"));
 }
 
 #[test]
@@ -386,4 +483,60 @@ fn a_naive_engine_fails_the_kafka_half_open_drill_with_extra_copies() {
     let lost = l["lost"].as_u64().unwrap();
     let beyond = l["duplicates_beyond_promise"].as_u64().unwrap();
     assert!(lost + beyond > 0, "{r:#}");
+}
+
+/// Like [`assert_clean_pass`], for drills whose promise allows copies with the write key.
+fn assert_clean_pass_allowing_promised_copies(ran: &Ran) {
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    assert_eq!(r["ledger"]["lost"], 0);
+    assert_eq!(r["ledger"]["duplicates_beyond_promise"], 0);
+    assert_eq!(r["closes"], true);
+}
+
+#[test]
+fn a_broker_container_killed_restarted_paused_and_resumed_loses_nothing() {
+    let Some(images) = local_images() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "broker-faults",
+        "name: broker-faults\n\
+         destination: { kind: nats, topic: drill.bf }\n\
+         system: { builtin: { keepalive: 1s, answer_timeout: 2s } }\n\
+         workload: { rate: 100/s, duration: 24s, keys: 4 }\n\
+         faults:\n\
+         \x20 - { at: 4s, target: broker, action: kill, restart_after: 4s }\n\
+         \x20 - { at: 14s, target: broker, action: pause, restart_after: 4s }\n\
+         expect: { lost: 0, duplicates: 0, reordered: 0, ledger: closes, recovery_within: 5s }\n",
+    );
+    let ran = run_drill_with(&file, "broker-faults", &["--runtime", "container"], &images);
+    assert_clean_pass(&ran);
+    let faults: Vec<String> = ran.report["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| format!("{} {}", f["target"], f["fault"]))
+        .collect();
+    println!("broker faults: {faults:?}");
+    assert_eq!(faults.len(), 2, "{faults:?}");
+    assert!(no_drill_containers("broker-faults-1"));
+}
+
+#[test]
+fn broker_faults_without_containers_or_a_cluster_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "nobrokerfaults",
+        "name: nobrokerfaults\ndestination: { kind: nats }\nworkload: { rate: 10/s, duration: 2s }\nfaults:\n  - { at: 1s, target: broker, action: pause, restart_after: 1s }\n",
+    );
+    let ran = run_drill(&file, "nobrokerfaults", &["--runtime", "process"]);
+    let o = &ran.output;
+    assert_eq!(o.status.code(), Some(3), "{}", show(o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("broker faults need the container runtime"),
+        "{stderr}"
+    );
 }

@@ -1,4 +1,5 @@
-//! No child process outlives drill: not after Ctrl-C (SIGINT), not even after SIGKILL.
+//! No child process outlives drill: not after Ctrl-C (SIGINT), not even after SIGKILL; and no
+//! container outlives a drill run in the container runtime after Ctrl-C.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,19 +43,42 @@ fn alive(pid: u32) -> bool {
 }
 
 fn start_drill(dir: &std::path::Path) -> Child {
-    let file = dir.join("long.yaml");
+    start_drill_named(dir, "long", &[], &[])
+}
+
+fn start_drill_named(
+    dir: &std::path::Path,
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
+    let file = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &file,
-        "name: long\ndestination: { kind: mqtt, topic: t/long }\nworkload: { rate: 50/s, duration: 60s }\n",
+        format!("name: {name}\ndestination: {{ kind: mqtt, topic: t/long }}\nworkload: {{ rate: 50/s, duration: 60s }}\n"),
     )
     .unwrap();
     Command::new(env!("CARGO_BIN_EXE_drill"))
         .args(["run", &file.display().to_string(), "--out"])
         .arg(dir.join("out"))
+        .args(args)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap()
+}
+
+/// Containers labelled with drill run `run` (created, running or stopped).
+fn containers_of(run: &str) -> Vec<String> {
+    let o = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &format!("label=drill.run={run}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 /// Waits until drill has started the broker (when it is a process) and the engine.
@@ -109,4 +133,47 @@ fn even_a_sigkilled_drill_leaves_no_child_behind() {
     drill.kill().unwrap();
     let _ = drill.wait();
     assert_all_gone(&kids);
+}
+
+#[test]
+fn ctrl_c_removes_the_broker_container_and_every_child() {
+    let have_image = Command::new("docker")
+        .args(["image", "inspect", "drill-local/mosquitto"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !have_image {
+        println!("skipped: no Docker engine, or drill-local/mosquitto is not built (ci/images.sh)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut drill = start_drill_named(
+        dir.path(),
+        "long-in-a-container",
+        &["--runtime", "container"],
+        &[("DRILL_IMAGE_MQTT", "drill-local/mosquitto")],
+    );
+    let kids = wait_for_children(&drill);
+    let run = "long-in-a-container-1";
+    let running = containers_of(run);
+    assert_eq!(
+        running.len(),
+        1,
+        "the broker runs in a container: {running:?}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(drill.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = drill.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "interrupted drills exit 3");
+    assert_all_gone(&kids);
+    let left = containers_of(run);
+    println!(
+        "containers of {run}: {} while running, {} after Ctrl-C",
+        running.len(),
+        left.len()
+    );
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

@@ -264,7 +264,7 @@ impl Pump {
             return Err(());
         };
         let stream = tokio::select! {
-            s = TcpStream::connect(self.shared.upstream) => s.map_err(|_| ())?,
+            s = TcpStream::connect(self.shared.upstream()) => s.map_err(|_| ())?,
             _ = self.conn.abort.cancelled() => return Err(()),
         };
         let _ = stream.set_nodelay(true);

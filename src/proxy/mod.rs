@@ -309,7 +309,9 @@ pub enum ProxyError {
 pub(crate) struct LinkShared {
     pub(crate) name: String,
     pub(crate) listen: SocketAddr,
-    pub(crate) upstream: SocketAddr,
+    /// Where new connections go. Changeable: a broker container restarted on a new host port
+    /// keeps its client-facing port (the link's) stable.
+    pub(crate) upstream: std::sync::RwLock<SocketAddr>,
     pub(crate) condition: watch::Sender<Condition>,
     /// The last epoch the accept loop has acted on (refuse closes the listener, heal reopens it).
     settled: watch::Sender<u64>,
@@ -317,6 +319,15 @@ pub(crate) struct LinkShared {
     pub(crate) tasks: TaskTracker,
     /// Jitter draws, seeded.
     pub(crate) rng: std::sync::Mutex<crate::workload::Seeded>,
+}
+
+impl LinkShared {
+    pub(crate) fn upstream(&self) -> SocketAddr {
+        match self.upstream.read() {
+            Ok(u) => *u,
+            Err(poisoned) => *poisoned.into_inner(),
+        }
+    }
 }
 
 /// One proxied listener. Cheap to clone; all clones drive the same link.
@@ -355,7 +366,7 @@ impl Link {
         let shared = Arc::new(LinkShared {
             name: name.to_string(),
             listen,
-            upstream,
+            upstream: std::sync::RwLock::new(upstream),
             condition,
             settled,
             counters: Counters::default(),
@@ -379,7 +390,14 @@ impl Link {
     }
 
     pub fn upstream_addr(&self) -> SocketAddr {
-        self.shared.upstream
+        self.shared.upstream()
+    }
+
+    /// Points new connections at `upstream` (connections already open stay where they are).
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        if let Ok(mut u) = self.shared.upstream.write() {
+            *u = upstream;
+        }
     }
 
     /// Puts `fault` in force at once for every connection of the link, new and existing.
@@ -446,7 +464,7 @@ impl Link {
         LinkStatus {
             name: self.shared.name.clone(),
             listen: self.shared.listen,
-            upstream: self.shared.upstream,
+            upstream: self.shared.upstream(),
             fault: c
                 .active
                 .map(|a| a.fault.name())

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds local container images of the brokers from binaries on this machine, for machines with
+# a Docker engine but no image registry (drill's tests run the container runtime with them):
+#   drill-local/mosquitto   mosquitto and its shared libraries
+#   drill-local/nats        nats-server (a static binary)
+#   drill-local/kafka       tansu (the Kafka-protocol broker) and its shared libraries
+# Each is a minimal root filesystem imported with `docker import`. Users' machines pull the
+# official images instead (eclipse-mosquitto, nats, apache/kafka).
+# Idempotent: an image that exists is kept (pass --force to rebuild). Needs ci/setup.sh first.
+set -euo pipefail
+export PATH="$HOME/.cargo/bin:$PATH"
+if command -v python3 >/dev/null 2>&1; then
+  PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+fi
+force=0
+[ "${1:-}" = "--force" ] && force=1
+
+if ! docker info >/dev/null 2>&1; then
+  echo "ci/images.sh: no Docker engine answers; nothing to build"
+  exit 0
+fi
+
+# Copies a binary and every shared library it loads into a root filesystem.
+add_binary() {
+  local root=$1 bin=$2 dest=$3
+  mkdir -p "$root$(dirname "$dest")"
+  cp -L "$bin" "$root$dest"
+  { ldd "$bin" 2>/dev/null || true; } | { grep -o '/[^ ]*' || true; } | while read -r lib; do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+  done
+}
+
+# The real executable (not a pyenv shim or other wrapper script).
+real_binary() {
+  local name=$1 candidate
+  for candidate in \
+    "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null)/$name" \
+    "$HOME/.cargo/bin/$name" "/usr/sbin/$name" "/usr/local/bin/$name" "$(command -v "$name" || true)"; do
+    if [ -x "$candidate" ] && head -c 4 "$candidate" | grep -q 'ELF'; then
+      echo "$candidate"
+      return
+    fi
+  done
+  echo "ci/images.sh: no $name binary found (run ci/setup.sh first)" >&2
+  exit 1
+}
+
+build() {
+  local tag=$1 entry=$2
+  shift 2
+  if [ $force -eq 0 ] && docker image inspect "$tag" >/dev/null 2>&1; then
+    echo "ci/images.sh: $tag exists"
+    return
+  fi
+  local root
+  root=$(mktemp -d)
+  mkdir -p "$root/tmp" "$root/data" "$root/etc"
+  chmod 1777 "$root/tmp"
+  echo "root:x:0:0:root:/root:/bin/sh" > "$root/etc/passwd"
+  echo "root:x:0:" > "$root/etc/group"
+  while [ $# -gt 0 ]; do
+    add_binary "$root" "$1" "$2"
+    shift 2
+  done
+  tar -C "$root" -c . | docker import --change "ENTRYPOINT $entry" - "$tag" >/dev/null
+  rm -rf "$root"
+  echo "ci/images.sh: built $tag"
+}
+
+build drill-local/mosquitto '["/usr/sbin/mosquitto"]' "$(real_binary mosquitto)" /usr/sbin/mosquitto
+build drill-local/nats '["/nats-server"]' "$(real_binary nats-server)" /nats-server
+build drill-local/kafka '["/usr/local/bin/tansu"]' "$(real_binary tansu)" /usr/local/bin/tansu
