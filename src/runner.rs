@@ -249,11 +249,8 @@ pub async fn run(
         .into());
     }
     let mut links: Vec<Link> = Vec::new();
-    let (mut broker, link) = match plan.destination.kind {
-        DestinationKind::Nats if placement.is_some() => {
-            let Some((docker, image, image_id)) = placement.clone() else {
-                unreachable!("checked by the guard")
-            };
+    let (mut broker, link) = match (plan.destination.kind, placement.clone()) {
+        (DestinationKind::Nats, Some((docker, image, image_id))) => {
             if plan.destination.nodes > 1 {
                 return Err(brokers::BrokerError::ContainerUnavailable(
                     "a NATS cluster runs as local processes so far; use --runtime process"
@@ -295,7 +292,7 @@ pub async fn run(
             links.push(link.clone());
             (broker, link)
         }
-        DestinationKind::Nats => {
+        (DestinationKind::Nats, None) => {
             // The proxies are bound first, so each server can advertise its own (never itself).
             let mut ports = Vec::new();
             for name in plan.destination.link_names() {
@@ -344,10 +341,7 @@ pub async fn run(
             ));
             (broker, links[0].clone())
         }
-        DestinationKind::Kafka if placement.is_some() => {
-            let Some((docker, image, image_id)) = placement.clone() else {
-                unreachable!("checked by the guard")
-            };
+        (DestinationKind::Kafka, Some((docker, image, image_id))) => {
             let link = Link::start(
                 link_name,
                 SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -381,7 +375,7 @@ pub async fn run(
             links.push(link.clone());
             (broker, link)
         }
-        DestinationKind::Kafka => {
+        (DestinationKind::Kafka, None) => {
             // The proxy is bound first, so the broker can advertise it (never itself).
             let port = brokers::free_port().map_err(io(&work))?;
             let upstream = SocketAddr::from(([127, 0, 0, 1], port));
@@ -406,10 +400,7 @@ pub async fn run(
             links.push(link.clone());
             (broker, link)
         }
-        DestinationKind::Mqtt if placement.is_some() => {
-            let Some((docker, image, image_id)) = placement.clone() else {
-                unreachable!("checked by the guard")
-            };
+        (DestinationKind::Mqtt, Some((docker, image, image_id))) => {
             let c = container::start(
                 docker,
                 DestinationKind::Mqtt,
@@ -432,7 +423,7 @@ pub async fn run(
             links.push(link.clone());
             (broker, link)
         }
-        DestinationKind::Mqtt => {
+        (DestinationKind::Mqtt, None) => {
             let runtime = if runtime == RuntimeChoice::Container {
                 RuntimeChoice::Auto
             } else {
