@@ -239,18 +239,14 @@ pub(super) async fn drive_kafka(
                             *sent = std::time::Instant::now();
                         }
                     }
-                    journal.flush();
-                    journal.marks.forget_below(shared.log_state.first_seq.load(std::sync::atomic::Ordering::SeqCst));
-                    publish_stats(&shared, index, &out, true);
+                    journal.housekeeping(&out, &shared, index);
                 }
             }
         };
         // Whatever is still in flight has no certain answer: possibly sent, held, and sent
         // again (same write key) only after the next probe, by a new producer session.
         drop(in_flight);
-        journal.record(out.on_link_lost(&lost));
-        journal.flush();
-        publish_stats(&shared, index, &out, false);
+        journal.end_session(&mut out, &shared, index, &lost);
         drop(producer);
         if cancel.is_cancelled() {
             break;

@@ -521,6 +521,24 @@ impl Journal {
         }
     }
 
+    /// Every tick of a connected session: journals written out, the marks of deleted segments
+    /// closed, stats published.
+    fn housekeeping(&mut self, out: &Output, shared: &Shared, index: usize) {
+        self.flush();
+        self.marks
+            .forget_below(shared.log_state.first_seq.load(Ordering::SeqCst));
+        publish_stats(shared, index, out, true);
+    }
+
+    /// A session ended without certain answers: every open attempt ends `possibly_sent`
+    /// (held, and sent again with its write key only after the next probe), journalled and
+    /// published.
+    fn end_session(&mut self, out: &mut Output, shared: &Shared, index: usize, lost: &str) {
+        self.record(out.on_link_lost(lost));
+        self.flush();
+        publish_stats(shared, index, out, false);
+    }
+
     fn sync(&mut self) {
         self.flush();
         let _ = self.attempts.get_ref().sync_data();
@@ -1180,16 +1198,11 @@ async fn drive_mqtt(
                             }
                         }
                     }
-                    journal.flush();
-                    journal.marks.forget_below(shared.log_state.first_seq.load(Ordering::SeqCst));
-                    publish_stats(&shared, index, &out, true);
+                    journal.housekeeping(&out, &shared, index);
                 }
             }
         };
-        let effects = out.on_link_lost(&lost);
-        journal.record(effects);
-        journal.flush();
-        publish_stats(&shared, index, &out, false);
+        journal.end_session(&mut out, &shared, index, &lost);
         if cancel.is_cancelled() {
             break;
         }

@@ -159,18 +159,14 @@ pub(super) async fn drive_nats(
                     if matches!(js.client().connection_state(), async_nats::connection::State::Disconnected) {
                         break "connection lost".to_string();
                     }
-                    journal.flush();
-                    journal.marks.forget_below(shared.log_state.first_seq.load(std::sync::atomic::Ordering::SeqCst));
-                    publish_stats(&shared, index, &out, true);
+                    journal.housekeeping(&out, &shared, index);
                 }
             }
         };
         // Whatever is still in flight has no certain answer: possibly sent, held, and sent
         // again (same message id) only after the next probe.
         drop(in_flight);
-        journal.record(out.on_link_lost(&lost));
-        journal.flush();
-        publish_stats(&shared, index, &out, false);
+        journal.end_session(&mut out, &shared, index, &lost);
         drop(js);
         if cancel.is_cancelled() {
             break;
