@@ -1,5 +1,5 @@
-//! The system under test, as a drill drives it: the built-in engine as a separate OS process
-//! (so it can be SIGKILLed), reached over its HTTP ingest and stats API.
+//! The built-in engine as a system under test: `drill engine --config FILE` as a separate OS
+//! process (so it can be SIGKILLed), reached over its HTTP ingest and stats API.
 //!
 //! The child is started with `kill_on_drop`, so it never outlives the drill. Restarts reuse the
 //! same config file, data directory and port.
@@ -14,20 +14,8 @@ use nix::unistd::Pid;
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
+use super::SutError;
 use crate::engine::{EngineConfig, Stats};
-
-#[derive(Debug, thiserror::Error)]
-pub enum SutError {
-    #[error("the engine did not start: {0}")]
-    Start(String),
-    #[error("cannot write the engine config {path}: {source}")]
-    Config {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("engine stats: {0}")]
-    Stats(String),
-}
 
 /// The built-in engine running as a child process.
 pub struct EngineProcess {

@@ -1,0 +1,356 @@
+//! Playing a drill: the workload and the fault timeline side by side on the drill's clock,
+//! with a progress line every few seconds.
+//!
+//! [`Drill`] holds what the timeline has done so far (faults applied, crashes, a halted broker
+//! node); [`Drill::apply`] carries out one step. The loop in [`play`] only decides which comes
+//! next: cancellation, the end of the workload, a progress line, or the next step.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::provision::Rig;
+use super::timeline::{Step, describe};
+use super::{RunError, ms, say};
+use crate::proxy::{Direction, Fault};
+use crate::report::FaultRecord;
+use crate::scenario::{BrokerNode, ProcessAction};
+use crate::sut::System;
+use crate::verify::ReadBack;
+use crate::workload::Sent;
+
+/// One drill in play: the rig, the system under test, and what the timeline did to them.
+pub struct Drill<'a> {
+    /// The brokers and links the faults act on.
+    pub rig: &'a mut Rig,
+    /// The system under test, for engine faults.
+    pub system: &'a mut System,
+    /// The drill's clock: every time in the report is relative to it.
+    pub t0: Instant,
+    /// Faults as applied, each closed (`until_ms`) when it healed.
+    pub faults: Vec<FaultRecord>,
+    /// When the engine was killed or stopped: records accepted before one may come twice.
+    pub crashes: Vec<Duration>,
+    /// Notes for the report (a step that could not be carried out, and why).
+    pub notes: Vec<String>,
+    /// The broker node (or container) halted by the last broker fault, until restarted.
+    killed_node: Option<usize>,
+    /// Whether that halt was a pause (resumed, not restarted).
+    paused: bool,
+}
+
+/// How the timeline ended.
+pub enum Played {
+    /// Every step ran and the workload finished.
+    Done,
+    /// The caller's token was cancelled (Ctrl-C): no verdict.
+    Interrupted,
+}
+
+impl<'a> Drill<'a> {
+    pub fn new(rig: &'a mut Rig, system: &'a mut System, t0: Instant) -> Drill<'a> {
+        Drill {
+            rig,
+            system,
+            t0,
+            faults: Vec::new(),
+            crashes: Vec::new(),
+            notes: Vec::new(),
+            killed_node: None,
+            paused: false,
+        }
+    }
+
+    /// Carries out one step of the timeline, now.
+    pub async fn apply(&mut self, step: &Step) -> Result<(), RunError> {
+        let now = self.t0.elapsed();
+        match step {
+            Step::Link {
+                index,
+                link: name,
+                spec,
+            } => {
+                if let Some(l) = self.rig.links.iter().find(|l| l.name() == name.as_str()) {
+                    l.apply_spec_settled(*spec).await;
+                }
+                let what = describe(spec);
+                say(&format!(
+                    "  {:>4}s  fault: link {name} {what} {}",
+                    now.as_secs(),
+                    spec.direction.name()
+                ));
+                self.faults.push(FaultRecord {
+                    index: *index,
+                    at_ms: ms(now),
+                    target: format!("link {name}"),
+                    fault: what,
+                    direction: Some(spec.direction.name().to_string()),
+                    until_ms: None,
+                });
+            }
+            Step::ProxyDown { index } => {
+                // A proxy restart: every connection dropped, nothing listens.
+                for l in &self.rig.links {
+                    l.apply_settled(Fault::Refuse, Direction::Both).await;
+                }
+                say(&format!(
+                    "  {:>4}s  fault: proxy restart (down)",
+                    now.as_secs()
+                ));
+                self.faults.push(FaultRecord {
+                    index: *index,
+                    at_ms: ms(now),
+                    target: "link proxy".to_string(),
+                    fault: "restart".to_string(),
+                    direction: None,
+                    until_ms: None,
+                });
+            }
+            Step::Heal { index, link: name } => {
+                for l in self
+                    .rig
+                    .links
+                    .iter()
+                    .filter(|l| name == "proxy" || l.name() == name.as_str())
+                {
+                    l.apply_settled(Fault::Heal, Direction::Both).await;
+                }
+                say(&format!("  {:>4}s  heal: link {name}", now.as_secs()));
+                let open = self.faults.iter_mut().rev().find(|f| {
+                    f.until_ms.is_none()
+                        && f.target == format!("link {name}")
+                        && index.is_none_or(|i| f.index == i)
+                });
+                if let Some(f) = open {
+                    f.until_ms = Some(ms(now));
+                }
+            }
+            Step::Engine {
+                index,
+                action,
+                wipe_data,
+            } => {
+                match action {
+                    ProcessAction::Kill => self.system.kill().await,
+                    ProcessAction::Stop | ProcessAction::Restart | ProcessAction::Pause => {
+                        self.system.stop(Duration::from_secs(10)).await
+                    }
+                }
+                self.crashes.push(now);
+                let mut what = match action {
+                    ProcessAction::Kill => "kill (SIGKILL)".to_string(),
+                    ProcessAction::Stop | ProcessAction::Restart | ProcessAction::Pause => {
+                        "stop (SIGTERM)".to_string()
+                    }
+                };
+                if *wipe_data {
+                    let data = self.system.data_dir().to_path_buf();
+                    if data.exists() {
+                        std::fs::remove_dir_all(&data).map_err(|source| RunError::Io {
+                            path: data.clone(),
+                            source,
+                        })?;
+                    }
+                    what.push_str(", data directory removed");
+                }
+                say(&format!("  {:>4}s  fault: engine {what}", now.as_secs()));
+                self.faults.push(FaultRecord {
+                    index: *index,
+                    at_ms: ms(now),
+                    target: "engine".to_string(),
+                    fault: what,
+                    direction: None,
+                    until_ms: None,
+                });
+            }
+            Step::Broker { index, action, .. } if !self.rig.containers.is_empty() => {
+                // One broker in a container: kill (SIGKILL) or stop it; restart_after
+                // starts it again and the link follows its new host port.
+                let c = &mut self.rig.containers[0];
+                let what = match action {
+                    ProcessAction::Kill => {
+                        c.kill().await;
+                        "kill (SIGKILL)"
+                    }
+                    ProcessAction::Pause => {
+                        c.pause().await;
+                        "pause"
+                    }
+                    _ => {
+                        c.stop().await;
+                        "stop (SIGTERM)"
+                    }
+                };
+                self.killed_node = Some(0);
+                self.paused = *action == ProcessAction::Pause;
+                say(&format!(
+                    "  {:>4}s  fault: broker container {what}",
+                    now.as_secs()
+                ));
+                self.faults.push(FaultRecord {
+                    index: *index,
+                    at_ms: ms(now),
+                    target: "broker container".to_string(),
+                    fault: what.to_string(),
+                    direction: None,
+                    until_ms: None,
+                });
+            }
+            Step::RestartBroker if !self.rig.containers.is_empty() => {
+                if self.killed_node.take().is_some() {
+                    if std::mem::take(&mut self.paused) {
+                        self.rig.containers[0].resume().await;
+                        say(&format!(
+                            "  {:>4}s  broker container resumed",
+                            now.as_secs()
+                        ));
+                    } else {
+                        let addr = self.rig.containers[0].restart().await?;
+                        for l in &self.rig.links {
+                            l.set_upstream(addr);
+                        }
+                        say(&format!(
+                            "  {:>4}s  broker container restarted on {addr}",
+                            now.as_secs()
+                        ));
+                    }
+                    if let Some(f) = self
+                        .faults
+                        .iter_mut()
+                        .rev()
+                        .find(|f| f.target == "broker container" && f.until_ms.is_none())
+                    {
+                        f.until_ms = Some(ms(self.t0.elapsed()));
+                    }
+                }
+            }
+            Step::Broker { .. } if self.rig.cluster.is_empty() => {
+                // Checked before the drill started; unreachable in practice.
+            }
+            Step::Broker {
+                index,
+                node,
+                action,
+            } => {
+                let at = match node {
+                    BrokerNode::Number(n) => Some(n - 1),
+                    BrokerNode::Leader => self.rig.stream_leader_node().await,
+                };
+                let kill = *action == ProcessAction::Kill;
+                let what = if kill {
+                    "kill (SIGKILL)"
+                } else {
+                    "stop (SIGTERM)"
+                };
+                match at.and_then(|i| self.rig.cluster.get_mut(i).map(|n| (i, n))) {
+                    Some((i, node)) => {
+                        node.halt(kill).await;
+                        self.killed_node = Some(i);
+                        say(&format!(
+                            "  {:>4}s  fault: broker {} {what}",
+                            now.as_secs(),
+                            node.name
+                        ));
+                        self.faults.push(FaultRecord {
+                            index: *index,
+                            at_ms: ms(now),
+                            target: format!("broker {}", node.name),
+                            fault: what.to_string(),
+                            direction: None,
+                            until_ms: None,
+                        });
+                    }
+                    None => {
+                        let why = "broker fault skipped: no such node, or no stream leader could be found".to_string();
+                        say(&format!("  {:>4}s  {why}", now.as_secs()));
+                        self.notes.push(why);
+                    }
+                }
+            }
+            Step::RestartBroker => {
+                if let Some(i) = self.killed_node.take()
+                    && let Some(node) = self.rig.cluster.get_mut(i)
+                {
+                    node.restart().await?;
+                    say(&format!(
+                        "  {:>4}s  broker {} restarted",
+                        now.as_secs(),
+                        node.name
+                    ));
+                    let target = format!("broker {}", node.name);
+                    if let Some(f) = self
+                        .faults
+                        .iter_mut()
+                        .rev()
+                        .find(|f| f.target == target && f.until_ms.is_none())
+                    {
+                        f.until_ms = Some(ms(self.t0.elapsed()));
+                    }
+                }
+            }
+            Step::RestartEngine => {
+                self.system.start().await?;
+                self.system.note("restarted by the drill").await;
+                say(&format!("  {:>4}s  engine restarted", now.as_secs()));
+                if let Some(f) = self
+                    .faults
+                    .iter_mut()
+                    .rev()
+                    .find(|f| f.target == "engine" && f.until_ms.is_none())
+                {
+                    f.until_ms = Some(ms(self.t0.elapsed()));
+                }
+            }
+        }
+
+        Ok(())
+    }
+}
+
+/// Plays the workload and the timeline until both are done (or the drill is cancelled).
+pub async fn play(
+    drill: &mut Drill<'_>,
+    steps: &[(Duration, Step)],
+    mut workload: tokio::task::JoinHandle<()>,
+    sent: &Arc<Mutex<Sent>>,
+    reader: &ReadBack,
+    cancel: &CancellationToken,
+) -> Result<Played, RunError> {
+    let t0 = drill.t0;
+    let mut progress = tokio::time::interval(Duration::from_secs(5));
+    progress.tick().await;
+    let mut next = 0;
+    let mut workload_done = false;
+    loop {
+        if next >= steps.len() && workload_done {
+            return Ok(Played::Done);
+        }
+        let wake = steps
+            .get(next)
+            .map(|(at, _)| tokio::time::Instant::from_std(t0 + *at));
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return Ok(Played::Interrupted),
+            _ = &mut workload, if !workload_done => workload_done = true,
+            _ = async { if let Some(w) = wake { tokio::time::sleep_until(w).await } }, if wake.is_some() => {
+                let (_, step) = &steps[next];
+                next += 1;
+                drill.apply(step).await?;
+            }
+            _ = progress.tick() => {
+                let accepted = sent.lock().map(|s| s.accepted().count()).unwrap_or(0);
+                let link = &drill.rig.link;
+                let status = link.status();
+                say(&format!(
+                    "  {:>4}s  accepted {accepted:>6}  read back {:>6}  link {}: {}{}",
+                    t0.elapsed().as_secs(),
+                    reader.count().await.map_or("-".to_string(), |n| n.to_string()),
+                    link.name(),
+                    status.fault,
+                    status.direction.map(|d| format!(" {d}")).unwrap_or_default()
+                ));
+            }
+        }
+    }
+}
