@@ -364,10 +364,15 @@ pub fn publish_with_key(topic: &str, pkid: u16, payload: bytes::Bytes, write_key
 
 /// The write key a received publish carries, if any.
 pub fn write_key_of(publish: &Publish) -> Option<String> {
+    user_property(publish, WRITE_KEY_PROPERTY)
+}
+
+/// The value of user property `name` of a received publish, if it has one.
+pub fn user_property(publish: &Publish, name: &str) -> Option<String> {
     publish.properties.as_ref().and_then(|p| {
         p.user_properties
             .iter()
-            .find(|(k, _)| k == WRITE_KEY_PROPERTY)
+            .find(|(k, _)| k == name)
             .map(|(_, v)| v.clone())
     })
 }

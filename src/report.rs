@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::engine::{AttemptCountsView, Stats};
+use crate::engine::AttemptCountsView;
 use crate::proxy::LinkStatus;
 use crate::scenario::Plan;
+use crate::sut::Account;
 use crate::verify::{Received, Reconciliation};
 use crate::workload::Sent;
 
@@ -52,7 +53,15 @@ pub struct Facts {
     pub runtime: String,
     pub reconciliation: Reconciliation,
     pub allowed_duplicates: u64,
-    pub engine: Option<Stats>,
+    /// The system's own account at the end (`None`: it gave none, or did not answer).
+    pub engine: Option<Account>,
+    /// Whether the system gives an account at all (a user's engine without `stats` does not:
+    /// then waiting and failed are unknown, and what is not delivered counts as lost).
+    pub gives_account: bool,
+    /// `builtin`, or the user's engine's command line.
+    pub system: String,
+    /// Messages at the destination that carried no harness id (shortened).
+    pub unexpected_examples: Vec<String>,
     pub faults: Vec<FaultRecord>,
     pub recovery: Vec<RecoveryRecord>,
     pub link: LinkStatus,
@@ -108,6 +117,12 @@ pub struct Report {
     pub versions: BTreeMap<String, String>,
     pub missing_examples: Vec<String>,
     pub duplicate_examples: Vec<String>,
+    /// Messages at the destination that carried no harness id (shortened).
+    pub unexpected_examples: Vec<String>,
+    /// Whether the system under test gives an account of what it holds.
+    pub gives_account: bool,
+    /// `builtin`, or the user's engine's command line.
+    pub system: String,
     pub notes: Vec<String>,
     pub duration_ms: u64,
 }
@@ -115,33 +130,34 @@ pub struct Report {
 /// What the engine said of itself at the end.
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineAccount {
-    pub held: u64,
-    pub delivered: u64,
+    pub held: Option<u64>,
+    pub delivered: Option<u64>,
     pub waiting: u64,
     pub failed: u64,
 }
 
-/// Extra copies the declared promise allows: same write key as the original, and that write
-/// had a `possibly_sent` attempt or was accepted before an engine crash.
-pub fn allowed_duplicates(
-    sent: &Sent,
-    received: &Received,
-    possibly_sent: &HashSet<String>,
-    crashed: &HashSet<String>,
-) -> u64 {
-    let keys: HashMap<&str, &str> = sent
+/// Extra copies the declared promise allows: same write key as the original (the one the
+/// ingest answered, else the first copy's), and the record is in `excused` — its write had a
+/// `possibly_sent` attempt, or it was accepted before an engine crash (ids).
+pub fn allowed_duplicates(sent: &Sent, received: &Received, excused: &HashSet<&str>) -> u64 {
+    let keys: HashMap<&str, Option<&str>> = sent
         .accepted()
         .map(|(r, k, _)| (r.id.as_str(), k))
         .collect();
-    let mut seen: HashSet<&str> = HashSet::new();
+    let mut first: HashMap<&str, Option<&str>> = HashMap::new();
     let mut allowed = 0;
     for a in &received.arrivals {
         let Some(id) = a.id.as_deref() else { continue };
         let Some(&key) = keys.get(id) else { continue };
-        if !seen.insert(id) {
-            let same = a.write_key.as_deref() == Some(key);
-            if same && (possibly_sent.contains(key) || crashed.contains(key)) {
-                allowed += 1;
+        match first.get(id) {
+            None => {
+                first.insert(id, key.or(a.write_key.as_deref()));
+            }
+            Some(original) => {
+                let same = original.is_some() && a.write_key.as_deref() == *original;
+                if same && excused.contains(id) {
+                    allowed += 1;
+                }
             }
         }
     }
@@ -250,10 +266,19 @@ pub fn judge(facts: &Facts) -> Report {
         failed: s.failed,
     });
     // The ledger closes when the equation holds with nothing lost, and the engine's own
-    // account agrees with what the source and the destination saw.
-    let engine_agrees = facts.engine.as_ref().is_some_and(|s| {
-        s.held == held + r.recovered && s.delivered + s.waiting + s.failed == s.held
-    });
+    // account agrees with what the source and the destination saw (as far as it gives one:
+    // a user's engine may report only waiting and failed, or nothing).
+    let engine_agrees = match &facts.engine {
+        Some(s) => {
+            let held_agrees = s.held.is_none_or(|h| h == held + r.recovered);
+            let sums = match (s.held, s.delivered) {
+                (Some(h), Some(d)) => d + s.waiting + s.failed == h,
+                _ => true,
+            };
+            held_agrees && sums
+        }
+        None => !facts.gives_account,
+    };
     let closes = lost == 0 && delivered + waiting + failed == held && engine_agrees;
 
     let e = &facts.plan.expect;
@@ -333,7 +358,7 @@ pub fn judge(facts: &Facts) -> Report {
         attempts: facts
             .engine
             .as_ref()
-            .map(|s| s.attempts)
+            .and_then(|s| s.attempts)
             .unwrap_or_default(),
         promise: facts.plan.engine.promise.name(),
         runtime: facts.runtime.clone(),
@@ -341,6 +366,9 @@ pub fn judge(facts: &Facts) -> Report {
         versions: facts.versions.clone(),
         missing_examples: r.missing_examples.clone(),
         duplicate_examples: r.duplicate_examples.clone(),
+        unexpected_examples: facts.unexpected_examples.clone(),
+        gives_account: facts.gives_account,
+        system: facts.system.clone(),
         notes,
         duration_ms: facts.duration_ms,
     }
@@ -399,12 +427,27 @@ pub fn markdown(report: &Report) -> String {
             "**does not close**"
         }
     );
-    if let Some(e) = &report.engine_account {
-        let _ = writeln!(
-            md,
-            "The engine's own account: {} held = {} delivered + {} waiting + {} failed.",
-            e.held, e.delivered, e.waiting, e.failed
-        );
+    let known = |n: Option<u64>| n.map_or("?".to_string(), |n| n.to_string());
+    match &report.engine_account {
+        Some(e) => {
+            let _ = writeln!(
+                md,
+                "The engine's own account: {} held = {} delivered + {} waiting + {} failed.",
+                known(e.held),
+                known(e.delivered),
+                e.waiting,
+                e.failed
+            );
+        }
+        None if !report.gives_account => {
+            let _ = writeln!(
+                md,
+                "The engine gave no account (no `stats` in the scenario): waiting and failed are unknown, so every record held and not delivered after the drain counts as lost."
+            );
+        }
+        None => {
+            let _ = writeln!(md, "The engine did not answer for its account at the end.");
+        }
     }
     let _ = writeln!(md);
     let _ = writeln!(
@@ -520,6 +563,17 @@ pub fn markdown(report: &Report) -> String {
             report.duplicate_examples.join(", ")
         );
     }
+    if !report.unexpected_examples.is_empty() {
+        let _ = writeln!(md);
+        let _ = writeln!(
+            md,
+            "Messages without a harness id (first {}):",
+            report.unexpected_examples.len()
+        );
+        for m in &report.unexpected_examples {
+            let _ = writeln!(md, "- `{}`", m.replace('`', "'"));
+        }
+    }
     if !report.notes.is_empty() {
         let _ = writeln!(md);
         let _ = writeln!(md, "## Notes");
@@ -530,6 +584,8 @@ pub fn markdown(report: &Report) -> String {
     }
     let _ = writeln!(md);
     let _ = writeln!(md, "## Run");
+    let _ = writeln!(md);
+    let _ = writeln!(md, "System under test: {}", report.system);
     let _ = writeln!(md);
     let versions: Vec<String> = report
         .versions

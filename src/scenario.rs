@@ -17,6 +17,9 @@ use serde_saphyr::Spanned;
 
 use crate::proxy::{Direction, Fault, FaultSpec};
 
+pub mod command;
+pub use command::{CommandSpec, IngestSpec, Ready, StatsSpec, WriteKeyPlace};
+
 /// Why a scenario could not be turned into a plan. Both variants mean "invalid input" (exit 2).
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
@@ -252,7 +255,27 @@ struct RawDestination {
 #[serde(deny_unknown_fields)]
 struct RawSystem {
     #[serde(default)]
-    builtin: Option<RawBuiltin>,
+    builtin: Option<Spanned<RawBuiltin>>,
+    /// A user's engine: its argv (see [`command`]).
+    #[serde(default)]
+    command: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    files: std::collections::BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    ingest: Option<Spanned<command::RawIngest>>,
+    #[serde(default)]
+    ready: Option<Spanned<command::RawReady>>,
+    #[serde(default)]
+    stats: Option<Spanned<command::RawStats>>,
+    #[serde(default)]
+    write_key: Option<Spanned<command::RawWriteKey>>,
+    #[serde(default)]
+    stop_grace: Option<Dur>,
+    /// What a command engine declares (the built-in engine's is under `builtin`).
+    #[serde(default)]
+    promise: Option<Spanned<Promise>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -378,7 +401,11 @@ pub struct Plan {
     pub source: PathBuf,
     pub seed: u64,
     pub destination: Destination,
+    /// The built-in engine's settings, and the promise the system under test declares
+    /// (`engine.promise`, whichever engine runs).
     pub engine: EngineSpec,
+    /// A user's engine, when the scenario gives `system.command`; else the built-in one runs.
+    pub command: Option<CommandSpec>,
     pub workload: WorkloadSpec,
     pub faults: Vec<ScheduledFault>,
     pub expect: Expectations,
@@ -609,6 +636,76 @@ fn invalid(path: &str, loc: &serde_saphyr::Location, message: String) -> Scenari
     }
 }
 
+/// `system:`: the built-in engine's settings (with its promise folded in), or a command
+/// engine (with the promise it declares, carried in `RawBuiltin::promise`).
+fn system(
+    shown: &str,
+    raw: Option<RawSystem>,
+    destination: &Destination,
+    source: &Path,
+    name: &Spanned<String>,
+) -> Result<(RawBuiltin, Option<CommandSpec>), ScenarioError> {
+    let Some(raw) = raw else {
+        return Ok((RawBuiltin::default(), None));
+    };
+    let Some(argv) = raw.command else {
+        let loose = [
+            ("env", !raw.env.is_empty()),
+            ("files", !raw.files.is_empty()),
+            ("ingest", raw.ingest.is_some()),
+            ("ready", raw.ready.is_some()),
+            ("stats", raw.stats.is_some()),
+            ("write_key", raw.write_key.is_some()),
+            ("stop_grace", raw.stop_grace.is_some()),
+            ("promise", raw.promise.is_some()),
+        ];
+        if let Some((field, _)) = loose.iter().find(|(_, set)| *set) {
+            return Err(invalid(
+                shown,
+                &name.referenced,
+                format!(
+                    "field `system.{field}`: goes with `system.command` (a user's engine); the built-in engine takes its settings under `system.builtin`"
+                ),
+            ));
+        }
+        return Ok((raw.builtin.map(|b| b.value).unwrap_or_default(), None));
+    };
+    let anchor = argv
+        .first()
+        .map(|a| a.referenced)
+        .unwrap_or(name.referenced);
+    if let Some(b) = &raw.builtin {
+        return Err(invalid(
+            shown,
+            &b.referenced,
+            "field `system.builtin`: a system is either `builtin` or `command`, not both"
+                .to_string(),
+        ));
+    }
+    let promise = raw.promise.map(|p| p.value);
+    let spec = command::validate(
+        command::RawCommand {
+            command: argv,
+            env: raw.env,
+            files: raw.files,
+            ingest: raw.ingest,
+            ready: raw.ready,
+            stats: raw.stats,
+            write_key: raw.write_key,
+            stop_grace: raw.stop_grace,
+        },
+        &destination.link_names(),
+        &command::scenario_dir(source),
+        &anchor,
+    )
+    .map_err(|e| invalid(shown, &e.at, e.message))?;
+    let builtin = RawBuiltin {
+        promise: Some(promise.unwrap_or(Promise::AtLeastOnce)),
+        ..RawBuiltin::default()
+    };
+    Ok((builtin, Some(spec)))
+}
+
 fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, ScenarioError> {
     let name = raw.name.value.trim().to_string();
     if name.is_empty()
@@ -664,7 +761,7 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
         topic: raw.destination.topic.unwrap_or_else(|| "drill".to_string()),
         duplicate_window: raw.destination.duplicate_window.as_ref().map(|w| w.value.0),
     };
-    let builtin = raw.system.and_then(|s| s.builtin).unwrap_or_default();
+    let (builtin, command) = system(shown, raw.system, &destination, source, &raw.name)?;
     let engine = EngineSpec {
         order: builtin.order.unwrap_or_default(),
         promise: builtin.promise.unwrap_or(match kind {
@@ -911,7 +1008,30 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
                     )
                 })?;
                 match (target.as_str(), action) {
-                    ("engine", ProcessAction::Kill | ProcessAction::Stop) => {
+                    ("engine", ProcessAction::Pause) if command.is_none() => {
+                        return Err(invalid(
+                            shown,
+                            loc,
+                            format!(
+                                "{}: pausing the built-in engine is not supported; use kill or stop (a user's engine, `system.command`, can be paused)",
+                                field("action")
+                            ),
+                        ));
+                    }
+                    ("engine", ProcessAction::Pause) if f.restart_after.is_none() => {
+                        return Err(invalid(
+                            shown,
+                            loc,
+                            format!(
+                                "{}: a paused engine needs `restart_after` (when it is resumed)",
+                                field("action")
+                            ),
+                        ));
+                    }
+                    (
+                        "engine",
+                        ProcessAction::Kill | ProcessAction::Stop | ProcessAction::Pause,
+                    ) => {
                         if f.down_for.is_some() {
                             return Err(invalid(
                                 shown,
@@ -1045,6 +1165,7 @@ fn validate(shown: &str, raw: RawScenario, source: &Path) -> Result<Plan, Scenar
         seed: raw.seed.unwrap_or(1),
         destination,
         engine,
+        command,
         workload,
         faults,
         expect,

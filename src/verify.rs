@@ -18,6 +18,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::mqtt::{self, Packet, PubAck, PubAckReason};
+use crate::scenario::WriteKeyPlace;
 use crate::workload::{Ingested, Sent};
 
 /// One copy seen at the destination.
@@ -30,9 +31,139 @@ pub struct Arrival {
 
 #[derive(Debug, Default)]
 pub struct Received {
+    /// One per harness id found in a message (a message that batches several records gives
+    /// several), and one with no id per message that carries none.
     pub arrivals: Vec<Arrival>,
     /// Set when the reader lost its connection: it may have missed copies.
     pub verifier_fault: Option<String>,
+    /// The first few messages that carried no harness id (an engine's status or retained
+    /// messages), shortened, for the report.
+    pub unexpected_examples: Vec<String>,
+}
+
+/// How many messages without a harness id the report quotes.
+const UNEXPECTED_EXAMPLES: usize = 5;
+
+/// Finds the harness ids and the write key in whatever the engine made of a record.
+///
+/// Engines wrap payloads (a syslog header, a JSON envelope, a renamed field) and some batch
+/// several records into one message, so ids are searched as text: every `<run>/k<N>/<seq>` in
+/// the payload counts once per message, wherever it sits. The write key is taken from where
+/// the scenario says the engine puts it, and is absent otherwise.
+/// A payload that is a JSON object with a string `id` counts that id when no harness id of the
+/// run is found in it (drill's engine tests send such records).
+#[derive(Debug, Clone)]
+pub struct Decoder {
+    /// `<run>/`, the prefix of every harness id of this drill.
+    run: String,
+    write_key: Option<WriteKeyPlace>,
+}
+
+impl Decoder {
+    pub fn new(run: &str, write_key: Option<WriteKeyPlace>) -> Decoder {
+        Decoder {
+            run: format!("{run}/"),
+            write_key,
+        }
+    }
+
+    /// Reads the JSON `id` and the write key where drill's own engine puts it.
+    pub fn builtin(write_key: WriteKeyPlace) -> Decoder {
+        Decoder {
+            run: String::new(),
+            write_key: Some(write_key),
+        }
+    }
+
+    /// Every distinct harness id in `payload`, in order of appearance.
+    pub fn ids(&self, payload: &[u8]) -> Vec<String> {
+        let mut ids = self.run_ids(payload);
+        if ids.is_empty()
+            && let Some(id) = serde_json::from_slice::<serde_json::Value>(payload)
+                .ok()
+                .and_then(|v| v.get("id")?.as_str().map(str::to_string))
+        {
+            ids.push(id);
+        }
+        ids
+    }
+
+    fn run_ids(&self, payload: &[u8]) -> Vec<String> {
+        let mut ids: Vec<String> = Vec::new();
+        if self.run.is_empty() {
+            return ids;
+        }
+        let text = String::from_utf8_lossy(payload);
+        let mut rest: &str = &text;
+        while let Some(i) = rest.find(self.run.as_str()) {
+            let after = &rest[i + self.run.len()..];
+            let digits = |s: &str| s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+            let parsed = after.strip_prefix('k').and_then(|k| {
+                let n = digits(k);
+                let seq_part = k[n..].strip_prefix('/')?;
+                let m = digits(seq_part);
+                (n > 0 && m > 0).then(|| self.run.len() + 1 + n + 1 + m)
+            });
+            match parsed {
+                Some(len) => {
+                    let id = &rest[i..i + len];
+                    if !ids.iter().any(|x| x == id) {
+                        ids.push(id.to_string());
+                    }
+                    rest = &rest[i + len..];
+                }
+                None => rest = after,
+            }
+        }
+        ids
+    }
+
+    /// Adds one message to `into`: an arrival per id, or one without an id.
+    /// `meta` reads the write key from the message's metadata, for the place configured.
+    pub fn add(
+        &self,
+        payload: &[u8],
+        meta: impl Fn(&WriteKeyPlace) -> Option<String>,
+        at: Duration,
+        into: &mut Received,
+    ) {
+        let write_key = match &self.write_key {
+            None => None,
+            Some(WriteKeyPlace::JsonField(path)) => {
+                serde_json::from_slice::<serde_json::Value>(payload)
+                    .ok()
+                    .and_then(|v| {
+                        let field = path.split('.').try_fold(&v, |v, part| v.get(part))?;
+                        Some(match field {
+                            serde_json::Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        })
+                    })
+            }
+            Some(place) => meta(place),
+        };
+        let ids = self.ids(payload);
+        if ids.is_empty() {
+            if into.unexpected_examples.len() < UNEXPECTED_EXAMPLES {
+                let text = String::from_utf8_lossy(payload);
+                let short: String = text.chars().take(120).collect();
+                into.unexpected_examples.push(short);
+            }
+            into.arrivals.push(Arrival {
+                id: None,
+                write_key,
+                at,
+            });
+            return;
+        }
+        for id in ids {
+            into.arrivals.push(Arrival {
+                id: Some(id),
+                write_key: write_key.clone(),
+                at,
+            });
+        }
+    }
 }
 
 /// The MQTT read-back: one subscriber connected directly to the broker.
@@ -49,6 +180,20 @@ impl Reader {
         t0: Instant,
         cancel: CancellationToken,
     ) -> Result<Reader, mqtt::MqttError> {
+        let decoder = Decoder::builtin(WriteKeyPlace::MqttUserProperty(
+            mqtt::WRITE_KEY_PROPERTY.to_string(),
+        ));
+        Reader::start_with(broker, topic, decoder, t0, cancel).await
+    }
+
+    /// [`Reader::start`], finding ids and write keys with `decoder`.
+    pub async fn start_with(
+        broker: SocketAddr,
+        topic: &str,
+        decoder: Decoder,
+        t0: Instant,
+        cancel: CancellationToken,
+    ) -> Result<Reader, mqtt::MqttError> {
         let limit = Duration::from_secs(10);
         let mut session =
             mqtt::connect(broker, "drill-verifier", Duration::from_secs(60), limit).await?;
@@ -62,11 +207,11 @@ impl Reader {
                 tokio::select! {
                     packet = rx.next() => match packet {
                         Some(Ok(mqtt::Inbound::Packet(Packet::Publish(p)))) => {
-                            let id = serde_json::from_slice::<serde_json::Value>(&p.payload)
-                                .ok()
-                                .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string));
-                            let arrival = Arrival { id, write_key: mqtt::write_key_of(&p), at: t0.elapsed() };
-                            if let Ok(mut r) = sink.lock() { r.arrivals.push(arrival); }
+                            let meta = |place: &WriteKeyPlace| match place {
+                                WriteKeyPlace::MqttUserProperty(name) => mqtt::user_property(&p, name),
+                                _ => None,
+                            };
+                            if let Ok(mut r) = sink.lock() { decoder.add(&p.payload, meta, t0.elapsed(), &mut r); }
                             if p.pkid != 0 {
                                 let ack = PubAck { pkid: p.pkid, reason: PubAckReason::Success, properties: None };
                                 if let Err(e) = tx.send(Packet::PubAck(ack)).await {
@@ -108,6 +253,7 @@ impl Reader {
                 let r = shared.lock().map(|r| Received {
                     arrivals: r.arrivals.clone(),
                     verifier_fault: r.verifier_fault.clone(),
+                    unexpected_examples: r.unexpected_examples.clone(),
                 });
                 r.unwrap_or_default()
             }
@@ -190,9 +336,14 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
                         let extra = c.len() as u64 - 1;
                         if extra > 0 {
                             rec.duplicates += extra;
+                            // The key the ingest answered, else the first copy's (an engine
+                            // whose ingest does not tell its keys).
+                            let original = write_key.as_deref().or(c[0].write_key.as_deref());
                             let same = c[1..]
                                 .iter()
-                                .filter(|a| a.write_key.as_deref() == Some(write_key.as_str()))
+                                .filter(|a| {
+                                    original.is_some() && a.write_key.as_deref() == original
+                                })
                                 .count() as u64;
                             rec.duplicates_same_key += same;
                             rec.duplicates_other_key += extra - same;
@@ -248,6 +399,7 @@ pub enum ReadBack {
         stream: String,
         js: Box<async_nats::jetstream::Context>,
         t0: std::time::SystemTime,
+        decoder: Decoder,
     },
     /// A Kafka topic, read whole through `bootstrap` at the end (the broker advertises the
     /// proxy's address, so that is where every client goes; the runner heals the link first).
@@ -255,6 +407,7 @@ pub enum ReadBack {
         bootstrap: SocketAddr,
         topic: String,
         t0: std::time::SystemTime,
+        decoder: Decoder,
     },
 }
 
@@ -264,6 +417,7 @@ impl ReadBack {
         servers: Vec<SocketAddr>,
         stream: &str,
         t0: std::time::SystemTime,
+        decoder: Decoder,
     ) -> Result<ReadBack, String> {
         let addrs: Vec<async_nats::ServerAddr> = servers
             .iter()
@@ -280,6 +434,7 @@ impl ReadBack {
             stream: stream.to_string(),
             js: Box::new(async_nats::jetstream::new(client)),
             t0,
+            decoder,
         })
     }
 
@@ -318,11 +473,20 @@ impl ReadBack {
                 servers,
                 stream,
                 t0,
+                decoder,
                 ..
             } => {
                 let mut last = Received::default();
                 for server in servers {
-                    match read_stream(server, &stream, Duration::from_secs(120), Some(t0)).await {
+                    match read_stream_with(
+                        server,
+                        &stream,
+                        Duration::from_secs(120),
+                        Some(t0),
+                        &decoder,
+                    )
+                    .await
+                    {
                         Ok(r) if r.verifier_fault.is_none() => return r,
                         Ok(r) => last = r,
                         Err(e) => last.verifier_fault = Some(e),
@@ -334,12 +498,19 @@ impl ReadBack {
                 bootstrap,
                 topic,
                 t0,
-            } => read_topic(bootstrap, &topic, Duration::from_secs(120), Some(t0))
-                .await
-                .unwrap_or_else(|e| Received {
-                    arrivals: Vec::new(),
-                    verifier_fault: Some(e),
-                }),
+                decoder,
+            } => read_topic_with(
+                bootstrap,
+                &topic,
+                Duration::from_secs(120),
+                Some(t0),
+                decoder,
+            )
+            .await
+            .unwrap_or_else(|e| Received {
+                verifier_fault: Some(e),
+                ..Received::default()
+            }),
         }
     }
 }
@@ -356,6 +527,24 @@ pub async fn read_stream(
     stream: &str,
     limit: Duration,
     t0: Option<std::time::SystemTime>,
+) -> Result<Received, String> {
+    read_stream_with(
+        server,
+        stream,
+        limit,
+        t0,
+        &Decoder::builtin(WriteKeyPlace::NatsMsgId),
+    )
+    .await
+}
+
+/// [`read_stream`], finding ids and write keys with `decoder`.
+pub async fn read_stream_with(
+    server: SocketAddr,
+    stream: &str,
+    limit: Duration,
+    t0: Option<std::time::SystemTime>,
+    decoder: &Decoder,
 ) -> Result<Received, String> {
     use async_nats::jetstream::{self, consumer};
     let client = async_nats::ConnectOptions::new()
@@ -388,29 +577,32 @@ pub async fn read_stream(
         .await
         .map_err(|e| format!("verifier: reading {stream}: {e}"))?;
     let mut received = Received::default();
+    let mut read = 0u64;
     let started = Instant::now();
-    while (received.arrivals.len() as u64) < expected {
+    while read < expected {
         let left = limit.saturating_sub(started.elapsed());
         match tokio::time::timeout(left, messages.next()).await {
             Ok(Some(Ok(m))) => {
-                let id = serde_json::from_slice::<serde_json::Value>(&m.payload)
-                    .ok()
-                    .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string));
-                let write_key = m
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-                    .map(|v| v.as_str().to_string());
+                read += 1;
                 let stored = t0.and_then(|t0| {
                     let at = m.info().ok()?.published.unix_timestamp_nanos();
                     let t0 = t0.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as i128;
                     Some(Duration::from_nanos(u64::try_from(at - t0).unwrap_or(0)))
                 });
-                received.arrivals.push(Arrival {
-                    id,
-                    write_key,
-                    at: stored.unwrap_or_else(|| started.elapsed()),
-                });
+                let meta = |place: &WriteKeyPlace| match place {
+                    WriteKeyPlace::NatsMsgId => m
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                        .map(|v| v.as_str().to_string()),
+                    _ => None,
+                };
+                decoder.add(
+                    &m.payload,
+                    meta,
+                    stored.unwrap_or_else(|| started.elapsed()),
+                    &mut received,
+                );
             }
             Ok(Some(Err(e))) => {
                 received.verifier_fault = Some(format!("verifier: reading {stream}: {e}"));
@@ -418,8 +610,7 @@ pub async fn read_stream(
             }
             Ok(None) | Err(_) => {
                 received.verifier_fault = Some(format!(
-                    "verifier read {} of the {expected} messages in stream {stream} within {limit:?}",
-                    received.arrivals.len()
+                    "verifier read {read} of the {expected} messages in stream {stream} within {limit:?}"
                 ));
                 break;
             }
@@ -443,8 +634,20 @@ pub async fn read_topic(
     limit: Duration,
     t0: Option<std::time::SystemTime>,
 ) -> Result<Received, String> {
+    let decoder = Decoder::builtin(WriteKeyPlace::KafkaHeader("write-key".to_string()));
+    read_topic_with(bootstrap, topic, limit, t0, decoder).await
+}
+
+/// [`read_topic`], finding ids and write keys with `decoder`.
+pub async fn read_topic_with(
+    bootstrap: SocketAddr,
+    topic: &str,
+    limit: Duration,
+    t0: Option<std::time::SystemTime>,
+    decoder: Decoder,
+) -> Result<Received, String> {
     let topic = topic.to_string();
-    tokio::task::spawn_blocking(move || read_topic_blocking(bootstrap, &topic, limit, t0))
+    tokio::task::spawn_blocking(move || read_topic_blocking(bootstrap, &topic, limit, t0, &decoder))
         .await
         .map_err(|e| format!("verifier: {e}"))?
 }
@@ -454,6 +657,7 @@ fn read_topic_blocking(
     topic: &str,
     limit: Duration,
     t0: Option<std::time::SystemTime>,
+    decoder: &Decoder,
 ) -> Result<Received, String> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::error::KafkaError;
@@ -512,23 +716,22 @@ fn read_topic_blocking(
             Some(Ok(m)) => {
                 at_eof.remove(&m.partition());
                 all_eof_since = None;
-                let id = m
-                    .payload()
-                    .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
-                    .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string));
-                let write_key = m.headers().and_then(|h| {
-                    h.iter()
-                        .find(|h| h.key == "write-key")
-                        .and_then(|h| h.value)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                });
                 let at = match (m.timestamp().to_millis(), t0_ms) {
                     (Some(ts), Some(t0)) => {
                         Duration::from_millis(u64::try_from(ts - t0).unwrap_or(0))
                     }
                     _ => started.elapsed(),
                 };
-                received.arrivals.push(Arrival { id, write_key, at });
+                let meta = |place: &WriteKeyPlace| match place {
+                    WriteKeyPlace::KafkaHeader(name) => m.headers().and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == name.as_str())
+                            .and_then(|h| h.value)
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    }),
+                    _ => None,
+                };
+                decoder.add(m.payload().unwrap_or_default(), meta, at, &mut received);
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 at_eof.insert(p);
@@ -570,7 +773,7 @@ mod tests {
 
     fn accepted(wk: &str) -> Ingested {
         Ingested::Accepted {
-            write_key: wk.to_string(),
+            write_key: Some(wk.to_string()),
             at: Duration::ZERO,
         }
     }
@@ -596,7 +799,7 @@ mod tests {
                 arrival("b", 1, "w9"), // unknown ingest, recovered
                 arrival("c", 0, "w8"), // unexpected
             ],
-            verifier_fault: None,
+            ..Received::default()
         };
         let r = reconcile(&sent, &received);
         assert_eq!(r.accepted, 4);
@@ -609,5 +812,80 @@ mod tests {
         assert_eq!(r.reordered, 1);
         assert_eq!(r.unexpected, 1);
         assert_eq!((r.ingest_unknown, r.recovered, r.not_accepted), (2, 1, 1));
+    }
+
+    #[test]
+    fn ids_are_found_wrapped_nested_and_batched() {
+        let d = Decoder::new("run-7", None);
+        // A syslog-style header around the JSON record.
+        assert_eq!(
+            d.ids(br#"<13>Nov 30 host app: {"id":"run-7/k3/12","pad":"x"}"#),
+            vec!["run-7/k3/12"]
+        );
+        // Nested in an envelope, and a whole NDJSON body as one message (each id once).
+        let batch =
+            b"{\"data\":{\"record\":{\"id\":\"run-7/k0/1\"}}}\n{\"id\":\"run-7/k1/0\"} run-7/k0/1";
+        assert_eq!(d.ids(batch), vec!["run-7/k0/1", "run-7/k1/0"]);
+        // Another run's ids and half ids are not this drill's.
+        assert!(
+            d.ids(b"run-77/k1/2 run-7/k/2 run-7/kx run-7/k1/")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_message_without_an_id_is_one_unexpected_arrival_and_is_quoted() {
+        let d = Decoder::new("r", Some(WriteKeyPlace::JsonField("meta.key".to_string())));
+        let mut got = Received::default();
+        d.add(b"engine status: ok", |_| None, Duration::ZERO, &mut got);
+        d.add(
+            br#"{"meta":{"key":"w1"},"body":"r/k0/0 r/k0/1"}"#,
+            |_| None,
+            Duration::ZERO,
+            &mut got,
+        );
+        assert_eq!(got.arrivals.len(), 3);
+        assert_eq!(got.arrivals[0].id, None);
+        assert_eq!(got.unexpected_examples, vec!["engine status: ok"]);
+        assert_eq!(got.arrivals[1].write_key.as_deref(), Some("w1"));
+        assert_eq!(got.arrivals[2].id.as_deref(), Some("r/k0/1"));
+    }
+
+    #[test]
+    fn without_an_ingest_key_duplicates_compare_with_the_first_copy() {
+        let sent = Sent {
+            order: vec![
+                (
+                    record("a", 0),
+                    Ingested::Accepted {
+                        write_key: None,
+                        at: Duration::ZERO,
+                    },
+                ),
+                (
+                    record("a", 1),
+                    Ingested::Accepted {
+                        write_key: None,
+                        at: Duration::ZERO,
+                    },
+                ),
+            ],
+        };
+        let mut no_key = arrival("a", 1, "x");
+        no_key.write_key = None;
+        let received = Received {
+            arrivals: vec![
+                arrival("a", 0, "k0"),
+                arrival("a", 0, "k0"),
+                no_key.clone(),
+                no_key,
+            ],
+            ..Received::default()
+        };
+        let r = reconcile(&sent, &received);
+        assert_eq!(
+            (r.duplicates, r.duplicates_same_key, r.duplicates_other_key),
+            (2, 1, 1)
+        );
     }
 }

@@ -2,14 +2,13 @@
 //!
 //! Every record carries its harness id in the payload — `<run>/<key>/<sequence>` — so the
 //! verifier can reconcile by id whatever the engine does to it. The generator is seeded
-//! (SplitMix64): the same seed gives the same keys and payloads. Each ingest answer is
-//! classified: `accepted` (200, with the write keys), `not_accepted` (the request never reached
-//! the engine, or it answered an error), or `unknown` (the request may have landed but the
-//! answer was lost — the engine killed mid-request). This module never retries an ingest whose
-//! answer is unknown: that would hide exactly what a drill must count.
+//! (SplitMix64): the same seed gives the same keys and payloads. Each record's ingest answer
+//! (see [`crate::sut::ingest`]) is recorded: `accepted` (held, with the write key if the engine
+//! told it), `not_accepted`, or `unknown` (the answer was lost — the engine killed
+//! mid-request). This module never retries an ingest whose answer is unknown: that would hide
+//! exactly what a drill must count.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +16,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::scenario::WorkloadSpec;
+use crate::sut::{Ingest, IngestAnswer};
 
 /// SplitMix64: small, fast, and the same everywhere.
 #[derive(Debug, Clone)]
@@ -109,9 +109,18 @@ impl Generator {
 /// What the source knows of one record after posting it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ingested {
-    Accepted { write_key: String, at: Duration },
-    Unknown { at: Duration },
-    NotAccepted { at: Duration, why: String },
+    /// Held, with the write key when the engine told it (drill's own engine does).
+    Accepted {
+        write_key: Option<String>,
+        at: Duration,
+    },
+    Unknown {
+        at: Duration,
+    },
+    NotAccepted {
+        at: Duration,
+        why: String,
+    },
 }
 
 /// Everything the workload sent, by harness id, in generation order.
@@ -121,9 +130,9 @@ pub struct Sent {
 }
 
 impl Sent {
-    pub fn accepted(&self) -> impl Iterator<Item = (&Record, &str, Duration)> {
+    pub fn accepted(&self) -> impl Iterator<Item = (&Record, Option<&str>, Duration)> {
         self.order.iter().filter_map(|(r, i)| match i {
-            Ingested::Accepted { write_key, at } => Some((r, write_key.as_str(), *at)),
+            Ingested::Accepted { write_key, at } => Some((r, write_key.as_deref(), *at)),
             _ => None,
         })
     }
@@ -137,28 +146,18 @@ impl Sent {
     }
 }
 
-/// Posts the workload to `ingest` at the planned rate until its duration has passed.
-/// Records are posted in small batches (whatever fell due since the last post).
+/// Hands the workload to `ingest` at the planned rate until its duration has passed. Records
+/// go in small batches (whatever fell due since the last one); each gets the answer the
+/// ingest gave for it.
 pub async fn drive(
     spec: WorkloadSpec,
     run: String,
     seed: u64,
-    ingest: SocketAddr,
+    mut ingest: Ingest,
     t0: Instant,
     sent: Arc<Mutex<Sent>>,
     cancel: CancellationToken,
 ) {
-    let http = match reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("drill: workload: cannot build an HTTP client: {e}");
-            return;
-        }
-    };
-    let url = format!("http://{ingest}/ingest");
     let total = spec.total_records();
     let mut generator = Generator::new(&run, &spec, seed);
     let mut generated = 0u64;
@@ -175,90 +174,20 @@ pub async fn drive(
         }
         let batch: Vec<Record> = (generated..due).map(|_| generator.next_record()).collect();
         generated = due;
-        let body: String = batch
-            .iter()
-            .filter_map(|r| serde_json::to_string(r).ok())
-            .map(|l| l + "\n")
-            .collect();
-        let answer = http.post(&url).body(body).send().await;
+        let answers = ingest.send(&batch).await;
         let at = t0.elapsed();
-        let outcome = classify(answer).await;
         let mut sent = match sent.lock() {
             Ok(s) => s,
             Err(p) => p.into_inner(),
         };
-        match outcome {
-            Answer::Accepted(keys) if keys.len() == batch.len() => {
-                for (r, k) in batch.into_iter().zip(keys) {
-                    sent.order
-                        .push((r, Ingested::Accepted { write_key: k, at }));
-                }
-            }
-            Answer::Accepted(keys) => {
-                let why = format!(
-                    "engine answered {} keys for {} records",
-                    keys.len(),
-                    batch.len()
-                );
-                for r in batch {
-                    sent.order.push((
-                        r,
-                        Ingested::NotAccepted {
-                            at,
-                            why: why.clone(),
-                        },
-                    ));
-                }
-            }
-            Answer::Unknown => {
-                for r in batch {
-                    sent.order.push((r, Ingested::Unknown { at }));
-                }
-            }
-            Answer::NotAccepted(why) => {
-                for r in batch {
-                    sent.order.push((
-                        r,
-                        Ingested::NotAccepted {
-                            at,
-                            why: why.clone(),
-                        },
-                    ));
-                }
-            }
+        for (r, answer) in batch.into_iter().zip(answers) {
+            let ingested = match answer {
+                IngestAnswer::Accepted(write_key) => Ingested::Accepted { write_key, at },
+                IngestAnswer::Unknown => Ingested::Unknown { at },
+                IngestAnswer::NotAccepted(why) => Ingested::NotAccepted { at, why },
+            };
+            sent.order.push((r, ingested));
         }
-    }
-}
-
-enum Answer {
-    Accepted(Vec<String>),
-    Unknown,
-    NotAccepted(String),
-}
-
-async fn classify(answer: Result<reqwest::Response, reqwest::Error>) -> Answer {
-    match answer {
-        Ok(response) if response.status().is_success() => {
-            match response.json::<serde_json::Value>().await {
-                Ok(v) => Answer::Accepted(
-                    v.get("write_keys")
-                        .and_then(|k| k.as_array())
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(|s| s.as_str().map(str::to_string))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                ),
-                // The engine said 200 but the body was cut: it did store them.
-                Err(_) => Answer::Unknown,
-            }
-        }
-        Ok(response) => Answer::NotAccepted(format!("HTTP {}", response.status())),
-        // Connection refused: the request never reached an engine.
-        Err(e) if e.is_connect() => Answer::NotAccepted(format!("connect: {e}")),
-        // Sent, then the answer was lost (engine killed mid-request, timeout).
-        Err(_) => Answer::Unknown,
     }
 }
 

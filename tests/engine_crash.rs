@@ -58,7 +58,15 @@ async fn a_hundred_sigkills_lose_nothing_acknowledged() {
         spec,
         "crash".to_string(),
         3,
-        engine.addr(),
+        drill::sut::Ingest::new(
+            &drill::scenario::IngestSpec::Http {
+                path: "/ingest".to_string(),
+                batch: usize::MAX,
+            },
+            engine.addr(),
+            "crash",
+        )
+        .expect("an HTTP client"),
         Instant::now(),
         sent.clone(),
         workload_cancel.clone(),

@@ -1,14 +1,19 @@
 //! Draining: after the workload and the timeline, wait until the system says nothing waits
 //! (or the drain timeout), then let the reader catch up until its count has been still.
+//!
+//! A system that gives no account (a user's engine without `stats`) drains until arrivals have
+//! stopped for [`QUIET`], or the drain timeout: drill never guesses what it still holds.
 
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
 use super::RunError;
-use crate::engine::Stats;
-use crate::sut::System;
+use crate::sut::{Account, System};
 use crate::verify::ReadBack;
+
+/// How long arrivals must have stopped before an engine without an account counts as drained.
+const QUIET: Duration = Duration::from_secs(5);
 
 /// Drains and returns the system's last account (if it gives one).
 pub async fn drain(
@@ -17,43 +22,75 @@ pub async fn drain(
     timeout: Duration,
     notes: &mut Vec<String>,
     cancel: &CancellationToken,
-) -> Result<Option<Stats>, RunError> {
+) -> Result<Option<Account>, RunError> {
     let deadline = Instant::now() + timeout;
-    let mut last_stats: Option<Stats> = None;
-    loop {
-        if let Some(stats) = system.stats().await {
-            let idle = stats.waiting == 0 && stats.outputs.iter().all(|o| o.in_flight == 0);
-            last_stats = Some(stats);
-            if idle {
+    let mut last: Option<Account> = None;
+    if system.gives_account() {
+        loop {
+            if let Some(account) = system.account().await {
+                let idle = account.waiting == 0 && account.in_flight == 0;
+                last = Some(account);
+                if idle {
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                notes.push(format!("drain timed out after {timeout:?}"));
                 break;
             }
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(RunError::Interrupted),
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
         }
-        if Instant::now() > deadline {
-            notes.push(format!("drain timed out after {timeout:?}"));
-            break;
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return Err(RunError::Interrupted),
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+    } else {
+        let quiet = until_still(reader, QUIET, deadline, true, cancel).await?;
+        if !quiet {
+            notes.push(format!(
+                "drain: arrivals had not stopped for {QUIET:?} within {timeout:?}"
+            ));
         }
     }
-    settle(reader).await;
+    until_still(
+        reader,
+        Duration::from_millis(1500),
+        Instant::now() + Duration::from_secs(20),
+        false,
+        cancel,
+    )
+    .await?;
     if cancel.is_cancelled() {
         return Err(RunError::Interrupted);
     }
-    Ok(system.stats().await.or(last_stats))
+    Ok(system.account().await.or(last))
 }
 
-/// Lets the reader catch up: until its count has been still for 1.5 s (at most 20 s).
-async fn settle(reader: &ReadBack) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+/// Waits until the reader's count has been still for `still` (or `deadline`); returns whether
+/// it was. A reader that cannot count (Kafka's) waits until the deadline when `blind_waits`,
+/// else not at all.
+async fn until_still(
+    reader: &ReadBack,
+    still: Duration,
+    deadline: Instant,
+    blind_waits: bool,
+    cancel: &CancellationToken,
+) -> Result<bool, RunError> {
     let mut count = reader.count().await;
+    if count.is_none() && !blind_waits {
+        return Ok(false);
+    }
     let mut still_since = Instant::now();
-    while count.is_some()
-        && Instant::now() < deadline
-        && still_since.elapsed() < Duration::from_millis(1500)
-    {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    loop {
+        if count.is_some() && still_since.elapsed() >= still {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return Err(RunError::Interrupted),
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
         let now = reader.count().await;
         if now != count {
             count = now;

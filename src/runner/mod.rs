@@ -23,9 +23,12 @@ use crate::brokers;
 use crate::engine::{EngineConfig, OutputConfig, OutputKind};
 use crate::proxy::{Direction, Fault, Link};
 use crate::report::{self, Facts};
+use crate::scenario::WriteKeyPlace;
 use crate::scenario::{DestinationKind, Plan, RuntimeChoice};
-use crate::sut::{EngineProcess, System};
-use crate::verify::{self, ReadBack, Reader};
+use crate::sut::command::Placement;
+use crate::sut::{CommandEngine, EngineProcess, System};
+use crate::verify::{self, Decoder, ReadBack, Reader};
+use crate::workload::Ingested;
 use play::{Drill, Played};
 use provision::Rig;
 
@@ -99,7 +102,7 @@ pub async fn run(
         plan.about.as_deref().unwrap_or("")
     ));
     let mut rig = Rig::provision(plan, runtime, &work, &run_id, seed, &cancel).await?;
-    let outcome = match start_system(plan, options, &rig, &work).await {
+    let outcome = match start_system(plan, options, &rig, &work, &run_id).await {
         Ok(mut system) => {
             let outcome = drive(plan, &mut rig, &mut system, &run_id, seed, &cancel).await;
             system.kill().await;
@@ -131,11 +134,71 @@ async fn start_system(
     options: &Options,
     rig: &Rig,
     work: &Path,
+    run_id: &str,
 ) -> Result<System, RunError> {
-    let engine_port = brokers::free_port().map_err(|source| RunError::Io {
+    let io = |source| RunError::Io {
         path: work.to_path_buf(),
         source,
-    })?;
+    };
+    let engine_port = brokers::free_port().map_err(io)?;
+    if let Some(spec) = &plan.command {
+        let ingest = SocketAddr::from(([127, 0, 0, 1], engine_port));
+        let data_dir = work.join("engine-data");
+        std::fs::create_dir_all(&data_dir).map_err(io)?;
+        let mut ports = BTreeMap::new();
+        let mut taken = HashSet::from([engine_port]);
+        for name in &spec.ports {
+            let mut port = brokers::free_port().map_err(io)?;
+            while !taken.insert(port) {
+                port = brokers::free_port().map_err(io)?;
+            }
+            ports.insert(name.clone(), port);
+        }
+        let mut values: BTreeMap<String, String> = BTreeMap::new();
+        let mut set = |k: &str, v: String| {
+            values.insert(k.to_string(), v);
+        };
+        set("ingest", ingest.to_string());
+        set("ingest.host", ingest.ip().to_string());
+        set("ingest.port", ingest.port().to_string());
+        set("topic", plan.destination.topic.clone());
+        set("data_dir", data_dir.display().to_string());
+        set("work_dir", work.display().to_string());
+        set(
+            "scenario_dir",
+            crate::scenario::command::scenario_dir(&plan.source)
+                .display()
+                .to_string(),
+        );
+        set("run", run_id.to_string());
+        for l in &rig.links {
+            let a = l.listen_addr();
+            set(&format!("link.{}", l.name()), a.to_string());
+            set(&format!("link.{}.host", l.name()), a.ip().to_string());
+            set(&format!("link.{}.port", l.name()), a.port().to_string());
+        }
+        for (name, port) in &ports {
+            set(&format!("port.{name}"), port.to_string());
+        }
+        let log_path = work.parent().unwrap_or(work).join("engine.log");
+        let _ = std::fs::remove_file(&log_path);
+        let engine = CommandEngine::start(
+            spec,
+            Placement {
+                values: &values,
+                ports: &ports,
+                ingest,
+                work_dir: work,
+                data_dir: &data_dir,
+                log_path,
+                drill_exe: &options.engine_exe,
+            },
+        )
+        .await?;
+        let system = System::Command(Box::new(engine));
+        say(&format!("  engine: {}", system.describe()));
+        return Ok(system);
+    }
     let config = EngineConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], engine_port)),
         data_dir: work.join("engine-data"),
@@ -176,21 +239,43 @@ async fn start_system(
 async fn start_reader(
     plan: &Plan,
     rig: &Rig,
+    run_id: &str,
     t0: Instant,
     t0_wall: std::time::SystemTime,
     cancel: CancellationToken,
 ) -> Result<ReadBack, RunError> {
+    // Where the write key is: drill's engine puts it in the protocol's place; a user's
+    // engine where its scenario says, or nowhere.
+    let write_key = match &plan.command {
+        Some(spec) => spec.write_key.clone(),
+        None => Some(match plan.destination.kind {
+            DestinationKind::Nats => WriteKeyPlace::NatsMsgId,
+            DestinationKind::Kafka => WriteKeyPlace::KafkaHeader("write-key".to_string()),
+            DestinationKind::Mqtt => {
+                WriteKeyPlace::MqttUserProperty(crate::mqtt::WRITE_KEY_PROPERTY.to_string())
+            }
+        }),
+    };
+    let decoder = Decoder::new(run_id, write_key);
     Ok(match plan.destination.kind {
-        DestinationKind::Nats => ReadBack::stream(rig.broker_addrs(), STREAM, t0_wall)
+        DestinationKind::Nats => ReadBack::stream(rig.broker_addrs(), STREAM, t0_wall, decoder)
             .await
             .map_err(RunError::Verifier)?,
         DestinationKind::Kafka => ReadBack::Topic {
             bootstrap: rig.link.listen_addr(),
             topic: plan.destination.topic.clone(),
             t0: t0_wall,
+            decoder,
         },
         DestinationKind::Mqtt => ReadBack::Mqtt(
-            Reader::start(rig.broker.addr, &plan.destination.topic, t0, cancel).await?,
+            Reader::start_with(
+                rig.broker.addr,
+                &plan.destination.topic,
+                decoder,
+                t0,
+                cancel,
+            )
+            .await?,
         ),
     })
 }
@@ -207,14 +292,18 @@ async fn drive(
     let t0 = Instant::now();
     let t0_wall = std::time::SystemTime::now();
     let reader_cancel = cancel.child_token();
-    let mut reader = start_reader(plan, rig, t0, t0_wall, reader_cancel.clone()).await?;
+    let mut reader = start_reader(plan, rig, run_id, t0, t0_wall, reader_cancel.clone()).await?;
     let sent = Arc::new(Mutex::new(Sent::default()));
     let workload_cancel = cancel.child_token();
+    let ingest = system
+        .ingest(plan.command.as_ref().map(|c| &c.ingest), run_id)
+        .map_err(RunError::Verifier)?;
+    let ingest_meaning = ingest.meaning();
     let workload = tokio::spawn(workload::drive(
         plan.workload.clone(),
         run_id.to_string(),
         seed,
-        system.ingest_addr(),
+        ingest,
         t0,
         sent.clone(),
         workload_cancel.clone(),
@@ -261,6 +350,13 @@ async fn drive(
     ));
     let final_stats = drain::drain(system, &reader, plan.drain_timeout, &mut notes, cancel).await?;
     let possibly_sent_keys = system.possibly_sent_keys();
+    let gives_account = system.gives_account();
+    if !gives_account {
+        notes.push("the engine gives no account (no `stats` in the scenario): waiting and failed are unknown; everything held and not delivered after the drain counts as lost".to_string());
+    }
+    if !system.sees_attempts() {
+        notes.push("drill sees no attempts of a user's engine: an extra copy is within at_least_once when it carries the original's write key and its record was accepted before a fault ended (a link, broker or engine fault)".to_string());
+    }
     system.stop(Duration::from_secs(10)).await;
     if matches!(reader, ReadBack::Topic { .. }) && rig.link.status().fault != "pass" {
         // The Kafka reader goes where the broker's metadata points: the proxy. The engine is
@@ -275,7 +371,7 @@ async fn drive(
     reader_cancel.cancel();
     let link_status = rig.link.status();
 
-    let sent = match Arc::try_unwrap(sent) {
+    let mut sent = match Arc::try_unwrap(sent) {
         Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
         Err(shared) => {
             let s = shared.lock().map(|s| Sent {
@@ -284,19 +380,19 @@ async fn drive(
             s.unwrap_or_default()
         }
     };
+    if let Some(meaning) = ingest_meaning {
+        notes.push(meaning.to_string());
+        let moved = unacknowledged_before_crashes(&mut sent, &crashes);
+        if moved > 0 {
+            notes.push(format!("{moved} records written to the engine's socket within a second of it being killed or stopped count as ingests with a lost answer (the protocol cannot tell whether the engine read them)"));
+        }
+    }
     let reconciliation = verify::reconcile(&sent, &received);
-    let crash_keys: HashSet<String> = match crashes.last() {
-        Some(last) => sent
-            .accepted()
-            .filter(|(_, _, at)| at <= last)
-            .map(|(_, k, _)| k.to_string())
-            .collect(),
-        None => HashSet::new(),
-    };
+    let excused = excused_ids(&sent, possibly_sent_keys.as_ref(), &crashes, &faults);
     // `effectively_once` allows no extra copy at all; `at_least_once` one with the write key.
     let allowed = match plan.engine.promise {
         crate::scenario::Promise::EffectivelyOnce => 0,
-        _ => report::allowed_duplicates(&sent, &received, &possibly_sent_keys, &crash_keys),
+        _ => report::allowed_duplicates(&sent, &received, &excused),
     };
     let recovery = report::recovery(&faults, &sent, &received);
 
@@ -320,6 +416,9 @@ async fn drive(
         reconciliation,
         allowed_duplicates: allowed,
         engine: final_stats,
+        gives_account,
+        system: system.describe(),
+        unexpected_examples: received.unexpected_examples.clone(),
         faults,
         recovery,
         link: link_status,
@@ -328,4 +427,56 @@ async fn drive(
         verifier_fault: received.verifier_fault.is_some(),
         duration_ms: ms(t0.elapsed()),
     })
+}
+
+/// Records whose extra copies the promise may excuse (ids): a write with a `possibly_sent`
+/// attempt (from the built-in engine's journal), or one accepted before an engine crash. For
+/// a user's engine (`possibly_sent` is `None`: no journal), a record accepted before the end
+/// of a link or broker fault stands in for "had a possibly_sent attempt".
+fn excused_ids<'a>(
+    sent: &'a Sent,
+    possibly_sent: Option<&HashSet<String>>,
+    crashes: &[Duration],
+    faults: &[report::FaultRecord],
+) -> HashSet<&'a str> {
+    let last_crash = crashes.last().copied();
+    let last_fault_end = match possibly_sent {
+        Some(_) => None,
+        None => faults
+            .iter()
+            .filter(|f| f.target.starts_with("link") || f.target.starts_with("broker"))
+            .map(|f| Duration::from_millis(f.until_ms.unwrap_or(u64::MAX)))
+            .max(),
+    };
+    sent.accepted()
+        .filter(|(_, key, at)| {
+            last_crash.is_some_and(|c| *at <= c)
+                || last_fault_end.is_some_and(|end| *at <= end)
+                || possibly_sent
+                    .zip(*key)
+                    .is_some_and(|(keys, k)| keys.contains(k))
+        })
+        .map(|(r, _, _)| r.id.as_str())
+        .collect()
+}
+
+/// `tcp_lines` has no acknowledgement: records written in the second before an engine was
+/// killed or stopped may still have been in its socket buffer, and those written while it was
+/// dying (the signal is sent at the fault's instant; the socket closes a little later) may
+/// have landed in a socket nobody reads: their fate is unknown.
+fn unacknowledged_before_crashes(sent: &mut Sent, crashes: &[Duration]) -> u64 {
+    let mut moved = 0;
+    for (_, ingested) in sent.order.iter_mut() {
+        if let Ingested::Accepted { at, .. } = ingested {
+            let at = *at;
+            if crashes
+                .iter()
+                .any(|c| at + Duration::from_secs(1) > *c && at < *c + Duration::from_secs(1))
+            {
+                *ingested = Ingested::Unknown { at };
+                moved += 1;
+            }
+        }
+    }
+    moved
 }

@@ -38,6 +38,8 @@ pub struct Drill<'a> {
     killed_node: Option<usize>,
     /// Whether that halt was a pause (resumed, not restarted).
     paused: bool,
+    /// Whether the engine is paused (SIGSTOP) until its `restart_after`.
+    engine_paused: bool,
 }
 
 /// How the timeline ended.
@@ -59,6 +61,7 @@ impl<'a> Drill<'a> {
             notes: Vec::new(),
             killed_node: None,
             paused: false,
+            engine_paused: false,
         }
     }
 
@@ -131,16 +134,20 @@ impl<'a> Drill<'a> {
                 action,
                 wipe_data,
             } => {
-                match action {
-                    ProcessAction::Kill => self.system.kill().await,
-                    ProcessAction::Stop | ProcessAction::Restart | ProcessAction::Pause => {
-                        self.system.stop(Duration::from_secs(10)).await
-                    }
-                }
-                self.crashes.push(now);
                 let mut what = match action {
-                    ProcessAction::Kill => "kill (SIGKILL)".to_string(),
-                    ProcessAction::Stop | ProcessAction::Restart | ProcessAction::Pause => {
+                    ProcessAction::Kill => {
+                        self.system.kill().await;
+                        self.crashes.push(now);
+                        "kill (SIGKILL)".to_string()
+                    }
+                    ProcessAction::Pause => {
+                        self.system.pause(true)?;
+                        self.engine_paused = true;
+                        "pause (SIGSTOP)".to_string()
+                    }
+                    ProcessAction::Stop | ProcessAction::Restart => {
+                        self.system.stop(Duration::from_secs(10)).await;
+                        self.crashes.push(now);
                         "stop (SIGTERM)".to_string()
                     }
                 };
@@ -289,6 +296,22 @@ impl<'a> Drill<'a> {
                     }
                 }
             }
+            Step::RestartEngine if std::mem::take(&mut self.engine_paused) => {
+                self.system.pause(false)?;
+                self.system.note("resumed by the drill").await;
+                say(&format!(
+                    "  {:>4}s  engine resumed (SIGCONT)",
+                    now.as_secs()
+                ));
+                if let Some(f) = self
+                    .faults
+                    .iter_mut()
+                    .rev()
+                    .find(|f| f.target == "engine" && f.until_ms.is_none())
+                {
+                    f.until_ms = Some(ms(self.t0.elapsed()));
+                }
+            }
             Step::RestartEngine => {
                 self.system.start().await?;
                 self.system.note("restarted by the drill").await;
@@ -320,6 +343,7 @@ pub async fn play(
     let t0 = drill.t0;
     let mut progress = tokio::time::interval(Duration::from_secs(5));
     progress.tick().await;
+    let mut alive = tokio::time::interval(Duration::from_millis(250));
     let mut next = 0;
     let mut workload_done = false;
     loop {
@@ -337,6 +361,12 @@ pub async fn play(
                 let (_, step) = &steps[next];
                 next += 1;
                 drill.apply(step).await?;
+            }
+            _ = alive.tick() => {
+                // An engine that ends on its own is an infrastructure failure, not a verdict.
+                if let Some(why) = drill.system.exited() {
+                    return Err(RunError::Engine(crate::sut::SutError::Exited(why)));
+                }
             }
             _ = progress.tick() => {
                 let accepted = sent.lock().map(|s| s.accepted().count()).unwrap_or(0);

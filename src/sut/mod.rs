@@ -8,6 +8,8 @@
 //! it reports what the system said, and says when it cannot know.
 
 pub mod builtin;
+pub mod command;
+pub mod ingest;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -15,8 +17,38 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use builtin::EngineProcess;
+pub use command::CommandEngine;
+pub use ingest::{Ingest, IngestAnswer};
 
-use crate::engine::Stats;
+use crate::engine::{AttemptCountsView, Stats};
+use crate::scenario::IngestSpec;
+
+/// What a system says it holds. The built-in engine gives every field; a user's engine gives
+/// what its stats endpoint has (`waiting` at least), or nothing at all.
+#[derive(Debug, Clone, Default, serde::Serialize, PartialEq, Eq)]
+pub struct Account {
+    pub held: Option<u64>,
+    pub delivered: Option<u64>,
+    pub waiting: u64,
+    pub failed: u64,
+    /// Sent and not answered yet (the built-in engine); 0 when unknown.
+    pub in_flight: u64,
+    /// Attempts by outcome, when the system reports them.
+    pub attempts: Option<AttemptCountsView>,
+}
+
+impl From<Stats> for Account {
+    fn from(s: Stats) -> Account {
+        Account {
+            held: Some(s.held),
+            delivered: Some(s.delivered),
+            waiting: s.waiting,
+            failed: s.failed,
+            in_flight: s.outputs.iter().map(|o| o.in_flight).sum(),
+            attempts: Some(s.attempts),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SutError {
@@ -29,6 +61,8 @@ pub enum SutError {
     },
     #[error("engine stats: {0}")]
     Stats(String),
+    #[error("{0}")]
+    Exited(String),
 }
 
 /// The system a drill drives.
@@ -36,6 +70,9 @@ pub enum System {
     /// drill's reference engine (`drill engine --config`), with its full account and attempt
     /// journal.
     Builtin(EngineProcess),
+    /// A user's engine started from the scenario's argv; drill sees no attempts, and an
+    /// account only if it has a stats endpoint.
+    Command(Box<CommandEngine>),
 }
 
 impl System {
@@ -43,6 +80,7 @@ impl System {
     pub fn describe(&self) -> String {
         match self {
             System::Builtin(e) => format!("built-in, pid-managed, api http://{}", e.addr()),
+            System::Command(e) => e.describe(),
         }
     }
 
@@ -50,18 +88,21 @@ impl System {
     pub fn ingest_addr(&self) -> SocketAddr {
         match self {
             System::Builtin(e) => e.addr(),
+            System::Command(e) => e.ingest_addr(),
         }
     }
 
     pub fn data_dir(&self) -> &Path {
         match self {
             System::Builtin(e) => e.data_dir(),
+            System::Command(e) => e.data_dir(),
         }
     }
 
     pub fn is_running(&self) -> bool {
         match self {
             System::Builtin(e) => e.is_running(),
+            System::Command(e) => e.is_running(),
         }
     }
 
@@ -69,6 +110,7 @@ impl System {
     pub async fn start(&mut self) -> Result<(), SutError> {
         match self {
             System::Builtin(e) => e.spawn().await,
+            System::Command(e) => e.spawn().await,
         }
     }
 
@@ -76,6 +118,7 @@ impl System {
     pub async fn kill(&mut self) {
         match self {
             System::Builtin(e) => e.kill().await,
+            System::Command(e) => e.kill().await,
         }
     }
 
@@ -83,27 +126,75 @@ impl System {
     pub async fn stop(&mut self, grace: Duration) {
         match self {
             System::Builtin(e) => e.stop(grace).await,
+            System::Command(e) => e.stop(grace.max(e.stop_grace())).await,
         }
     }
 
     /// What the system says it holds, if it says.
-    pub async fn stats(&self) -> Option<Stats> {
+    pub async fn account(&self) -> Option<Account> {
         match self {
-            System::Builtin(e) => e.stats().await.ok(),
+            System::Builtin(e) => e.stats().await.ok().map(Account::from),
+            System::Command(e) => e.account().await,
         }
     }
 
-    /// Write keys that had an attempt end `possibly_sent` (the built-in engine's journal).
-    pub fn possibly_sent_keys(&self) -> HashSet<String> {
+    /// Whether the system gives an account at all (a user's engine without `stats` does not).
+    pub fn gives_account(&self) -> bool {
         match self {
-            System::Builtin(e) => possibly_sent_keys(&e.data_dir().join("attempts.jsonl")),
+            System::Builtin(_) => true,
+            System::Command(e) => e.gives_account(),
         }
+    }
+
+    /// Whether drill can see the system's attempts (only the built-in engine's journal).
+    pub fn sees_attempts(&self) -> bool {
+        matches!(self, System::Builtin(_))
+    }
+
+    /// Write keys that had an attempt end `possibly_sent` (the built-in engine's journal);
+    /// `None` when the system keeps no journal drill can read.
+    pub fn possibly_sent_keys(&self) -> Option<HashSet<String>> {
+        match self {
+            System::Builtin(e) => Some(possibly_sent_keys(&e.data_dir().join("attempts.jsonl"))),
+            System::Command(_) => None,
+        }
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`), to the whole process group of a user's engine.
+    pub fn pause(&self, paused: bool) -> Result<(), SutError> {
+        match self {
+            System::Builtin(_) => Err(SutError::Start(
+                "pausing the built-in engine is not supported; use kill or stop".to_string(),
+            )),
+            System::Command(e) => {
+                e.pause(paused);
+                Ok(())
+            }
+        }
+    }
+
+    /// `Some(why)` when the system ended on its own (checked during the drill).
+    pub fn exited(&mut self) -> Option<String> {
+        match self {
+            System::Builtin(_) => None,
+            System::Command(e) => e.exited(),
+        }
+    }
+
+    /// How the workload reaches this system.
+    pub fn ingest(&self, spec: Option<&IngestSpec>, run: &str) -> Result<Ingest, String> {
+        let builtin = IngestSpec::Http {
+            path: "/ingest".to_string(),
+            batch: usize::MAX,
+        };
+        Ingest::new(spec.unwrap_or(&builtin), self.ingest_addr(), run)
     }
 
     /// Appends drill's own note to the system's log.
     pub async fn note(&self, line: &str) {
         match self {
             System::Builtin(e) => e.note(line).await,
+            System::Command(e) => e.note(line),
         }
     }
 }

@@ -1,0 +1,633 @@
+//! `system: { command: [...] }`: an engine nobody here wrote, as the scenario describes it —
+//! its argv (never a shell), environment, config templates, ingest kind, readiness, optional
+//! stats, where it puts its write key, and the promise it declares.
+//!
+//! This module owns the placeholder language of argv, `env` values and template files:
+//! `{ingest}` `{ingest.host}` `{ingest.port}` `{link.NAME}` `{link.NAME.host}`
+//! `{link.NAME.port}` `{topic}` `{data_dir}` `{work_dir}` `{scenario_dir}` `{port.NAME}`
+//! `{run}`; `{{` and `}}` stand for a literal brace. An unknown placeholder is an invalid
+//! scenario. Rendering happens in the runner, once the ports and links exist; validation
+//! here makes sure rendering cannot fail.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::Dur;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawIngest {
+    kind: Spanned<IngestKind>,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    batch: Option<usize>,
+    #[serde(default)]
+    topic: Option<String>,
+    #[serde(default)]
+    qos: Option<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum IngestKind {
+    Http,
+    Mqtt,
+    TcpLines,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReady {
+    #[serde(default)]
+    http: Option<String>,
+    #[serde(default)]
+    tcp: Option<bool>,
+    #[serde(default)]
+    log: Option<String>,
+    /// `http`: which port (`ingest`, the default, or a `{port.NAME}` name).
+    #[serde(default)]
+    port: Option<String>,
+    #[serde(default)]
+    within: Option<Dur>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStats {
+    path: String,
+    #[serde(default)]
+    port: Option<String>,
+    #[serde(default)]
+    waiting: Option<String>,
+    #[serde(default)]
+    failed: Option<String>,
+    #[serde(default)]
+    held: Option<String>,
+    #[serde(default)]
+    delivered: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWriteKey {
+    #[serde(default)]
+    mqtt_user_property: Option<String>,
+    #[serde(default)]
+    kafka_header: Option<String>,
+    #[serde(default)]
+    nats_msg_id: Option<bool>,
+    #[serde(default)]
+    json_field: Option<String>,
+}
+
+/// The raw `system:` fields of a command engine (deserialized in `scenario.rs`).
+pub(super) struct RawCommand {
+    pub command: Vec<Spanned<String>>,
+    pub env: BTreeMap<String, Spanned<String>>,
+    pub files: BTreeMap<String, Spanned<String>>,
+    pub ingest: Option<Spanned<RawIngest>>,
+    pub ready: Option<Spanned<RawReady>>,
+    pub stats: Option<Spanned<RawStats>>,
+    pub write_key: Option<Spanned<RawWriteKey>>,
+    pub stop_grace: Option<Dur>,
+}
+
+/// A user's engine, validated.
+#[derive(Debug, Clone)]
+pub struct CommandSpec {
+    /// argv templates; `argv[0] == "drill"` means drill's own executable.
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// Template files: name in `{work_dir}` ← template text (read when the scenario was
+    /// loaded).
+    pub files: Vec<(String, String)>,
+    pub ingest: IngestSpec,
+    pub ready: Ready,
+    pub ready_within: Duration,
+    pub stats: Option<StatsSpec>,
+    pub write_key: Option<WriteKeyPlace>,
+    /// Every `{port.NAME}` name used anywhere: drill picks a free port for each.
+    pub ports: BTreeSet<String>,
+    /// SIGTERM → SIGKILL grace for `stop` and at the end of the drill.
+    pub stop_grace: Duration,
+}
+
+/// How drill hands records to the engine, and what counts as held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IngestSpec {
+    /// POST NDJSON batches of at most `batch` lines to `path`: 2xx = every line held.
+    Http { path: String, batch: usize },
+    /// Publish each record to `topic` on the engine's MQTT listener: the PUBACK means held.
+    Mqtt { topic: String, qos: u8 },
+    /// Newline-delimited records on a TCP connection: no acknowledgement exists.
+    TcpLines,
+}
+
+impl IngestSpec {
+    pub fn name(&self) -> &'static str {
+        match self {
+            IngestSpec::Http { .. } => "http",
+            IngestSpec::Mqtt { .. } => "mqtt",
+            IngestSpec::TcpLines => "tcp_lines",
+        }
+    }
+}
+
+/// When the engine counts as started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ready {
+    /// `GET path` on the port (`None` = the ingest port) answers 2xx.
+    Http { path: String, port: Option<String> },
+    /// The ingest port accepts a TCP connection.
+    Tcp,
+    /// A line of the engine's output matches this regex.
+    Log(String),
+}
+
+/// Where the engine's own account is, and its field names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsSpec {
+    pub path: String,
+    /// `None` = the ingest port.
+    pub port: Option<String>,
+    pub waiting: String,
+    pub failed: String,
+    pub held: Option<String>,
+    pub delivered: Option<String>,
+}
+
+/// Where, at the destination, the engine puts the write key of each record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteKeyPlace {
+    MqttUserProperty(String),
+    KafkaHeader(String),
+    NatsMsgId,
+    /// A field of the message's JSON (dotted path for nested fields).
+    JsonField(String),
+}
+
+/// One error of a command section: where, and what.
+pub(super) struct Located {
+    pub at: serde_saphyr::Location,
+    pub message: String,
+}
+
+fn at(location: &serde_saphyr::Location, message: String) -> Located {
+    Located {
+        at: *location,
+        message,
+    }
+}
+
+/// Validates a command engine. `links` are the destination's link names; `scenario_dir` is
+/// where template files are found; `anchor` locates errors that belong to the section as a
+/// whole.
+pub(super) fn validate(
+    raw: RawCommand,
+    links: &[String],
+    scenario_dir: &Path,
+    anchor: &serde_saphyr::Location,
+) -> Result<CommandSpec, Located> {
+    let mut ports = BTreeSet::new();
+    if raw.command.is_empty() {
+        return Err(at(
+            anchor,
+            "field `system.command`: empty; give the engine's argv, e.g. [python3, \"{scenario_dir}/forwarder.py\", --ingest, \"{ingest}\"]".to_string(),
+        ));
+    }
+    for (i, arg) in raw.command.iter().enumerate() {
+        check_placeholders(&arg.value, links, &mut ports)
+            .map_err(|m| at(&arg.referenced, format!("field `system.command[{i}]`: {m}")))?;
+    }
+    let mut env = BTreeMap::new();
+    for (name, value) in raw.env {
+        check_placeholders(&value.value, links, &mut ports)
+            .map_err(|m| at(&value.referenced, format!("field `system.env.{name}`: {m}")))?;
+        env.insert(name, value.value);
+    }
+    let mut files = Vec::new();
+    for (name, template) in raw.files {
+        if name.is_empty() || name.contains('/') || name.contains("..") {
+            return Err(at(
+                &template.referenced,
+                format!(
+                    "field `system.files`: `{name}` must be a plain file name (it is written into {{work_dir}})"
+                ),
+            ));
+        }
+        let source = scenario_dir.join(&template.value);
+        let text = std::fs::read_to_string(&source).map_err(|e| {
+            at(
+                &template.referenced,
+                format!(
+                    "field `system.files.{name}`: cannot read the template {}: {e}",
+                    source.display()
+                ),
+            )
+        })?;
+        for (n, line) in text.lines().enumerate() {
+            check_placeholders(line, links, &mut ports).map_err(|m| {
+                at(
+                    &template.referenced,
+                    format!(
+                        "field `system.files.{name}`: {}:{}: {m}",
+                        source.display(),
+                        n + 1
+                    ),
+                )
+            })?;
+        }
+        files.push((name, text));
+    }
+    let ingest = match raw.ingest {
+        None => {
+            return Err(at(
+                anchor,
+                "field `system.ingest`: missing; say how drill feeds the engine, e.g. ingest: { kind: http, path: /ingest }".to_string(),
+            ));
+        }
+        Some(i) => ingest(i)?,
+    };
+    let (ready, ready_within) = match raw.ready {
+        None => (Ready::Tcp, Duration::from_secs(20)),
+        Some(r) => ready(r, &ports)?,
+    };
+    let stats = match raw.stats {
+        None => None,
+        Some(s) => {
+            if let Some(p) = &s.value.port
+                && !ports.contains(p)
+                && p != "ingest"
+            {
+                return Err(at(
+                    &s.referenced,
+                    format!(
+                        "field `system.stats.port`: `{p}` is not a port the command uses; use `ingest` or a name from a {{port.NAME}} placeholder"
+                    ),
+                ));
+            }
+            if !s.value.path.starts_with('/') {
+                return Err(at(
+                    &s.referenced,
+                    "field `system.stats.path`: must start with `/`".to_string(),
+                ));
+            }
+            let s = s.value;
+            Some(StatsSpec {
+                path: s.path,
+                port: s.port.filter(|p| p != "ingest"),
+                waiting: s.waiting.unwrap_or_else(|| "waiting".to_string()),
+                failed: s.failed.unwrap_or_else(|| "failed".to_string()),
+                held: Some(s.held.unwrap_or_else(|| "held".to_string())),
+                delivered: Some(s.delivered.unwrap_or_else(|| "delivered".to_string())),
+            })
+        }
+    };
+    let write_key = match raw.write_key {
+        None => None,
+        Some(w) => {
+            let v = w.value;
+            let mut places = Vec::new();
+            if let Some(p) = v.mqtt_user_property {
+                places.push(WriteKeyPlace::MqttUserProperty(p));
+            }
+            if let Some(h) = v.kafka_header {
+                places.push(WriteKeyPlace::KafkaHeader(h));
+            }
+            if v.nats_msg_id == Some(true) {
+                places.push(WriteKeyPlace::NatsMsgId);
+            }
+            if let Some(f) = v.json_field {
+                places.push(WriteKeyPlace::JsonField(f));
+            }
+            if places.len() != 1 {
+                return Err(at(
+                    &w.referenced,
+                    "field `system.write_key`: give exactly one of mqtt_user_property, kafka_header, nats_msg_id: true, json_field".to_string(),
+                ));
+            }
+            places.pop()
+        }
+    };
+    Ok(CommandSpec {
+        argv: raw.command.into_iter().map(|a| a.value).collect(),
+        env,
+        files,
+        ingest,
+        ready,
+        ready_within,
+        stats,
+        write_key,
+        ports,
+        stop_grace: raw
+            .stop_grace
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(10)),
+    })
+}
+
+fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
+    let i = raw.value;
+    let here = raw.referenced;
+    let not_for = |field: &str, kind: &str| {
+        at(
+            &here,
+            format!("field `system.ingest.{field}`: not used by `kind: {kind}`; remove it"),
+        )
+    };
+    match i.kind.value {
+        IngestKind::Http => {
+            if i.topic.is_some() {
+                return Err(not_for("topic", "http"));
+            }
+            if i.qos.is_some() {
+                return Err(not_for("qos", "http"));
+            }
+            let path = i.path.unwrap_or_else(|| "/ingest".to_string());
+            if !path.starts_with('/') {
+                return Err(at(
+                    &here,
+                    "field `system.ingest.path`: must start with `/`".to_string(),
+                ));
+            }
+            let batch = i.batch.unwrap_or(50);
+            if batch == 0 || batch > 10_000 {
+                return Err(at(
+                    &here,
+                    "field `system.ingest.batch`: 1 to 10000 records per request".to_string(),
+                ));
+            }
+            Ok(IngestSpec::Http { path, batch })
+        }
+        IngestKind::Mqtt => {
+            if i.path.is_some() {
+                return Err(not_for("path", "mqtt"));
+            }
+            if i.batch.is_some() {
+                return Err(not_for("batch", "mqtt"));
+            }
+            let qos = i.qos.unwrap_or(1);
+            if qos != 1 {
+                return Err(at(
+                    &here,
+                    "field `system.ingest.qos`: drill publishes at QoS 1 (the PUBACK is what \"held\" means); QoS 0 has no answer and QoS 2 is not supported".to_string(),
+                ));
+            }
+            let topic = i.topic.ok_or_else(|| {
+                at(
+                    &here,
+                    "field `system.ingest.topic`: missing; the topic drill publishes to on the engine's listener, e.g. topic: in/drill".to_string(),
+                )
+            })?;
+            if topic.is_empty() || topic.contains(['+', '#']) {
+                return Err(at(
+                    &here,
+                    "field `system.ingest.topic`: a topic name, without wildcards".to_string(),
+                ));
+            }
+            Ok(IngestSpec::Mqtt { topic, qos })
+        }
+        IngestKind::TcpLines => {
+            for (field, set) in [
+                ("path", i.path.is_some()),
+                ("batch", i.batch.is_some()),
+                ("topic", i.topic.is_some()),
+                ("qos", i.qos.is_some()),
+            ] {
+                if set {
+                    return Err(not_for(field, "tcp_lines"));
+                }
+            }
+            Ok(IngestSpec::TcpLines)
+        }
+    }
+}
+
+fn ready(raw: Spanned<RawReady>, ports: &BTreeSet<String>) -> Result<(Ready, Duration), Located> {
+    let r = raw.value;
+    let here = raw.referenced;
+    let within = r.within.map(|d| d.0).unwrap_or(Duration::from_secs(20));
+    let chosen = [r.http.is_some(), r.tcp == Some(true), r.log.is_some()]
+        .iter()
+        .filter(|b| **b)
+        .count();
+    if chosen != 1 {
+        return Err(at(
+            &here,
+            "field `system.ready`: give exactly one of http: /path, tcp: true, log: \"regex\""
+                .to_string(),
+        ));
+    }
+    if let Some(p) = &r.port
+        && (r.http.is_none() || (!ports.contains(p) && p != "ingest"))
+    {
+        return Err(at(
+            &here,
+            format!(
+                "field `system.ready.port`: `{p}` goes with `http:` and must be `ingest` or a name from a {{port.NAME}} placeholder"
+            ),
+        ));
+    }
+    let ready = if let Some(path) = r.http {
+        if !path.starts_with('/') {
+            return Err(at(
+                &here,
+                "field `system.ready.http`: a path starting with `/`".to_string(),
+            ));
+        }
+        Ready::Http {
+            path,
+            port: r.port.filter(|p| p != "ingest"),
+        }
+    } else if let Some(pattern) = r.log {
+        regex_lite::Regex::new(&pattern).map_err(|e| {
+            at(
+                &here,
+                format!("field `system.ready.log`: not a regular expression: {e}"),
+            )
+        })?;
+        Ready::Log(pattern)
+    } else {
+        Ready::Tcp
+    };
+    Ok((ready, within))
+}
+
+/// One piece of a template: text as is, or a placeholder's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Piece<'a> {
+    Text(&'a str),
+    Brace(char),
+    Name(&'a str),
+}
+
+/// Splits a template into text and placeholders; an unclosed `{` is an error.
+fn pieces(text: &str) -> Result<Vec<Piece<'_>>, String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(['{', '}']) {
+        if i > 0 {
+            out.push(Piece::Text(&rest[..i]));
+        }
+        let c = rest.as_bytes()[i] as char;
+        let after = &rest[i + 1..];
+        if after.starts_with(c) {
+            out.push(Piece::Brace(c));
+            rest = &after[1..];
+        } else if c == '}' {
+            out.push(Piece::Brace('}'));
+            rest = after;
+        } else {
+            let end = after.find('}').ok_or_else(|| {
+                format!(
+                    "`{{` without a closing `}}` in `{text}` (write `{{{{` for a literal brace)"
+                )
+            })?;
+            out.push(Piece::Name(&after[..end]));
+            rest = &after[end + 1..];
+        }
+    }
+    if !rest.is_empty() {
+        out.push(Piece::Text(rest));
+    }
+    Ok(out)
+}
+
+const FIXED: [&str; 8] = [
+    "ingest",
+    "ingest.host",
+    "ingest.port",
+    "topic",
+    "data_dir",
+    "work_dir",
+    "scenario_dir",
+    "run",
+];
+
+/// Checks every placeholder in `text` is known; collects `{port.NAME}` names.
+fn check_placeholders(
+    text: &str,
+    links: &[String],
+    ports: &mut BTreeSet<String>,
+) -> Result<(), String> {
+    for piece in pieces(text)? {
+        let Piece::Name(name) = piece else { continue };
+        if FIXED.contains(&name) {
+            continue;
+        }
+        if let Some(port) = name.strip_prefix("port.")
+            && !port.is_empty()
+            && port
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            ports.insert(port.to_string());
+            continue;
+        }
+        if let Some(link) = name.strip_prefix("link.") {
+            let base = link
+                .strip_suffix(".host")
+                .or_else(|| link.strip_suffix(".port"))
+                .unwrap_or(link);
+            if links.iter().any(|l| l == base) {
+                continue;
+            }
+            return Err(format!(
+                "unknown placeholder `{{{name}}}`: this destination's links are {}",
+                links
+                    .iter()
+                    .map(|l| format!("`{{link.{l}}}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        return Err(format!(
+            "unknown placeholder `{{{name}}}`; known: {{ingest}} {{ingest.host}} {{ingest.port}} {{link.NAME}} {{link.NAME.host}} {{link.NAME.port}} {{topic}} {{data_dir}} {{work_dir}} {{scenario_dir}} {{port.NAME}} {{run}} (write `{{{{` for a literal brace)"
+        ));
+    }
+    Ok(())
+}
+
+/// Renders a template whose placeholders were checked at load time. A name missing from
+/// `values` (which validation rules out) is left as written.
+pub fn render(text: &str, values: &BTreeMap<String, String>) -> String {
+    let Ok(pieces) = pieces(text) else {
+        return text.to_string();
+    };
+    let mut out = String::with_capacity(text.len());
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => out.push_str(t),
+            Piece::Brace(c) => out.push(c),
+            Piece::Name(n) => match values.get(n) {
+                Some(v) => out.push_str(v),
+                None => {
+                    out.push('{');
+                    out.push_str(n);
+                    out.push('}');
+                }
+            },
+        }
+    }
+    out
+}
+
+/// The scenario file's folder, for `{scenario_dir}` and template paths.
+pub fn scenario_dir(source: &Path) -> PathBuf {
+    let dir = source.parent().unwrap_or(Path::new("."));
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn links() -> Vec<String> {
+        vec!["mqtt".to_string()]
+    }
+
+    #[test]
+    fn known_placeholders_pass_and_ports_are_collected() {
+        let mut ports = BTreeSet::new();
+        check_placeholders(
+            "{ingest} {link.mqtt.port} {port.api} {{literal}} {run}",
+            &links(),
+            &mut ports,
+        )
+        .unwrap();
+        assert_eq!(ports.into_iter().collect::<Vec<_>>(), vec!["api"]);
+    }
+
+    #[test]
+    fn unknown_placeholders_and_links_are_named() {
+        let mut ports = BTreeSet::new();
+        let e = check_placeholders("--x {ingets}", &links(), &mut ports).unwrap_err();
+        assert!(e.contains("unknown placeholder `{ingets}`"), "{e}");
+        let e = check_placeholders("{link.kafka}", &links(), &mut ports).unwrap_err();
+        assert!(e.contains("`{link.mqtt}`"), "{e}");
+        let e = check_placeholders("{ingest", &links(), &mut ports).unwrap_err();
+        assert!(e.contains("without a closing"), "{e}");
+    }
+
+    #[test]
+    fn render_substitutes_and_unescapes() {
+        let values: BTreeMap<String, String> = [("ingest", "127.0.0.1:9"), ("topic", "t")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(
+            render("{{\"a\": \"{topic}\"}} at {ingest}", &values),
+            "{\"a\": \"t\"} at 127.0.0.1:9"
+        );
+    }
+}

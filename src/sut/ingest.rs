@@ -1,0 +1,254 @@
+//! Handing records to the system under test, and what its answer means.
+//!
+//! - [`Ingest::Http`]: POST NDJSON batches; a 2xx answer means every line is held (with the
+//!   write keys when the body lists them as `{"write_keys": [...]}`, as drill's engine does);
+//!   any other answer means not accepted; no answer means unknown.
+//! - [`Ingest::Mqtt`]: publish each record at QoS 1 to the engine's own listener; its PUBACK
+//!   (reason < 0x80) means held; a PUBACK ≥ 0x80 means not accepted; a connection lost before
+//!   the PUBACK means unknown.
+//! - [`Ingest::TcpLines`]: newline-delimited records on one TCP connection. The protocol has no
+//!   acknowledgement: a record counts as held once the OS took its bytes for the engine's
+//!   socket (`sent_unconfirmed` in DESIGN.md §1.6 terms); the report says so.
+//!
+//! Nothing here retries a record whose answer was unknown: that would hide what a drill counts.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::mqtt::{self, Inbound, Packet, Publish, QoS};
+use crate::scenario::IngestSpec;
+use crate::workload::Record;
+
+/// What the engine said of one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IngestAnswer {
+    /// Held, with the write key if the engine told it.
+    Accepted(Option<String>),
+    /// The answer was lost: the engine may or may not hold it.
+    Unknown,
+    /// The engine refused it, or the request never reached it.
+    NotAccepted(String),
+}
+
+/// How long one ingest call may wait for its answer.
+const ANSWER_LIMIT: Duration = Duration::from_secs(10);
+
+/// A connection (or client) to the system's ingest.
+pub enum Ingest {
+    Http {
+        url: String,
+        batch: usize,
+        client: reqwest::Client,
+    },
+    Mqtt {
+        addr: SocketAddr,
+        topic: String,
+        client_id: String,
+        session: Option<Box<mqtt::Session>>,
+        next_pkid: u16,
+    },
+    TcpLines {
+        addr: SocketAddr,
+        stream: Option<TcpStream>,
+    },
+}
+
+impl Ingest {
+    /// The ingest `spec` describes, at `addr`; `run` names the MQTT client.
+    pub fn new(spec: &IngestSpec, addr: SocketAddr, run: &str) -> Result<Ingest, String> {
+        Ok(match spec {
+            IngestSpec::Http { path, batch } => Ingest::Http {
+                url: format!("http://{addr}{path}"),
+                batch: *batch,
+                client: reqwest::Client::builder()
+                    .timeout(ANSWER_LIMIT)
+                    .build()
+                    .map_err(|e| format!("cannot build an HTTP client: {e}"))?,
+            },
+            IngestSpec::Mqtt { topic, .. } => Ingest::Mqtt {
+                addr,
+                topic: topic.clone(),
+                client_id: format!("drill-ingest-{run}"),
+                session: None,
+                next_pkid: 1,
+            },
+            IngestSpec::TcpLines => Ingest::TcpLines { addr, stream: None },
+        })
+    }
+
+    /// What "held" means for this ingest, for the report.
+    pub fn meaning(&self) -> Option<&'static str> {
+        match self {
+            Ingest::TcpLines { .. } => Some(
+                "ingest `tcp_lines` has no acknowledgement: `held` counts records whose bytes the OS took for the engine's socket; a record lost between the socket and the engine's disk counts as lost",
+            ),
+            _ => None,
+        }
+    }
+
+    /// Hands `records` to the engine; one answer per record, in order.
+    pub async fn send(&mut self, records: &[Record]) -> Vec<IngestAnswer> {
+        let lines: Vec<String> = records
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap_or_default())
+            .collect();
+        match self {
+            Ingest::Http { url, batch, client } => {
+                let mut answers = Vec::with_capacity(lines.len());
+                for chunk in lines.chunks((*batch).max(1)) {
+                    answers.extend(post(client, url, chunk).await);
+                }
+                answers
+            }
+            Ingest::Mqtt {
+                addr,
+                topic,
+                client_id,
+                session,
+                next_pkid,
+            } => publish(*addr, topic, client_id, session, next_pkid, lines).await,
+            Ingest::TcpLines { addr, stream } => write_lines(*addr, stream, &lines).await,
+        }
+    }
+}
+
+async fn post(client: &reqwest::Client, url: &str, lines: &[String]) -> Vec<IngestAnswer> {
+    let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let all = |a: IngestAnswer| vec![a; lines.len()];
+    match client.post(url).body(body).send().await {
+        Ok(response) if response.status().is_success() => {
+            // The body may list the write keys (drill's own engine does); anything else in it
+            // is the engine's business.
+            let keys: Option<Vec<String>> = response
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .and_then(|v| {
+                    v.get("write_keys")?.as_array().map(|a| {
+                        a.iter()
+                            .filter_map(|s| s.as_str().map(str::to_string))
+                            .collect()
+                    })
+                });
+            match keys {
+                Some(keys) if keys.len() == lines.len() => keys
+                    .into_iter()
+                    .map(|k| IngestAnswer::Accepted(Some(k)))
+                    .collect(),
+                Some(keys) => all(IngestAnswer::NotAccepted(format!(
+                    "engine answered {} keys for {} records",
+                    keys.len(),
+                    lines.len()
+                ))),
+                None => all(IngestAnswer::Accepted(None)),
+            }
+        }
+        Ok(response) => all(IngestAnswer::NotAccepted(format!(
+            "HTTP {}",
+            response.status()
+        ))),
+        // Connection refused: the request never reached an engine.
+        Err(e) if e.is_connect() => all(IngestAnswer::NotAccepted(format!("connect: {e}"))),
+        // Sent, then the answer was lost (engine killed mid-request, timeout).
+        Err(_) => all(IngestAnswer::Unknown),
+    }
+}
+
+async fn publish(
+    addr: SocketAddr,
+    topic: &str,
+    client_id: &str,
+    session: &mut Option<Box<mqtt::Session>>,
+    next_pkid: &mut u16,
+    lines: Vec<String>,
+) -> Vec<IngestAnswer> {
+    let n = lines.len();
+    if session.is_none() {
+        match mqtt::connect(addr, client_id, Duration::from_secs(30), ANSWER_LIMIT).await {
+            Ok(s) => *session = Some(Box::new(s)),
+            Err(e) => return vec![IngestAnswer::NotAccepted(e.to_string()); n],
+        }
+    }
+    let Some(s) = session.as_mut() else {
+        return vec![IngestAnswer::NotAccepted("no session".to_string()); n];
+    };
+    let mut answers = vec![IngestAnswer::Unknown; n];
+    let mut waiting: HashMap<u16, usize> = HashMap::new();
+    for (i, line) in lines.into_iter().enumerate() {
+        let pkid = *next_pkid;
+        *next_pkid = next_pkid.checked_add(1).unwrap_or(1);
+        let mut p = Publish::new(topic, QoS::AtLeastOnce, bytes::Bytes::from(line), None);
+        p.pkid = pkid;
+        if s.framed.feed(Packet::Publish(p)).await.is_err() {
+            *session = None;
+            return answers;
+        }
+        waiting.insert(pkid, i);
+    }
+    if s.framed.flush().await.is_err() {
+        *session = None;
+        return answers;
+    }
+    let deadline = tokio::time::Instant::now() + ANSWER_LIMIT;
+    while !waiting.is_empty() {
+        match tokio::time::timeout_at(deadline, s.framed.next()).await {
+            Ok(Some(Ok(Inbound::Ack(ack)))) => {
+                if let Some(i) = waiting.remove(&ack.pkid) {
+                    answers[i] = if ack.accepted() {
+                        IngestAnswer::Accepted(None)
+                    } else {
+                        IngestAnswer::NotAccepted(ack.describe())
+                    };
+                }
+            }
+            Ok(Some(Ok(_))) => {}
+            // Closed, broken or silent: what was not acknowledged stays unknown.
+            Ok(Some(Err(_))) | Ok(None) | Err(_) => {
+                *session = None;
+                break;
+            }
+        }
+    }
+    answers
+}
+
+async fn write_lines(
+    addr: SocketAddr,
+    stream: &mut Option<TcpStream>,
+    lines: &[String],
+) -> Vec<IngestAnswer> {
+    let n = lines.len();
+    // A peer that closed (an engine killed since the last batch) shows as end of stream or an
+    // error here: connect again rather than write into a dead socket.
+    if let Some(s) = stream.as_ref() {
+        let mut probe = [0u8; 1];
+        match s.try_read(&mut probe) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            _ => *stream = None,
+        }
+    }
+    if stream.is_none() {
+        match tokio::time::timeout(ANSWER_LIMIT, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => *stream = Some(s),
+            Ok(Err(e)) => return vec![IngestAnswer::NotAccepted(format!("connect: {e}")); n],
+            Err(_) => return vec![IngestAnswer::NotAccepted("connect timed out".to_string()); n],
+        }
+    }
+    let Some(s) = stream.as_mut() else {
+        return vec![IngestAnswer::NotAccepted("no connection".to_string()); n];
+    };
+    let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    match tokio::time::timeout(ANSWER_LIMIT, s.write_all(body.as_bytes())).await {
+        Ok(Ok(())) => vec![IngestAnswer::Accepted(None); n],
+        // Some bytes may have gone: the engine may hold some of these.
+        _ => {
+            *stream = None;
+            vec![IngestAnswer::Unknown; n]
+        }
+    }
+}

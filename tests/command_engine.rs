@@ -1,0 +1,336 @@
+//! `system.command`: engines nobody here wrote, driven through their own ingest and judged like
+//! the built-in one. The fixture forwarder (`fixtures/forwarder.py`, Python stdlib only) has one
+//! ingest per kind and deliberately broken modes; real brokers, the real proxy, the real binary.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn fixtures() -> String {
+    format!("{}/fixtures", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// What one `drill run` left.
+struct Ran {
+    output: Output,
+    report: serde_json::Value,
+    markdown: String,
+}
+
+fn run(dir: &Path, name: &str, text: &str) -> Ran {
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(&file, text).unwrap();
+    let out = dir.join("out");
+    let output = Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(["run", &file.display().to_string(), "--out"])
+        .arg(&out)
+        .output()
+        .expect("drill runs");
+    let report = std::fs::read_to_string(out.join(name).join("report.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let markdown = std::fs::read_to_string(out.join(name).join("report.md")).unwrap_or_default();
+    Ran {
+        output,
+        report,
+        markdown,
+    }
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn n(r: &serde_json::Value, field: &str) -> u64 {
+    r["ledger"][field].as_u64().unwrap_or(u64::MAX)
+}
+
+/// The fixture forwarder for `kind`, through a link swallowed both ways for 6 s with a SIGKILL
+/// of the engine in the middle. `extra` goes on its argv (e.g. a `--broken` mode).
+fn forwarder_drill(name: &str, kind: &str, extra: &str) -> String {
+    let (ingest, api) = match kind {
+        "http" => ("{ kind: http, path: /ingest, batch: 50 }", ""),
+        "mqtt" => ("{ kind: mqtt, topic: in/drill }", ", port: api"),
+        _ => ("{ kind: tcp_lines }", ", port: api"),
+    };
+    let api_arg = if api.is_empty() {
+        String::new()
+    } else {
+        ", --api, \"127.0.0.1:{port.api}\"".to_string()
+    };
+    format!(
+        r#"name: {name}
+seed: 5
+destination: {{ kind: mqtt, runtime: process, topic: drill/{name} }}
+system:
+  command: [python3, "{fixtures}/forwarder.py", --ingest-kind, {kind}, --ingest, "{{ingest}}",
+            --mqtt, "{{link.mqtt}}", --topic, "{{topic}}", --data, "{{data_dir}}"{api_arg}{extra}]
+  ingest: {ingest}
+  ready: {{ http: /health{api}, within: 15s }}
+  stats: {{ path: /stats{api} }}
+  write_key: {{ mqtt_user_property: write-key }}
+  promise: at_least_once
+workload: {{ rate: 100/s, duration: 16s, keys: 4 }}
+faults:
+  - {{ at: 4s, link: mqtt, fault: swallow, direction: both, for: 6s }}
+  - {{ at: 7s, target: engine, action: kill, restart_after: 1s }}
+expect: {{ lost: 0, duplicates: 0, ledger: closes }}
+"#,
+        fixtures = fixtures()
+    )
+}
+
+fn assert_closes(ran: &Ran) {
+    let r = &ran.report;
+    assert_eq!(ran.output.status.code(), Some(0), "{}", show(&ran.output));
+    assert_eq!(r["verdict"], "pass", "{}", ran.markdown);
+    assert_eq!(n(r, "lost"), 0);
+    assert_eq!(r["closes"], true);
+    assert!(n(r, "held") > 1000, "{}", ran.markdown);
+    assert_eq!(n(r, "held"), n(r, "delivered"), "{}", ran.markdown);
+    assert_eq!(n(r, "duplicates_other_key"), 0, "{}", ran.markdown);
+}
+
+#[test]
+fn an_http_forwarder_through_a_half_open_link_and_a_kill_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = run(
+        dir.path(),
+        "fw-http",
+        &forwarder_drill("fw-http", "http", ""),
+    );
+    assert_closes(&ran);
+    assert!(
+        ran.markdown
+            .contains("drill sees no attempts of a user's engine"),
+        "{}",
+        ran.markdown
+    );
+}
+
+#[test]
+fn an_mqtt_ingest_forwarder_through_a_half_open_link_and_a_kill_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_closes(&run(
+        dir.path(),
+        "fw-mqtt",
+        &forwarder_drill("fw-mqtt", "mqtt", ""),
+    ));
+}
+
+#[test]
+fn a_tcp_lines_forwarder_through_a_half_open_link_and_a_kill_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = run(
+        dir.path(),
+        "fw-tcp",
+        &forwarder_drill("fw-tcp", "tcp_lines", ""),
+    );
+    assert_closes(&ran);
+    assert!(
+        ran.markdown.contains("`tcp_lines` has no acknowledgement"),
+        "{}",
+        ran.markdown
+    );
+}
+
+/// The ledger of a failed drill: lost is exactly what the engine acknowledged and neither
+/// delivered nor still holds.
+fn assert_loses(ran: &Ran) -> u64 {
+    let r = &ran.report;
+    assert_eq!(ran.output.status.code(), Some(1), "{}", show(&ran.output));
+    assert_eq!(r["verdict"], "fail");
+    let lost = n(r, "lost");
+    assert!(lost > 0, "{}", ran.markdown);
+    assert_eq!(
+        lost,
+        n(r, "held") - n(r, "delivered") - n(r, "waiting") - n(r, "failed"),
+        "{}",
+        ran.markdown
+    );
+    assert!(
+        ran.markdown.contains(&format!("{lost} records lost")),
+        "{}",
+        ran.markdown
+    );
+    lost
+}
+
+#[test]
+fn a_forwarder_that_acknowledges_before_writing_fails_with_the_records_it_lost_in_the_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = run(
+        dir.path(),
+        "fw-ack-first",
+        &forwarder_drill("fw-ack-first", "http", ", --broken, ack-before-write"),
+    );
+    let lost = assert_loses(&ran);
+    // Everything accepted in the 3 s between the swallow and the kill was only in memory: at
+    // 100 records/s, hundreds.
+    assert!(lost >= 100, "{lost}\n{}", ran.markdown);
+}
+
+#[test]
+fn a_forwarder_that_drops_its_backlog_after_a_few_connection_errors_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = forwarder_drill("fw-give-up", "mqtt", ", --broken, drop-after-errors=2")
+        .replace("fault: swallow, direction: both", "fault: refuse")
+        .replace(
+            "  - { at: 7s, target: engine, action: kill, restart_after: 1s }\n",
+            "",
+        );
+    let ran = run(dir.path(), "fw-give-up", &text);
+    assert_loses(&ran);
+}
+
+#[test]
+fn the_built_in_engine_given_as_a_command_gets_the_verdict_builtin_gets() {
+    let dir = tempfile::tempdir().unwrap();
+    let common = |name: &str, system: &str| {
+        format!(
+            r#"name: {name}
+seed: 9
+destination: {{ kind: mqtt, runtime: process, topic: drill/{name} }}
+{system}
+workload: {{ rate: 100/s, duration: 16s, keys: 4 }}
+faults:
+  - {{ at: 4s, link: mqtt, fault: swallow, direction: both, for: 6s }}
+  - {{ at: 7s, target: engine, action: kill, restart_after: 1s }}
+expect: {{ lost: 0, duplicates: 0, ledger: closes }}
+"#
+        )
+    };
+    let builtin = run(
+        dir.path(),
+        "as-builtin",
+        &common(
+            "as-builtin",
+            "system: { builtin: { promise: at_least_once } }",
+        ),
+    );
+    let command = run(
+        dir.path(),
+        "as-command",
+        &common(
+            "as-command",
+            &format!(
+                r#"system:
+  command: [drill, engine, --config, "{{work_dir}}/engine.yaml"]
+  files: {{ engine.yaml: "{}/builtin-engine.yaml.tmpl" }}
+  ingest: {{ kind: http, path: /ingest }}
+  ready: {{ http: /stats }}
+  stats: {{ path: /stats }}
+  write_key: {{ mqtt_user_property: write-key }}
+  promise: at_least_once"#,
+                fixtures()
+            ),
+        ),
+    );
+    assert_closes(&builtin);
+    assert_closes(&command);
+    assert_eq!(builtin.report["verdict"], command.report["verdict"]);
+    assert_eq!(builtin.output.status.code(), command.output.status.code());
+}
+
+/// Processes whose command line contains `marker`.
+fn running(marker: &str) -> usize {
+    let out = Command::new("pgrep").args(["-f", marker]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+fn bad(dir: &Path, name: &str, system: &str) -> Output {
+    bad_for(dir, name, system, "2s")
+}
+
+fn bad_for(dir: &Path, name: &str, system: &str, duration: &str) -> Output {
+    let text = format!(
+        "name: {name}\ndestination: {{ kind: mqtt, runtime: process }}\n{system}\nworkload: {{ rate: 10/s, duration: {duration} }}\n"
+    );
+    run(dir, name, &text).output
+}
+
+fn one_line(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
+    assert_eq!(err.lines().count(), 1, "{}", show(o));
+    err
+}
+
+#[test]
+fn an_unknown_placeholder_exits_2_with_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = bad(
+        dir.path(),
+        "typo",
+        "system:\n  command: [python3, x.py, --mqtt, \"{link.mqqt}\"]\n  ingest: { kind: tcp_lines }",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = one_line(&o);
+    assert!(err.contains("typo.yaml:4:"), "{err}");
+    assert!(err.contains("system.command[3]"), "{err}");
+    assert!(err.contains("`{link.mqtt}`"), "{err}");
+}
+
+#[test]
+fn a_command_that_does_not_exist_exits_3_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = bad(
+        dir.path(),
+        "missing",
+        "system:\n  command: [no-such-engine-4711, \"{ingest}\"]\n  ingest: { kind: tcp_lines }",
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    assert!(one_line(&o).contains("cannot run `no-such-engine-4711`"));
+}
+
+#[test]
+fn an_engine_that_exits_at_once_exits_3_quoting_its_last_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = bad(
+        dir.path(),
+        "quits",
+        "system:\n  command: [sh, -c, \"echo broken config line 12 >&2; exit 7\"]\n  ingest: { kind: tcp_lines }",
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    let err = one_line(&o);
+    assert!(err.contains("exit status: 7"), "{err}");
+    assert!(err.contains("broken config line 12"), "{err}");
+}
+
+#[test]
+fn an_engine_that_never_becomes_ready_exits_3_and_its_whole_group_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    // A wrapper with a helper child: both must be gone afterwards (signals go to the group).
+    let o = bad(
+        dir.path(),
+        "never-ready",
+        "system:\n  command: [sh, -c, \"sleep 3917 & sleep 3918\"]\n  ingest: { kind: tcp_lines }\n  ready: { tcp: true, within: 2s }",
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    let err = one_line(&o);
+    assert!(err.contains("not ready within 2s"), "{err}");
+    assert_eq!(running("sleep 3917") + running("sleep 3918"), 0);
+}
+
+#[test]
+fn an_engine_that_dies_during_the_drill_exits_3_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // The wrapper ends after 3 s; its children (the forwarder, a sleep) would live on.
+    let o = bad_for(
+        dir.path(),
+        "dies",
+        &format!(
+            "system:\n  command: [sh, -c, \"sleep 3919 & python3 {}/forwarder.py --ingest-kind tcp_lines --ingest {{ingest}} --mqtt {{link.mqtt}} --topic t3919 --data {{data_dir}} & sleep 3; exit 1\"]\n  ingest: {{ kind: tcp_lines }}",
+            fixtures()
+        ),
+        "20s",
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    assert!(one_line(&o).contains("exited by itself"), "{}", show(&o));
+    assert_eq!(running("sleep 3919"), 0);
+    assert_eq!(running("topic t3919"), 0);
+}
