@@ -229,7 +229,9 @@ async fn start_system(
         }],
         disk: Default::default(),
     };
-    let system = System::Builtin(EngineProcess::start(&options.engine_exe, config, work).await?);
+    let system = System::Builtin(Box::new(
+        EngineProcess::start(&options.engine_exe, config, work).await?,
+    ));
     say(&format!("  engine: {}", system.describe()));
     Ok(system)
 }

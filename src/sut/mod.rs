@@ -69,7 +69,7 @@ pub enum SutError {
 pub enum System {
     /// drill's reference engine (`drill engine --config`), with its full account and attempt
     /// journal.
-    Builtin(EngineProcess),
+    Builtin(Box<EngineProcess>),
     /// A user's engine started from the scenario's argv; drill sees no attempts, and an
     /// account only if it has a stats endpoint.
     Command(Box<CommandEngine>),
