@@ -26,6 +26,13 @@ if ! command -v nats-server >/dev/null 2>&1; then
   hash -r
 fi
 
+# mq-bridge (PyPI mq-bridge-basic): a third-party store-and-forward engine the examples drill
+# (scenarios/examples/mq-bridge.yaml).
+if ! python3 -c 'import mq_bridge' >/dev/null 2>&1; then
+  echo "ci/setup.sh: installing mq-bridge-basic (PyPI)"
+  python3 -m pip install -q 'mq-bridge-basic==1.2.*'
+fi
+
 # tansu: a Kafka-protocol broker (no Apache Kafka distribution is reachable here). A cold build
 # takes about 14 minutes; the binary lands in ~/.cargo/bin and is reused from then on.
 if ! command -v tansu >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/tansu" ]; then
@@ -35,4 +42,5 @@ fi
 
 echo "ci/setup.sh: mosquitto: $( (mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null || true) | head -n1)"
 echo "ci/setup.sh: nats-server: $(nats-server --version 2>/dev/null || echo 'not on PATH')"
+echo "ci/setup.sh: mq-bridge: $(python3 -c 'import importlib.metadata as m; print(m.version("mq-bridge-basic"))' 2>/dev/null || echo 'not installed')"
 echo "ci/setup.sh: tansu: $( (tansu --version 2>/dev/null || "$HOME/.cargo/bin/tansu" --version 2>/dev/null || echo 'not installed') | head -n1)"

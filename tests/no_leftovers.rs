@@ -177,3 +177,59 @@ fn ctrl_c_removes_the_broker_container_and_every_child() {
     );
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// Processes whose command line contains `marker`.
+fn running(marker: &str) -> usize {
+    let out = Command::new("pgrep").args(["-f", marker]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+#[test]
+fn ctrl_c_stops_a_users_engine_and_everything_its_wrapper_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wrapped.yaml");
+    // A wrapper script whose children (a forwarder, a helper) are not drill's own children:
+    // only signals to the process group reach them.
+    std::fs::write(
+        &file,
+        format!(
+            r#"name: wrapped
+destination: {{ kind: mqtt, runtime: process, topic: t/wrapped }}
+system:
+  command: [sh, -c, "sleep 3921 & exec python3 {}/fixtures/forwarder.py --ingest-kind http --ingest {{ingest}} --mqtt {{link.mqtt}} --topic t3921 --data {{data_dir}}"]
+  ingest: {{ kind: http }}
+  ready: {{ http: /health }}
+workload: {{ rate: 50/s, duration: 60s }}
+"#,
+            env!("CARGO_MANIFEST_DIR")
+        ),
+    )
+    .unwrap();
+    let mut drill = Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(["run", &file.display().to_string(), "--out"])
+        .arg(dir.path().join("out"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running("topic t3921") == 0 || running("sleep 3921") == 0 {
+        assert!(Instant::now() < deadline, "the engine did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(drill.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    assert_eq!(drill.wait().unwrap().code(), Some(3));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running("topic t3921") + running("sleep 3921") > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the wrapper's children were left behind"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
