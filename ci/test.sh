@@ -12,6 +12,8 @@ fi
 bash ci/setup.sh
 # Local broker images for the container runtime's tests (skipped when no Docker engine answers).
 bash ci/images.sh
+# The GitHub Actions workflow users copy, linted for real.
+actionlint ci/github/drill.yml
 cargo fmt --check
 cargo clippy --all-targets --all-features --locked -- -D warnings
 # --all-features builds the naive engine the tests must catch; release builds never have it.

@@ -1,4 +1,4 @@
-//! The `drill` command line: `run`, `engine`, `proxy`.
+//! The `drill` command line: `run`, `check`, `schema`, `engine`, `proxy`, `bench`.
 //!
 //! Exit codes (DESIGN.md §6): 0 every expectation held, 1 an expectation failed, 2 invalid
 //! input (scenario, flags), 3 infrastructure failure (a broker or the engine could not start).
@@ -10,9 +10,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+use drill::engine;
 use drill::proxy::Proxy;
 use drill::scenario::RuntimeChoice;
-use drill::{engine, report, runner, scenario};
 
 #[derive(Parser)]
 #[command(
@@ -29,9 +29,12 @@ struct Cli {
 enum Command {
     /// Run one or more drills and write their reports.
     Run {
-        /// Scenario files (YAML).
+        /// Scenario files (YAML), or folders of them.
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Only scenarios with one of these tags (repeatable).
+        #[arg(long = "tag")]
+        tags: Vec<String>,
         /// Where reports go: DIR/<scenario name>/report.{md,json}.
         #[arg(long, default_value = "reports")]
         out: PathBuf,
@@ -42,6 +45,13 @@ enum Command {
         #[arg(long, value_enum)]
         runtime: Option<RuntimeChoice>,
     },
+    /// Validate scenario files (or folders of them) without starting anything.
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print the scenario file's JSON Schema (for editors).
+    Schema,
     /// Run the built-in store-and-forward engine, or manage its Failed messages.
     Engine {
         /// The engine's config file (engine.yaml).
@@ -110,10 +120,9 @@ enum BenchTarget {
     Engine,
 }
 
-const PASS: u8 = 0;
-const FAIL: u8 = 1;
-const INVALID: u8 = 2;
-const INFRASTRUCTURE: u8 = 3;
+mod cli;
+
+use cli::{INFRASTRUCTURE, INVALID, PASS};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -163,10 +172,22 @@ async fn dispatch(command: Command) -> u8 {
     match command {
         Command::Run {
             files,
+            tags,
             out,
             seed,
             runtime,
-        } => run(files, out, seed, runtime, cancel).await,
+        } => {
+            let flags = cli::run::Flags {
+                paths: files,
+                out,
+                seed,
+                runtime,
+                tags,
+            };
+            cli::run::run(flags, cancel).await
+        }
+        Command::Check { files } => cli::check::check(&files),
+        Command::Schema => cli::check::schema(),
         Command::Engine {
             config,
             action: None,
@@ -301,87 +322,6 @@ async fn failed(what: FailedAction) -> u8 {
         }
     }
     PASS
-}
-
-async fn run(
-    files: Vec<PathBuf>,
-    out: PathBuf,
-    seed: Option<u64>,
-    runtime: Option<RuntimeChoice>,
-    cancel: CancellationToken,
-) -> u8 {
-    // Validate every scenario before starting anything.
-    let mut plans = Vec::new();
-    for file in &files {
-        match scenario::load(file) {
-            Ok(plan) => plans.push(plan),
-            Err(e) => {
-                eprintln!("drill: {e}");
-                return INVALID;
-            }
-        }
-    }
-    let engine_exe = match std::env::current_exe() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("drill: cannot find my own executable to run the engine: {e}");
-            return INFRASTRUCTURE;
-        }
-    };
-    let options = runner::Options {
-        out: out.clone(),
-        runtime,
-        seed,
-        engine_exe,
-    };
-    let mut worst = PASS;
-    for plan in &plans {
-        let facts = match runner::run(plan, &options, cancel.clone()).await {
-            Ok(f) => f,
-            Err(e) => {
-                eprintln!("drill: {}: {e}", plan.name);
-                return INFRASTRUCTURE;
-            }
-        };
-        let report = report::judge(&facts);
-        let dir = out.join(&plan.name);
-        match report::write(&report, &dir) {
-            Ok(paths) => {
-                let l = &report.ledger;
-                println!(
-                    "{}: {} — {} {} ({}); {} duplicates, {} reordered",
-                    plan.name,
-                    report.verdict.to_uppercase(),
-                    report.headline,
-                    report.ledger_line(),
-                    if report.closes {
-                        "closes"
-                    } else {
-                        "does not close"
-                    },
-                    l.duplicates,
-                    l.reordered
-                );
-                for x in report.expectations.iter().filter(|x| !x.ok) {
-                    println!(
-                        "  expectation failed: {}: expected {}, got {}",
-                        x.name, x.expected, x.actual
-                    );
-                }
-                for p in paths {
-                    println!("  wrote {}", p.display());
-                }
-            }
-            Err(e) => {
-                eprintln!("drill: cannot write the report to {}: {e}", dir.display());
-                return INFRASTRUCTURE;
-            }
-        }
-        if report.verdict != "pass" {
-            worst = FAIL;
-        }
-    }
-    worst
 }
 
 async fn proxy(specs: Vec<String>, api: SocketAddr, cancel: CancellationToken) -> u8 {

@@ -8,6 +8,9 @@
 //! `at_least_once`, an extra copy is allowed only if it carries the original's write key and
 //! that write had a `possibly_sent` attempt or lived through an engine crash.
 
+pub mod junit;
+pub mod svg;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -45,6 +48,19 @@ pub struct RecoveryRecord {
     pub drained_ms: Option<u64>,
 }
 
+/// One second of the drill, for the timeline chart and `report.json`'s `series`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct SeriesPoint {
+    /// The second's start, from the drill's start.
+    pub at_ms: u64,
+    /// Records the engine had accepted by then (all of them, cumulative).
+    pub accepted: u64,
+    /// Records whose first copy reached the destination in this second.
+    pub delivered: u64,
+    /// The engine's backlog as it reported it (`None`: no account, or no answer).
+    pub waiting: Option<u64>,
+}
+
 /// Everything the runner observed; [`judge`] turns it into a verdict.
 #[derive(Debug, Clone)]
 pub struct Facts {
@@ -62,6 +78,8 @@ pub struct Facts {
     pub system: String,
     /// Messages at the destination that carried no harness id (shortened).
     pub unexpected_examples: Vec<String>,
+    /// One point per second of the drill.
+    pub series: Vec<SeriesPoint>,
     pub faults: Vec<FaultRecord>,
     pub recovery: Vec<RecoveryRecord>,
     pub link: LinkStatus,
@@ -125,6 +143,8 @@ pub struct Report {
     pub system: String,
     pub notes: Vec<String>,
     pub duration_ms: u64,
+    /// One point per second: accepted, delivered that second, backlog (the chart's data).
+    pub series: Vec<SeriesPoint>,
 }
 
 /// What the engine said of itself at the end.
@@ -336,13 +356,7 @@ pub fn judge(facts: &Facts) -> Report {
         all_ok = false;
         notes.push("the verdict is fail because the reader itself failed; fix the verifier, the engine was not judged".to_string());
     }
-    let headline = if lost == 0 {
-        "Nothing lost.".to_string()
-    } else if lost == 1 {
-        "1 record lost.".to_string()
-    } else {
-        format!("{lost} records lost.")
-    };
+    let headline = headline(lost, &expectations, facts.verifier_fault);
     Report {
         scenario: facts.plan.name.clone(),
         about: facts.plan.about.clone(),
@@ -367,11 +381,86 @@ pub fn judge(facts: &Facts) -> Report {
         missing_examples: r.missing_examples.clone(),
         duplicate_examples: r.duplicate_examples.clone(),
         unexpected_examples: facts.unexpected_examples.clone(),
+        series: facts.series.clone(),
         gives_account: facts.gives_account,
         system: facts.system.clone(),
         notes,
         duration_ms: facts.duration_ms,
     }
+}
+
+/// The failed expectations first, then what was lost: "recovery after link mqtt swallow both
+/// 2 ms (allowed ≤ 1 ms); nothing lost."
+pub fn headline(lost: u64, expectations: &[ExpectationResult], verifier_fault: bool) -> String {
+    let losses = match lost {
+        0 => "nothing lost".to_string(),
+        1 => "1 record lost".to_string(),
+        n => format!("{n} records lost"),
+    };
+    let mut parts: Vec<String> = Vec::new();
+    if verifier_fault {
+        parts.push("the reader itself failed (a verifier fault, not engine loss)".to_string());
+    }
+    parts.extend(
+        expectations
+            .iter()
+            .filter(|x| !x.ok && x.name != "lost")
+            .map(|x| format!("{} {} (allowed {})", x.name, x.actual, x.expected)),
+    );
+    parts.push(losses);
+    let mut text = parts.join("; ");
+    if let Some(first) = text.get(..1) {
+        text = first.to_uppercase() + &text[1..];
+    }
+    text + "."
+}
+
+/// What `GITHUB_STEP_SUMMARY` gets for one drill: the headline, the tiles, the ledger line and
+/// the chart (as a link into the report folder).
+pub fn step_summary(report: &Report, dir: &Path) -> String {
+    let l = &report.ledger;
+    let mut md = String::new();
+    let verdict = if report.verdict == "pass" {
+        "✅ PASS"
+    } else {
+        "❌ FAIL"
+    };
+    let _ = writeln!(
+        md,
+        "### drill {}: {verdict} — {}",
+        report.scenario, report.headline
+    );
+    let _ = writeln!(md);
+    let _ = writeln!(
+        md,
+        "| held | delivered | waiting | failed | lost | duplicates beyond `{}` | reordered |",
+        report.promise
+    );
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "| {} | {} | {} | {} | **{}** | {} | {} |",
+        l.held, l.delivered, l.waiting, l.failed, l.lost, l.duplicates_beyond_promise, l.reordered
+    );
+    let _ = writeln!(md);
+    let _ = writeln!(
+        md,
+        "Ledger: `{}` — {}.",
+        report.ledger_line(),
+        if report.closes {
+            "closes"
+        } else {
+            "**does not close**"
+        }
+    );
+    let _ = writeln!(md);
+    let _ = writeln!(
+        md,
+        "Report and timeline chart: `{}` (`report.md`, `timeline.svg`).",
+        dir.display()
+    );
+    let _ = writeln!(md);
+    md
 }
 
 fn secs(ms: u64) -> String {
@@ -405,6 +494,11 @@ pub fn markdown(report: &Report) -> String {
         "FAIL"
     };
     let _ = writeln!(md, "## {verdict} — {}", report.headline);
+    let _ = writeln!(md);
+    let _ = writeln!(
+        md,
+        "![timeline: delivered per second and backlog, faults shaded](timeline.svg)"
+    );
     let _ = writeln!(md);
     let _ = writeln!(
         md,
@@ -611,5 +705,112 @@ pub fn write(report: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let json = dir.join("report.json");
     let text = serde_json::to_string_pretty(report).map_err(std::io::Error::other)?;
     std::fs::write(&json, text + "\n")?;
-    Ok(vec![md, json])
+    let junit_path = dir.join("junit.xml");
+    let xml = junit::render(&[junit_suite(report, &md)]).map_err(std::io::Error::other)?;
+    std::fs::write(&junit_path, xml)?;
+    let svg_path = dir.join("timeline.svg");
+    std::fs::write(&svg_path, timeline_svg(report))?;
+    Ok(vec![md, json, junit_path, svg_path])
+}
+
+/// The JUnit view of one drill: a suite, a case per expectation.
+pub fn junit_suite(report: &Report, report_md: &Path) -> junit::Suite {
+    junit::Suite {
+        name: report.scenario.clone(),
+        headline: format!("{} — {}", report.verdict.to_uppercase(), report.headline),
+        verdict_pass: report.verdict == "pass",
+        time_s: report.duration_ms as f64 / 1000.0,
+        report_md: Some(report_md.display().to_string()),
+        cases: report
+            .expectations
+            .iter()
+            .map(|x| junit::Case {
+                name: x.name.clone(),
+                expected: x.expected.clone(),
+                actual: x.actual.clone(),
+                ok: x.ok,
+            })
+            .collect(),
+        notes: report.notes.clone(),
+    }
+}
+
+/// The timeline chart: delivered per second and backlog, fault windows shaded, engine and
+/// broker restarts, and each recovery's first delivery and drain marked.
+pub fn timeline_svg(report: &Report) -> String {
+    let samples: Vec<svg::Sample> = report
+        .series
+        .iter()
+        .map(|p| svg::Sample {
+            at_ms: p.at_ms,
+            delivered_per_s: p.delivered as f64,
+            waiting: p.waiting,
+        })
+        .collect();
+    let mut windows = Vec::new();
+    let mut marks = Vec::new();
+    for f in &report.faults {
+        if f.target.starts_with("link") {
+            windows.push(svg::Window {
+                from_ms: f.at_ms,
+                until_ms: f.until_ms,
+                label: format!(
+                    "{} {}{}",
+                    f.target,
+                    f.fault,
+                    f.direction
+                        .as_ref()
+                        .map(|d| format!(" {d}"))
+                        .unwrap_or_default()
+                ),
+            });
+        } else {
+            marks.push(svg::Mark {
+                at_ms: f.at_ms,
+                kind: svg::MarkKind::Kill,
+                label: format!("{} {}", f.target, f.fault),
+            });
+            if let Some(until) = f.until_ms {
+                marks.push(svg::Mark {
+                    at_ms: until,
+                    kind: svg::MarkKind::Restart,
+                    label: format!("{} back", f.target),
+                });
+            }
+        }
+    }
+    let mut seen = HashSet::new();
+    for r in &report.recovery {
+        // Overlapping faults share one heal: mark it once.
+        if !seen.insert(r.heal_ms) {
+            continue;
+        }
+        if let Some(at) = r.first_delivery_ms {
+            marks.push(svg::Mark {
+                at_ms: at,
+                kind: svg::MarkKind::FirstDelivery,
+                label: format!("first delivery +{} ms", at.saturating_sub(r.heal_ms)),
+            });
+        }
+        if let Some(at) = r.drained_ms {
+            marks.push(svg::Mark {
+                at_ms: at,
+                kind: svg::MarkKind::Drained,
+                label: format!("drained +{} ms", at.saturating_sub(r.heal_ms)),
+            });
+        }
+    }
+    let title = format!(
+        "{} — {} — {}",
+        report.scenario,
+        report.verdict.to_uppercase(),
+        report.headline
+    );
+    svg::render(&svg::Chart {
+        title: &title,
+        duration_ms: report.duration_ms,
+        samples: &samples,
+        windows: &windows,
+        marks: &marks,
+    })
 }

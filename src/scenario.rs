@@ -81,6 +81,20 @@ impl Dur {
     }
 }
 
+impl schemars::JsonSchema for Dur {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^([0-9]+(\\.[0-9]+)?(ms|s|m|h))+$",
+            "description": "A duration with a unit: 500ms, 20s, 5m, 1h, or a sum such as 2m30s."
+        })
+    }
+}
+
 impl fmt::Display for Dur {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ms = self.0.as_millis();
@@ -129,6 +143,22 @@ impl Rate {
     }
 }
 
+impl schemars::JsonSchema for Rate {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Rate".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "anyOf": [
+                { "type": "string", "pattern": "^ *[0-9]+(\\.[0-9]+)? *(/ *(s|m|h))? *$" },
+                { "type": "number", "exclusiveMinimum": 0 }
+            ],
+            "description": "Records per unit of time, e.g. 200/s or 600/m (a bare number is per second)."
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for Rate {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -145,7 +175,7 @@ impl<'de> Deserialize<'de> for Rate {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DestinationKind {
     Mqtt,
@@ -164,7 +194,7 @@ impl DestinationKind {
 }
 
 /// Where a broker runs (DESIGN.md §2). `auto` picks the best one available.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RuntimeChoice {
     Auto,
@@ -174,7 +204,9 @@ pub enum RuntimeChoice {
 }
 
 /// The order an output keeps (DESIGN.md §1.9).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Order {
     #[default]
@@ -183,7 +215,9 @@ pub enum Order {
 }
 
 /// What an output promises (DESIGN.md §1.7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Promise {
     AtMostOnce,
@@ -211,9 +245,10 @@ impl Promise {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawScenario {
+    #[schemars(with = "String")]
     name: Spanned<String>,
     #[serde(default)]
     about: Option<String>,
@@ -224,6 +259,7 @@ struct RawScenario {
     system: Option<RawSystem>,
     workload: RawWorkload,
     #[serde(default)]
+    #[schemars(with = "Vec<RawFault>")]
     faults: Vec<Spanned<RawFault>>,
     #[serde(default)]
     expect: Option<RawExpect>,
@@ -233,9 +269,10 @@ struct RawScenario {
     tags: Vec<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawDestination {
+    #[schemars(with = "DestinationKind")]
     kind: Spanned<DestinationKind>,
     #[serde(default)]
     runtime: Option<RuntimeChoice>,
@@ -244,41 +281,52 @@ struct RawDestination {
     /// NATS only: the stream's duplicate window (default: the longest outage plus the longest
     /// backoff, at least 2 min).
     #[serde(default)]
+    #[schemars(with = "Option<Dur>")]
     duplicate_window: Option<Spanned<Dur>>,
     /// NATS only: a cluster of this many nodes (routes between them, one proxy link each,
     /// named `nats-1` …). Default 1.
     #[serde(default)]
+    #[schemars(with = "Option<usize>")]
     nodes: Option<Spanned<usize>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawSystem {
     #[serde(default)]
+    #[schemars(with = "Option<RawBuiltin>")]
     builtin: Option<Spanned<RawBuiltin>>,
     /// A user's engine: its argv (see [`command`]).
     #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>")]
     command: Option<Vec<Spanned<String>>>,
     #[serde(default)]
+    #[schemars(with = "std::collections::BTreeMap<String, String>")]
     env: std::collections::BTreeMap<String, Spanned<String>>,
     #[serde(default)]
+    #[schemars(with = "std::collections::BTreeMap<String, String>")]
     files: std::collections::BTreeMap<String, Spanned<String>>,
     #[serde(default)]
+    #[schemars(with = "Option<command::RawIngest>")]
     ingest: Option<Spanned<command::RawIngest>>,
     #[serde(default)]
+    #[schemars(with = "Option<command::RawReady>")]
     ready: Option<Spanned<command::RawReady>>,
     #[serde(default)]
+    #[schemars(with = "Option<command::RawStats>")]
     stats: Option<Spanned<command::RawStats>>,
     #[serde(default)]
+    #[schemars(with = "Option<command::RawWriteKey>")]
     write_key: Option<Spanned<command::RawWriteKey>>,
     #[serde(default)]
     stop_grace: Option<Dur>,
     /// What a command engine declares (the built-in engine's is under `builtin`).
     #[serde(default)]
+    #[schemars(with = "Option<Promise>")]
     promise: Option<Spanned<Promise>>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawBuiltin {
     #[serde(default)]
@@ -295,7 +343,7 @@ struct RawBuiltin {
     refusals: Option<RawRefusals>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawRefusals {
     max: u32,
@@ -303,12 +351,13 @@ struct RawRefusals {
     backoff: [Dur; 2],
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawWorkload {
     rate: Rate,
     duration: Dur,
     #[serde(default)]
+    #[schemars(with = "Option<u32>")]
     keys: Option<Spanned<u32>>,
     #[serde(default)]
     payload_bytes: Option<usize>,
@@ -318,7 +367,7 @@ struct RawWorkload {
     poison: Vec<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawFault {
     at: Dur,
@@ -356,7 +405,7 @@ struct RawFault {
     node: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawExpect {
     #[serde(default)]
@@ -371,14 +420,16 @@ struct RawExpect {
     recovery_within: Option<Dur>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LedgerExpectation {
     Closes,
 }
 
 /// A process fault (DESIGN.md §3): `kill` and `stop` for the engine, `restart` for the proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ProcessAction {
     /// SIGKILL, then (with `restart_after`) start again on the same data directory.
@@ -558,6 +609,16 @@ pub struct Expectations {
     pub reordered: Option<u64>,
     pub ledger_closes: bool,
     pub recovery_within: Option<Duration>,
+}
+
+/// The JSON Schema of the scenario file, generated from the same types the parser reads.
+pub fn json_schema() -> serde_json::Value {
+    let schema = schemars::schema_for!(RawScenario);
+    let mut v = serde_json::to_value(&schema).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("title".to_string(), "drill scenario".into());
+    }
+    v
 }
 
 /// Reads and validates a scenario file.

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// A network fault (DESIGN.md §3). `Heal` returns the link to pass-through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Fault {
     /// Nothing listens: new connections get ECONNREFUSED, existing ones are reset.
@@ -69,7 +69,9 @@ impl Fault {
 }
 
 /// Which way a fault acts: `upstream` is client → broker, `downstream` broker → client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Direction {
     Upstream,

@@ -29,6 +29,10 @@ pub async fn drain(
         loop {
             if let Some(account) = system.account().await {
                 let idle = account.waiting == 0 && account.in_flight == 0;
+                super::progress::message(format!(
+                    "draining: {} waiting, {} in flight",
+                    account.waiting, account.in_flight
+                ));
                 last = Some(account);
                 if idle {
                     break;
@@ -44,6 +48,9 @@ pub async fn drain(
             }
         }
     } else {
+        super::progress::message(
+            "draining: until arrivals stop (the engine gives no account)".to_string(),
+        );
         let quiet = until_still(reader, QUIET, deadline, true, cancel).await?;
         if !quiet {
             notes.push(format!(

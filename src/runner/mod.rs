@@ -8,6 +8,7 @@
 
 mod drain;
 mod play;
+pub mod progress;
 mod provision;
 mod timeline;
 
@@ -81,7 +82,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 fn say(line: &str) {
-    println!("{line}");
+    progress::say(line);
 }
 
 /// Runs one drill, phase by phase: provision → start the system → start the reader → play the
@@ -318,9 +319,21 @@ async fn drive(
         plan.workload.keys
     ));
 
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let sampler = tokio::spawn(sample(
+        system.account_source(),
+        sent.clone(),
+        t0,
+        samples.clone(),
+    ));
+
     let steps = timeline::timeline(plan);
+    progress::start(plan.workload.total_records());
     let mut drill = Drill::new(rig, system, t0);
     let played = play::play(&mut drill, &steps, workload, &sent, &reader, cancel).await;
+    if played.is_err() || cancel.is_cancelled() {
+        progress::finish();
+    }
     workload_cancel.cancel();
     let Drill {
         rig,
@@ -351,6 +364,9 @@ async fn drive(
         plan.drain_timeout
     ));
     let final_stats = drain::drain(system, &reader, plan.drain_timeout, &mut notes, cancel).await?;
+    sampler.abort();
+    let _ = sampler.await;
+    progress::finish();
     let possibly_sent_keys = system.possibly_sent_keys();
     let gives_account = system.gives_account();
     if !gives_account {
@@ -390,6 +406,10 @@ async fn drive(
         }
     }
     let reconciliation = verify::reconcile(&sent, &received);
+    let series = series(
+        &samples.lock().map(|s| s.clone()).unwrap_or_default(),
+        &received,
+    );
     let excused = excused_ids(&sent, possibly_sent_keys.as_ref(), &crashes, &faults);
     // `effectively_once` allows no extra copy at all; `at_least_once` one with the write key.
     let allowed = match plan.engine.promise {
@@ -421,6 +441,7 @@ async fn drive(
         gives_account,
         system: system.describe(),
         unexpected_examples: received.unexpected_examples.clone(),
+        series,
         faults,
         recovery,
         link: link_status,
@@ -481,4 +502,63 @@ fn unacknowledged_before_crashes(sent: &mut Sent, crashes: &[Duration]) -> u64 {
         }
     }
     moved
+}
+
+/// One sample: (ms since the start, records accepted so far, the engine's backlog).
+type Sample = (u64, u64, Option<u64>);
+
+/// Once a second from the drill's start: records accepted so far and the engine's backlog.
+/// Runs beside the timeline, so a slow or frozen engine never delays a fault.
+async fn sample(
+    source: crate::sut::AccountSource,
+    sent: Arc<Mutex<Sent>>,
+    t0: Instant,
+    into: Arc<Mutex<Vec<Sample>>>,
+) {
+    let http = reqwest::Client::new();
+    let mut tick =
+        tokio::time::interval_at(tokio::time::Instant::from_std(t0), Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        let at = tick.tick().await;
+        let at_ms = ms(at.into_std().saturating_duration_since(t0));
+        let waiting = tokio::time::timeout(Duration::from_millis(900), source.fetch(&http))
+            .await
+            .ok()
+            .flatten()
+            .map(|a| a.waiting);
+        let accepted = sent
+            .lock()
+            .map(|s| s.accepted().count() as u64)
+            .unwrap_or(0);
+        if let Ok(mut v) = into.lock() {
+            v.push((at_ms, accepted, waiting));
+        }
+    }
+}
+
+/// The chart's points: each sample, with the first copies that arrived in its second.
+fn series(
+    samples: &[Sample],
+    received: &verify::Received,
+) -> Vec<report::SeriesPoint> {
+    let mut first: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for a in &received.arrivals {
+        if let Some(id) = a.id.as_deref() {
+            first.entry(id).or_insert(ms(a.at));
+        }
+    }
+    let mut per_second: BTreeMap<u64, u64> = BTreeMap::new();
+    for at in first.values() {
+        *per_second.entry(at / 1000).or_default() += 1;
+    }
+    samples
+        .iter()
+        .map(|&(at_ms, accepted, waiting)| report::SeriesPoint {
+            at_ms,
+            accepted,
+            delivered: per_second.get(&(at_ms / 1000)).copied().unwrap_or(0),
+            waiting,
+        })
+        .collect()
 }

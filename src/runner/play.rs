@@ -341,7 +341,9 @@ pub async fn play(
     cancel: &CancellationToken,
 ) -> Result<Played, RunError> {
     let t0 = drill.t0;
-    let mut progress = tokio::time::interval(Duration::from_secs(5));
+    // A bar is refreshed every second; plain lines come every 5 s.
+    let bars = super::progress::showing();
+    let mut progress = tokio::time::interval(Duration::from_secs(if bars { 1 } else { 5 }));
     progress.tick().await;
     let mut alive = tokio::time::interval(Duration::from_millis(250));
     let mut next = 0;
@@ -372,15 +374,41 @@ pub async fn play(
                 let accepted = sent.lock().map(|s| s.accepted().count()).unwrap_or(0);
                 let link = &drill.rig.link;
                 let status = link.status();
-                say(&format!(
-                    "  {:>4}s  accepted {accepted:>6}  read back {:>6}  link {}: {}{}",
-                    t0.elapsed().as_secs(),
-                    reader.count().await.map_or("-".to_string(), |n| n.to_string()),
+                let read_back = reader.count().await.map_or("-".to_string(), |n| n.to_string());
+                let state = format!(
+                    "link {}: {}{}",
                     link.name(),
                     status.fault,
                     status.direction.map(|d| format!(" {d}")).unwrap_or_default()
-                ));
+                );
+                if bars {
+                    let next_step = steps.get(next).map(|(at, step)| {
+                        format!("; next: {} in {} s", describe_step(step), at.saturating_sub(t0.elapsed()).as_secs())
+                    });
+                    super::progress::update(
+                        accepted as u64,
+                        format!("read back {read_back}  {state}{}", next_step.unwrap_or_default()),
+                    );
+                } else {
+                    say(&format!(
+                        "  {:>4}s  accepted {accepted:>6}  read back {read_back:>6}  {state}",
+                        t0.elapsed().as_secs(),
+                    ));
+                }
             }
         }
+    }
+}
+
+/// A step in a few words, for the progress bar's countdown.
+fn describe_step(step: &Step) -> String {
+    match step {
+        Step::Link { link, spec, .. } => format!("link {link} {}", describe(spec)),
+        Step::ProxyDown { .. } => "proxy restart".to_string(),
+        Step::Heal { link, .. } => format!("heal link {link}"),
+        Step::Engine { action, .. } => format!("engine {action:?}").to_lowercase(),
+        Step::RestartEngine => "engine back".to_string(),
+        Step::Broker { action, .. } => format!("broker {action:?}").to_lowercase(),
+        Step::RestartBroker => "broker back".to_string(),
     }
 }

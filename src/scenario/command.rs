@@ -18,9 +18,10 @@ use serde_saphyr::Spanned;
 
 use super::Dur;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawIngest {
+    #[schemars(with = "IngestKind")]
     kind: Spanned<IngestKind>,
     #[serde(default)]
     path: Option<String>,
@@ -32,7 +33,7 @@ pub(super) struct RawIngest {
     qos: Option<u8>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 enum IngestKind {
     Http,
@@ -40,7 +41,7 @@ enum IngestKind {
     TcpLines,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawReady {
     #[serde(default)]
@@ -56,7 +57,7 @@ pub(super) struct RawReady {
     within: Option<Dur>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawStats {
     path: String,
@@ -72,7 +73,7 @@ pub(super) struct RawStats {
     delivered: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawWriteKey {
     #[serde(default)]

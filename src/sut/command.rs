@@ -17,7 +17,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-use super::{Account, SutError};
+use super::{Account, AccountSource, SutError};
 use crate::scenario::{CommandSpec, Ready, StatsSpec};
 
 /// How many of the log's last lines an error quotes.
@@ -327,31 +327,18 @@ impl CommandEngine {
 
     /// The engine's own account from its stats endpoint, if it has one and answers.
     pub async fn account(&self) -> Option<Account> {
-        let url = self.stats_url.as_ref()?;
-        let fields = self.stats_fields.as_ref()?;
-        let v: serde_json::Value = self
-            .http
-            .get(url)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        let number = |name: &str| -> Option<u64> {
-            name.split('.')
-                .try_fold(&v, |v, part| v.get(part))
-                .and_then(serde_json::Value::as_u64)
-        };
-        Some(Account {
-            held: fields.held.as_deref().and_then(number),
-            delivered: fields.delivered.as_deref().and_then(number),
-            waiting: number(&fields.waiting)?,
-            failed: number(&fields.failed).unwrap_or(0),
-            in_flight: 0,
-            attempts: None,
-        })
+        self.account_source().fetch(&self.http).await
+    }
+
+    /// Where the account is read, for a sampler that must not borrow the engine.
+    pub fn account_source(&self) -> AccountSource {
+        match (&self.stats_url, &self.stats_fields) {
+            (Some(url), Some(fields)) => AccountSource::Command {
+                url: url.clone(),
+                fields: fields.clone(),
+            },
+            _ => AccountSource::None,
+        }
     }
 
     /// Appends drill's own note to the engine's log.

@@ -21,7 +21,7 @@ pub use command::CommandEngine;
 pub use ingest::{Ingest, IngestAnswer};
 
 use crate::engine::{AttemptCountsView, Stats};
-use crate::scenario::IngestSpec;
+use crate::scenario::{IngestSpec, StatsSpec};
 
 /// What a system says it holds. The built-in engine gives every field; a user's engine gives
 /// what its stats endpoint has (`waiting` at least), or nothing at all.
@@ -35,6 +35,51 @@ pub struct Account {
     pub in_flight: u64,
     /// Attempts by outcome, when the system reports them.
     pub attempts: Option<AttemptCountsView>,
+}
+
+/// Where a system's account can be read, apart from the system itself: a sampler polls it
+/// once a second without ever holding up the drill's timeline.
+#[derive(Debug, Clone)]
+pub enum AccountSource {
+    /// The system gives no account.
+    None,
+    /// drill's engine: `GET /stats` in its own format.
+    Builtin { url: String },
+    /// A user's engine: `GET url`, numbers read by field name (dotted for nested fields).
+    Command { url: String, fields: StatsSpec },
+}
+
+impl AccountSource {
+    /// The account now, or `None` when there is none or it did not answer within 2 s.
+    pub async fn fetch(&self, http: &reqwest::Client) -> Option<Account> {
+        let get = |url: &str| http.get(url).timeout(Duration::from_secs(2)).send();
+        match self {
+            AccountSource::None => None,
+            AccountSource::Builtin { url } => get(url)
+                .await
+                .ok()?
+                .json::<Stats>()
+                .await
+                .ok()
+                .map(Account::from),
+            AccountSource::Command { url, fields } => {
+                let v: serde_json::Value = get(url).await.ok()?.json().await.ok()?;
+                let number = |name: &str| -> Option<u64> {
+                    name.split('.')
+                        .try_fold(&v, |v, part| v.get(part))
+                        .and_then(serde_json::Value::as_u64)
+                };
+                Some(Account {
+                    held: fields.held.as_deref().and_then(number),
+                    delivered: fields.delivered.as_deref().and_then(number),
+                    waiting: number(&fields.waiting)?,
+                    failed: number(&fields.failed).unwrap_or(0),
+                    in_flight: 0,
+                    attempts: None,
+                })
+            }
+        }
+    }
 }
 
 impl From<Stats> for Account {
@@ -135,6 +180,16 @@ impl System {
         match self {
             System::Builtin(e) => e.stats().await.ok().map(Account::from),
             System::Command(e) => e.account().await,
+        }
+    }
+
+    /// Where its account is read, for the once-a-second sampler.
+    pub fn account_source(&self) -> AccountSource {
+        match self {
+            System::Builtin(e) => AccountSource::Builtin {
+                url: format!("http://{}/stats", e.addr()),
+            },
+            System::Command(e) => e.account_source(),
         }
     }
 
