@@ -538,10 +538,7 @@ async fn sample(
 }
 
 /// The chart's points: each sample, with the first copies that arrived in its second.
-fn series(
-    samples: &[Sample],
-    received: &verify::Received,
-) -> Vec<report::SeriesPoint> {
+fn series(samples: &[Sample], received: &verify::Received) -> Vec<report::SeriesPoint> {
     let mut first: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
     for a in &received.arrivals {
         if let Some(id) = a.id.as_deref() {
