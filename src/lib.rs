@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod brokers;
 pub mod container;
+pub mod control;
 pub mod engine;
 pub mod mqtt;
 pub mod proxy;

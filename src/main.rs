@@ -83,6 +83,10 @@ enum Command {
         /// Where the control API listens.
         #[arg(long, default_value = "127.0.0.1:8474")]
         api: SocketAddr,
+        /// Bearer token every API request must carry (or DRILL_TOKEN); required when --api is
+        /// not a loopback address.
+        #[arg(long)]
+        token: Option<String>,
     },
 }
 
@@ -215,7 +219,16 @@ async fn dispatch(command: Command) -> u8 {
             action: Some(EngineAction::Failed { what }),
             ..
         } => failed(what).await,
-        Command::Proxy { links, api } => proxy(links, api, cancel).await,
+        Command::Proxy { links, api, token } => {
+            let token = match drill::control::token_for(api, token) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("drill proxy: {e}");
+                    return INVALID;
+                }
+            };
+            proxy(links, api, token, cancel).await
+        }
         Command::Bench {
             what,
             bytes,
@@ -278,14 +291,20 @@ async fn failed(what: FailedAction) -> u8 {
     };
     let http = reqwest::Client::new();
     let base = format!("http://{}", config.listen);
+    // An engine bound beyond loopback wants its token (DRILL_TOKEN) on every request.
+    let bearer = std::env::var("DRILL_TOKEN").unwrap_or_default();
     let answer = if replay {
         let body = serde_json::json!({ "key": replay_key });
         http.post(format!("{base}/failed/replay"))
+            .bearer_auth(&bearer)
             .json(&body)
             .send()
             .await
     } else {
-        http.get(format!("{base}/failed")).send().await
+        http.get(format!("{base}/failed"))
+            .bearer_auth(&bearer)
+            .send()
+            .await
     };
     let value: serde_json::Value = match answer {
         Ok(a) => match a.json().await {
@@ -324,7 +343,12 @@ async fn failed(what: FailedAction) -> u8 {
     PASS
 }
 
-async fn proxy(specs: Vec<String>, api: SocketAddr, cancel: CancellationToken) -> u8 {
+async fn proxy(
+    specs: Vec<String>,
+    api: SocketAddr,
+    token: Option<String>,
+    cancel: CancellationToken,
+) -> u8 {
     let proxy = Proxy::new(cancel.clone());
     for spec in &specs {
         let parsed = spec.split_once('=').and_then(|(name, addrs)| {
@@ -368,7 +392,7 @@ async fn proxy(specs: Vec<String>, api: SocketAddr, cancel: CancellationToken) -
                     }
                 };
                 runtime.block_on(async move {
-                    match drill::proxy::api::serve(proxy, api, cancel).await {
+                    match drill::proxy::api::serve(proxy, api, token, cancel).await {
                         Ok((bound, handle)) => {
                             let _ = ready_tx.send(Ok(bound));
                             let _ = handle.await;

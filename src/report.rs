@@ -9,6 +9,7 @@
 //! that write had a `possibly_sent` attempt or lived through an engine crash.
 
 pub mod junit;
+pub mod oracle;
 pub mod svg;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -24,6 +25,29 @@ use crate::scenario::Plan;
 use crate::sut::Account;
 use crate::verify::{Received, Reconciliation};
 use crate::workload::Sent;
+
+/// The verdict: `"pass"` or `"fail"` in `report.json` (an inconclusive drill fails, with its
+/// reasons in `inconclusive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Pass,
+    Fail,
+}
+
+impl Verdict {
+    pub fn is_pass(self) -> bool {
+        self == Verdict::Pass
+    }
+
+    /// `PASS` or `FAIL`, for headings.
+    pub fn word(self) -> &'static str {
+        match self {
+            Verdict::Pass => "PASS",
+            Verdict::Fail => "FAIL",
+        }
+    }
+}
 
 /// A fault as it was applied (times relative to the drill's start).
 #[derive(Debug, Clone, Serialize)]
@@ -68,7 +92,11 @@ pub struct Facts {
     pub seed: u64,
     pub runtime: String,
     pub reconciliation: Reconciliation,
-    pub allowed_duplicates: u64,
+    /// What the declared promise excuses (DESIGN.md §5, see [`oracle::allowance`]).
+    pub allowance: oracle::Allowance,
+    /// Why the drill proved nothing, if it did not: a fault that met no traffic, records that
+    /// went around the proxy. Any reason makes the verdict fail.
+    pub inconclusive: Vec<String>,
     /// The system's own account at the end (`None`: it gave none, or did not answer).
     pub engine: Option<Account>,
     /// Whether the system gives an account at all (a user's engine without `stats` does not:
@@ -120,7 +148,9 @@ pub struct Report {
     pub scenario: String,
     pub about: Option<String>,
     pub seed: u64,
-    pub verdict: &'static str,
+    pub verdict: Verdict,
+    /// Why the drill proved nothing (empty when it did): each reason fails the verdict.
+    pub inconclusive: Vec<String>,
     pub headline: String,
     pub ledger: Ledger,
     pub closes: bool,
@@ -263,7 +293,8 @@ pub fn judge(facts: &Facts) -> Report {
     let delivered = r.delivered;
     // What is neither at the destination nor still held by the engine is lost.
     let lost = r.missing.saturating_sub(waiting + failed);
-    let duplicates_beyond_promise = r.duplicates.saturating_sub(facts.allowed_duplicates);
+    let (lost_beyond_promise, duplicates_beyond_promise) =
+        oracle::beyond(r, facts.allowance, lost);
     let ledger = Ledger {
         held,
         delivered,
@@ -312,8 +343,27 @@ pub fn judge(facts: &Facts) -> Report {
         })
     };
     if let Some(n) = e.lost {
-        check("lost", n.to_string(), lost.to_string(), lost <= n);
+        let name = if facts.allowance.missing > 0 {
+            format!("lost beyond {}", facts.plan.engine.promise.name())
+        } else {
+            "lost".to_string()
+        };
+        check(
+            &name,
+            n.to_string(),
+            lost_beyond_promise.to_string(),
+            lost_beyond_promise <= n,
+        );
     }
+    // Data at the destination that the engine never accepted (a probe that wrote, a record
+    // the source was told was refused) fails the drill unless the scenario allows some.
+    let unexpected_allowed = 0u64;
+    check(
+        "unexpected",
+        unexpected_allowed.to_string(),
+        r.unexpected.to_string(),
+        r.unexpected <= unexpected_allowed,
+    );
     if let Some(n) = e.duplicates {
         check(
             &format!("duplicates beyond {}", facts.plan.engine.promise.name()),
@@ -350,18 +400,22 @@ pub fn judge(facts: &Facts) -> Report {
             );
         }
     }
-    let mut all_ok = expectations.iter().all(|x| x.ok);
+    let mut all_ok = expectations.iter().all(|x| x.ok) && facts.inconclusive.is_empty();
     let mut notes = facts.notes.clone();
     if facts.verifier_fault {
         all_ok = false;
         notes.push("the verdict is fail because the reader itself failed; fix the verifier, the engine was not judged".to_string());
     }
-    let headline = headline(lost, &expectations, facts.verifier_fault);
+    let mut headline = headline(lost, &expectations, facts.verifier_fault);
+    if let Some(first) = facts.inconclusive.first() {
+        headline = format!("Inconclusive: {first}. {headline}");
+    }
     Report {
         scenario: facts.plan.name.clone(),
         about: facts.plan.about.clone(),
         seed: facts.seed,
-        verdict: if all_ok { "pass" } else { "fail" },
+        verdict: if all_ok { Verdict::Pass } else { Verdict::Fail },
+        inconclusive: facts.inconclusive.clone(),
         headline,
         ledger,
         closes,
@@ -420,7 +474,7 @@ pub fn headline(lost: u64, expectations: &[ExpectationResult], verifier_fault: b
 pub fn step_summary(report: &Report, dir: &Path) -> String {
     let l = &report.ledger;
     let mut md = String::new();
-    let verdict = if report.verdict == "pass" {
+    let verdict = if report.verdict.is_pass() {
         "✅ PASS"
     } else {
         "❌ FAIL"
@@ -488,11 +542,7 @@ pub fn markdown(report: &Report) -> String {
         let _ = writeln!(md, "{about}");
         let _ = writeln!(md);
     }
-    let verdict = if report.verdict == "pass" {
-        "PASS"
-    } else {
-        "FAIL"
-    };
+    let verdict = report.verdict.word();
     let _ = writeln!(md, "## {verdict} — {}", report.headline);
     let _ = writeln!(md);
     let _ = writeln!(
@@ -557,6 +607,19 @@ pub fn markdown(report: &Report) -> String {
         l.recovered
     );
     let _ = writeln!(md);
+    if !report.inconclusive.is_empty() {
+        let _ = writeln!(md, "## Inconclusive");
+        let _ = writeln!(md);
+        let _ = writeln!(
+            md,
+            "This drill proved nothing about what follows, so its verdict is FAIL whatever the counts say:"
+        );
+        let _ = writeln!(md);
+        for why in &report.inconclusive {
+            let _ = writeln!(md, "- {why}");
+        }
+        let _ = writeln!(md);
+    }
     let _ = writeln!(md, "## Expectations");
     let _ = writeln!(md);
     let _ = writeln!(md, "| expectation | expected | actual | |");
@@ -717,8 +780,8 @@ pub fn write(report: &Report, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
 pub fn junit_suite(report: &Report, report_md: &Path) -> junit::Suite {
     junit::Suite {
         name: report.scenario.clone(),
-        headline: format!("{} — {}", report.verdict.to_uppercase(), report.headline),
-        verdict_pass: report.verdict == "pass",
+        headline: format!("{} — {}", report.verdict.word(), report.headline),
+        verdict_pass: report.verdict.is_pass(),
         time_s: report.duration_ms as f64 / 1000.0,
         report_md: Some(report_md.display().to_string()),
         cases: report
@@ -803,7 +866,7 @@ pub fn timeline_svg(report: &Report) -> String {
     let title = format!(
         "{} — {} — {}",
         report.scenario,
-        report.verdict.to_uppercase(),
+        report.verdict.word(),
         report.headline
     );
     svg::render(&svg::Chart {

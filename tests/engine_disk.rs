@@ -1,7 +1,8 @@
 //! Disk is the only limit (DESIGN.md §1.10), on a real small filesystem: the engine warns when
 //! room runs low, refuses ingest with HTTP 507 and a clear message when the reserve is reached,
 //! never evicts a stored record, and takes ingest again once space returns.
-//! Needs root to mount a 4 MiB tmpfs (CI runs as root); elsewhere it says so and skips.
+//! Needs root to mount a 4 MiB tmpfs: under `CI=true` its absence fails the test; elsewhere
+//! the test says so and skips.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,7 +37,12 @@ impl Drop for Tmpfs {
 async fn a_full_disk_refuses_ingest_evicts_nothing_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let Some(disk) = Tmpfs::mount(&dir.path().join("disk"), "4m") else {
-        eprintln!("SKIPPED: mounting a 4 MiB tmpfs needs root; run the suite as root (CI does)");
+        // CI has root: there a missing capability is a failure, never a quiet skip.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "mounting a 4 MiB tmpfs failed under CI=true: this test needs root"
+        );
+        eprintln!("skipped: mounting a 4 MiB tmpfs needs root; run the suite as root (CI does)");
         return;
     };
     // Space to give back later.

@@ -230,7 +230,7 @@ async fn the_control_api_applies_and_heals_faults() {
     proxy.add(link);
     let cancel = CancellationToken::new();
     let (api, _task) =
-        drill::proxy::api::serve(proxy, "127.0.0.1:0".parse().unwrap(), cancel.clone())
+        drill::proxy::api::serve(proxy, "127.0.0.1:0".parse().unwrap(), None, cancel.clone())
             .await
             .unwrap();
     let http = reqwest::Client::new();

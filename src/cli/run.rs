@@ -144,7 +144,7 @@ async fn one(
             println!(
                 "{}: {} — {} {} ({}); {} duplicates, {} reordered",
                 plan.name,
-                report.verdict.to_uppercase(),
+                report.verdict.word(),
                 report.headline,
                 report.ledger_line(),
                 if report.closes {
@@ -170,7 +170,7 @@ async fn one(
             return (INFRASTRUCTURE, Some(report));
         }
     }
-    let code = if report.verdict == "pass" { PASS } else { FAIL };
+    let code = if report.verdict.is_pass() { PASS } else { FAIL };
     (code, Some(report))
 }
 
@@ -205,7 +205,7 @@ fn table(outcomes: &[Outcome]) -> Table {
                     .max();
                 vec![
                     o.name.clone(),
-                    r.verdict.to_uppercase(),
+                    r.verdict.word().to_string(),
                     r.ledger.held.to_string(),
                     r.ledger.lost.to_string(),
                     r.ledger.duplicates_beyond_promise.to_string(),

@@ -202,6 +202,8 @@ pub enum EngineError {
     Config { path: PathBuf, message: String },
     #[error(transparent)]
     Log(#[from] log::LogError),
+    #[error("{0}")]
+    Unprotected(String),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -666,12 +668,19 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
         })
     };
 
+    // Beyond loopback the API wants DRILL_TOKEN as a bearer token on every request.
+    let token = if config.listen.ip().is_loopback() {
+        None
+    } else {
+        crate::control::token_for(config.listen, None).map_err(EngineError::Unprotected)?
+    };
     let app = Router::new()
         .route("/ingest", post(ingest))
         .route("/stats", get(stats))
         .route("/failed", get(failed_list))
         .route("/failed/replay", post(failed_replay))
-        .with_state(shared.clone());
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_INGEST_BODY));
+    let app = crate::control::guard(app, token).with_state(shared.clone());
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| EngineError::Listen {
@@ -835,13 +844,68 @@ fn disk_check(shared: &Shared) -> Option<Response> {
     })
 }
 
-async fn ingest(State(shared): State<Arc<Shared>>, body: String) -> Response {
-    let lines: Vec<String> = body
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect();
+/// The largest ingest request body: larger ones are answered 413 before anything is read.
+pub const MAX_INGEST_BODY: usize = 16 * 1024 * 1024;
+/// The largest record (one NDJSON line).
+pub const MAX_RECORD: usize = 1024 * 1024;
+
+/// Checks a batch before anything of it is stored: every line one JSON value, none too large.
+/// The error names the first bad line (1-based, counting blank lines too).
+fn check_batch(body: &str) -> Result<Vec<String>, (StatusCode, String)> {
+    let mut lines = Vec::new();
+    for (n, line) in body.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if line.len() > MAX_RECORD {
+            return Err((
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "line {}: a record of {} bytes, over the limit of {MAX_RECORD} bytes; nothing of this batch was stored",
+                    n + 1,
+                    line.len()
+                ),
+            ));
+        }
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(line) {
+            return Err((
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "line {}: not JSON ({e}); send one JSON record per line (NDJSON); nothing of this batch was stored",
+                    n + 1
+                ),
+            ));
+        }
+        lines.push(line.to_string());
+    }
+    Ok(lines)
+}
+
+async fn ingest(
+    State(shared): State<Arc<Shared>>,
+    body: Result<String, axum::extract::rejection::StringRejection>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            let status = e.status();
+            let error = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!(
+                    "request body over the limit of {MAX_INGEST_BODY} bytes; send smaller batches; nothing was stored"
+                )
+            } else {
+                format!("{e}; nothing was stored")
+            };
+            return (status, Json(serde_json::json!({ "error": error }))).into_response();
+        }
+    };
+    let lines = match check_batch(&body) {
+        Ok(lines) => lines,
+        Err((status, error)) => {
+            return (status, Json(serde_json::json!({ "error": error }))).into_response();
+        }
+    };
     if lines.is_empty() {
         return (
             StatusCode::BAD_REQUEST,

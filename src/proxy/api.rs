@@ -102,11 +102,12 @@ pub fn router(proxy: Proxy) -> Router {
 pub async fn serve(
     proxy: Proxy,
     addr: SocketAddr,
+    token: Option<String>,
     cancel: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let app = router(proxy);
+    let app = crate::control::guard(router(proxy), token);
     let handle = tokio::spawn(async move {
         let _ = axum::serve(listener, app)
             .with_graceful_shutdown(async move { cancel.cancelled().await })

@@ -410,12 +410,15 @@ async fn drive(
         &samples.lock().map(|s| s.clone()).unwrap_or_default(),
         &received,
     );
-    let excused = excused_ids(&sent, possibly_sent_keys.as_ref(), &crashes, &faults);
-    // `effectively_once` allows no extra copy at all; `at_least_once` one with the write key.
-    let allowed = match plan.engine.promise {
-        crate::scenario::Promise::EffectivelyOnce => 0,
-        _ => report::allowed_duplicates(&sent, &received, &excused),
-    };
+    let excuses = excuses(&sent, possibly_sent_keys.as_ref(), &crashes, &faults);
+    let allowance = report::oracle::allowance(plan.engine.promise, &sent, &received, &excuses);
+    let end_ms = ms(t0.elapsed());
+    let mut inconclusive = report::oracle::unbitten(&faults, &sent, &received, end_ms);
+    // Bypass is judged where arrival times are the destination's own (Kafka's are the
+    // producer's) and where one link is the only way to the broker.
+    if plan.destination.kind != DestinationKind::Kafka && rig.links.len() == 1 {
+        inconclusive.extend(report::oracle::bypassed(&faults, &received, end_ms));
+    }
     let recovery = report::recovery(&faults, &sent, &received);
 
     let broker = &rig.broker;
@@ -436,7 +439,8 @@ async fn drive(
         seed,
         runtime: broker.runtime.to_string(),
         reconciliation,
-        allowed_duplicates: allowed,
+        allowance,
+        inconclusive,
         engine: final_stats,
         gives_account,
         system: system.describe(),
@@ -452,16 +456,16 @@ async fn drive(
     })
 }
 
-/// Records whose extra copies the promise may excuse (ids): a write with a `possibly_sent`
-/// attempt (from the built-in engine's journal), or one accepted before an engine crash. For
-/// a user's engine (`possibly_sent` is `None`: no journal), a record accepted before the end
-/// of a link or broker fault stands in for "had a possibly_sent attempt".
-fn excused_ids<'a>(
+/// Records the promise may excuse (ids): writes with a `possibly_sent` attempt (from the
+/// built-in engine's journal; for a user's engine, whose attempts drill cannot see, records
+/// accepted before the end of a link or broker fault stand in), and records accepted before an
+/// engine crash.
+fn excuses<'a>(
     sent: &'a Sent,
     possibly_sent: Option<&HashSet<String>>,
     crashes: &[Duration],
     faults: &[report::FaultRecord],
-) -> HashSet<&'a str> {
+) -> report::oracle::Excuses<'a> {
     let last_crash = crashes.last().copied();
     let last_fault_end = match possibly_sent {
         Some(_) => None,
@@ -471,16 +475,20 @@ fn excused_ids<'a>(
             .map(|f| Duration::from_millis(f.until_ms.unwrap_or(u64::MAX)))
             .max(),
     };
-    sent.accepted()
-        .filter(|(_, key, at)| {
-            last_crash.is_some_and(|c| *at <= c)
-                || last_fault_end.is_some_and(|end| *at <= end)
-                || possibly_sent
-                    .zip(*key)
-                    .is_some_and(|(keys, k)| keys.contains(k))
-        })
-        .map(|(r, _, _)| r.id.as_str())
-        .collect()
+    let mut e = report::oracle::Excuses::default();
+    for (r, key, at) in sent.accepted() {
+        if last_fault_end.is_some_and(|end| at <= end)
+            || possibly_sent
+                .zip(key)
+                .is_some_and(|(keys, k)| keys.contains(k))
+        {
+            e.possibly_sent.insert(r.id.as_str());
+        }
+        if last_crash.is_some_and(|c| at <= c) {
+            e.crashed.insert(r.id.as_str());
+        }
+    }
+    e
 }
 
 /// `tcp_lines` has no acknowledgement: records written in the second before an engine was
