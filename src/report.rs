@@ -293,8 +293,7 @@ pub fn judge(facts: &Facts) -> Report {
     let delivered = r.delivered;
     // What is neither at the destination nor still held by the engine is lost.
     let lost = r.missing.saturating_sub(waiting + failed);
-    let (lost_beyond_promise, duplicates_beyond_promise) =
-        oracle::beyond(r, facts.allowance, lost);
+    let (lost_beyond_promise, duplicates_beyond_promise) = oracle::beyond(r, facts.allowance, lost);
     let ledger = Ledger {
         held,
         delivered,
@@ -402,6 +401,9 @@ pub fn judge(facts: &Facts) -> Report {
     }
     let mut all_ok = expectations.iter().all(|x| x.ok) && facts.inconclusive.is_empty();
     let mut notes = facts.notes.clone();
+    if let Some(n) = facts.engine.as_ref().map(|a| a.errors).filter(|n| *n > 0) {
+        notes.push(format!("the engine reported {n} failed writes of its attempt journal, delivery marks or failed store (see its log): the verdict's allowance for extra copies may be wrong"));
+    }
     if facts.verifier_fault {
         all_ok = false;
         notes.push("the verdict is fail because the reader itself failed; fix the verifier, the engine was not judged".to_string());

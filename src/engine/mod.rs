@@ -204,6 +204,10 @@ pub enum EngineError {
     Log(#[from] log::LogError),
     #[error("{0}")]
     Unprotected(String),
+    #[error(
+        "the writer thread panicked: acknowledged records are safe on disk, but nothing more can be stored; restart the engine"
+    )]
+    Writer,
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -344,11 +348,18 @@ pub struct Stats {
     /// Segments of the record log on disk.
     #[serde(default)]
     pub segments: u64,
+    /// Failed writes of the attempt journal, delivery marks or failed store since the start
+    /// (each also said on stderr). A drill's report names them.
+    #[serde(default)]
+    pub errors: u64,
     pub outputs: Vec<OutputStats>,
 }
 
 struct Shared {
     held: Arc<AtomicU64>,
+    /// Writes that failed on a path that decides durability or a verdict (attempt journal,
+    /// delivery marks, failed store): each is said on stderr and counted in `/stats.errors`.
+    errors: Arc<AtomicU64>,
     damaged: u64,
     /// The log's oldest sequence and segment count, published by the writer.
     log_state: Arc<LogState>,
@@ -392,6 +403,8 @@ struct Journal {
     /// Replayed failed records not confirmed yet: their confirmation goes to the failed store
     /// (their segment may be gone).
     replayed: HashSet<u64>,
+    /// Failed journal writes, shared with `/stats` (see [`Shared::errors`]).
+    errors: Arc<AtomicU64>,
 }
 
 /// What an output's journals say at start.
@@ -415,6 +428,7 @@ impl Journal {
         dir: &Path,
         output: &str,
         first_seq: u64,
+        errors: Arc<AtomicU64>,
     ) -> Result<(Journal, JournalStart), EngineError> {
         let (marks, delivered) = DeliveryMarks::open(dir, output, first_seq)?;
         let io = |path: &Path| {
@@ -441,23 +455,35 @@ impl Journal {
                 marks,
                 pending_marks: Vec::new(),
                 replayed,
+                errors,
             },
             JournalStart { delivered, states },
         ))
     }
 
+    /// Says a failed journal write on stderr and counts it for `/stats.errors`: the attempt
+    /// journal decides which extra copies a drill allows, the marks and the failed store what
+    /// is resent after a restart.
+    fn error(&self, what: &str, e: impl std::fmt::Display) {
+        self.errors.fetch_add(1, Ordering::SeqCst);
+        eprintln!("drill engine: error: {what}: {e}");
+    }
+
     fn record(&mut self, effects: Vec<Effect>) {
         for effect in effects {
             match effect {
-                Effect::Closed(attempt) => {
-                    if let Ok(line) = serde_json::to_string(&attempt) {
-                        let _ = writeln!(self.attempts, "{line}");
+                Effect::Closed(attempt) => match serde_json::to_string(&attempt) {
+                    Ok(line) => {
+                        if let Err(e) = writeln!(self.attempts, "{line}") {
+                            self.error("attempt journal", e);
+                        }
                     }
-                }
+                    Err(e) => self.error("attempt journal", e),
+                },
                 Effect::Delivered(segment, seq) => {
                     if self.replayed.remove(&seq) {
                         if let Err(e) = self.failed.delivered(seq) {
-                            eprintln!("drill engine: {}: {e}", self.failed.path().display());
+                            self.error(&self.failed.path().display().to_string(), e);
                         }
                     } else {
                         self.pending_marks.push((segment, seq));
@@ -467,7 +493,7 @@ impl Journal {
                     self.replayed.remove(&failed.seq);
                     // A failed message is the only copy from now on: durable at once.
                     if let Err(e) = self.failed.add(&failed) {
-                        eprintln!("drill engine: {}: {e}", self.failed.path().display());
+                        self.error(&self.failed.path().display().to_string(), e);
                     }
                 }
             }
@@ -483,14 +509,16 @@ impl Journal {
             return;
         }
         if let Err(e) = self.marks.mark(&self.pending_marks) {
-            eprintln!("drill engine: {e}");
+            self.error("delivery marks", e);
         }
         self.pending_marks.clear();
     }
 
     fn flush(&mut self) {
         self.write_marks();
-        let _ = self.attempts.flush();
+        if let Err(e) = self.attempts.flush() {
+            self.error("attempt journal", e);
+        }
     }
 
     /// Puts failed records (all, or the one with `key`) back on the output's queue with their
@@ -502,7 +530,7 @@ impl Journal {
             .collect();
         let seqs: Vec<u64> = chosen.iter().map(|f| f.seq).collect();
         if let Err(e) = self.failed.replayed(&seqs) {
-            eprintln!("drill engine: {}: {e}", self.failed.path().display());
+            self.error(&self.failed.path().display().to_string(), e);
             return Vec::new();
         }
         out.failed = out.failed.saturating_sub(chosen.len() as u64);
@@ -543,8 +571,12 @@ impl Journal {
 
     fn sync(&mut self) {
         self.flush();
-        let _ = self.attempts.get_ref().sync_data();
-        let _ = self.marks.sync();
+        if let Err(e) = self.attempts.get_ref().sync_data() {
+            self.error("attempt journal sync", e);
+        }
+        if let Err(e) = self.marks.sync() {
+            self.error("delivery marks sync", e);
+        }
     }
 }
 
@@ -577,8 +609,10 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
         segments: AtomicU64::new(log.segments() as u64),
         settled: config.outputs.iter().map(|_| AtomicU64::new(0)).collect(),
     });
+    let errors = Arc::new(AtomicU64::new(0));
     let shared = Arc::new(Shared {
         held: Arc::new(AtomicU64::new(log.next_seq().saturating_sub(damaged))),
+        errors: errors.clone(),
         damaged,
         log_state: log_state.clone(),
         data_dir: config.data_dir.clone(),
@@ -592,7 +626,8 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     let mut to_outputs = Vec::new();
     let mut drivers = Vec::new();
     for (index, o) in config.outputs.iter().enumerate() {
-        let (journal, start) = Journal::open(&config.data_dir, &o.name, log.first_seq())?;
+        let (journal, start) =
+            Journal::open(&config.data_dir, &o.name, log.first_seq(), errors.clone())?;
         let refusals = o
             .refusals
             .as_ref()
@@ -668,6 +703,19 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
         })
     };
 
+    // A writer thread that panics can store nothing more: the engine stops (non-zero exit)
+    // rather than go on answering ingest with errors.
+    let writer_watch = {
+        let cancel = cancel.clone();
+        tokio::task::spawn_blocking(move || {
+            let panicked = writer.join().is_err();
+            if panicked {
+                eprintln!("drill engine: the writer thread panicked; stopping");
+                cancel.cancel();
+            }
+            panicked
+        })
+    };
     // Beyond loopback the API wants DRILL_TOKEN as a bearer token on every request.
     let token = if config.listen.ip().is_loopback() {
         None
@@ -698,7 +746,10 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     }
     let _ = ticker.await;
     drop(shared);
-    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+    let panicked = writer_watch.await.unwrap_or(true);
+    if panicked {
+        return Err(EngineError::Writer);
+    }
     Ok(())
 }
 
@@ -1025,6 +1076,7 @@ async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
         disk_low: disk_free_bytes < shared.disk.warn_below_bytes,
         damaged: shared.damaged,
         segments: shared.log_state.segments.load(Ordering::SeqCst),
+        errors: shared.errors.load(Ordering::SeqCst),
         outputs,
     })
 }

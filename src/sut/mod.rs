@@ -35,6 +35,8 @@ pub struct Account {
     pub in_flight: u64,
     /// Attempts by outcome, when the system reports them.
     pub attempts: Option<AttemptCountsView>,
+    /// Failed journal writes the system reported (drill's engine: `/stats.errors`).
+    pub errors: u64,
 }
 
 /// Where a system's account can be read, apart from the system itself: a sampler polls it
@@ -76,6 +78,7 @@ impl AccountSource {
                     failed: number(&fields.failed).unwrap_or(0),
                     in_flight: 0,
                     attempts: None,
+                    errors: 0,
                 })
             }
         }
@@ -91,6 +94,7 @@ impl From<Stats> for Account {
             failed: s.failed,
             in_flight: s.outputs.iter().map(|o| o.in_flight).sum(),
             attempts: Some(s.attempts),
+            errors: s.errors,
         }
     }
 }
