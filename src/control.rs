@@ -74,11 +74,17 @@ mod tests {
     fn loopback_needs_no_token_elsewhere_does() {
         let lo: SocketAddr = "127.0.0.1:1".parse().unwrap();
         let any: SocketAddr = "0.0.0.0:1".parse().unwrap();
-        assert_eq!(token_for(lo, None).unwrap(), std::env::var("DRILL_TOKEN").ok());
+        assert_eq!(
+            token_for(lo, None).unwrap(),
+            std::env::var("DRILL_TOKEN").ok()
+        );
         if std::env::var_os("DRILL_TOKEN").is_none() {
             assert!(token_for(any, None).unwrap_err().contains("--token"));
         }
-        assert_eq!(token_for(any, Some("t".into())).unwrap().as_deref(), Some("t"));
+        assert_eq!(
+            token_for(any, Some("t".into())).unwrap().as_deref(),
+            Some("t")
+        );
     }
 
     #[test]

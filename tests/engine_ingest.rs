@@ -15,11 +15,17 @@ async fn bad_batches_are_refused_whole_with_the_line_or_the_limit() {
         listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
         data_dir: dir.path().join("data"),
         // A destination that refuses every connection: ingest alone is under test.
-        outputs: vec![OutputConfig::mqtt("nowhere", "127.0.0.1:9".parse().unwrap(), "t")],
+        outputs: vec![OutputConfig::mqtt(
+            "nowhere",
+            "127.0.0.1:9".parse().unwrap(),
+            "t",
+        )],
         disk: Default::default(),
     };
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_drill"));
-    let mut engine = EngineProcess::start(&exe, config, dir.path()).await.unwrap();
+    let mut engine = EngineProcess::start(&exe, config, dir.path())
+        .await
+        .unwrap();
     let url = format!("http://{}/ingest", engine.addr());
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
@@ -36,14 +42,18 @@ async fn bad_batches_are_refused_whole_with_the_line_or_the_limit() {
         }
     };
 
-    let (status, error) = post("{\"id\":\"a\"}\n\n{\"id\": broken\n{\"id\":\"c\"}\n".to_string()).await;
+    let (status, error) =
+        post("{\"id\":\"a\"}\n\n{\"id\": broken\n{\"id\":\"c\"}\n".to_string()).await;
     assert_eq!(status, 400, "{error}");
     assert!(error.starts_with("line 3: not JSON"), "{error}");
 
     let big = format!("{{\"pad\":\"{}\"}}\n", "x".repeat(MAX_RECORD));
     let (status, error) = post(format!("{{\"id\":\"a\"}}\n{big}")).await;
     assert_eq!(status, 413, "{error}");
-    assert!(error.contains(&format!("line 2: a record of {} bytes", big.len() - 1)), "{error}");
+    assert!(
+        error.contains(&format!("line 2: a record of {} bytes", big.len() - 1)),
+        "{error}"
+    );
     assert!(error.contains(&MAX_RECORD.to_string()), "{error}");
 
     let line = format!("{{\"pad\":\"{}\"}}\n", "y".repeat(1000));
@@ -52,7 +62,11 @@ async fn bad_batches_are_refused_whole_with_the_line_or_the_limit() {
     assert_eq!(status, 413, "{error}");
     assert!(error.contains(&MAX_INGEST_BODY.to_string()), "{error}");
 
-    assert_eq!(engine.stats().await.unwrap().held, 0, "nothing of a refused batch is held");
+    assert_eq!(
+        engine.stats().await.unwrap().held,
+        0,
+        "nothing of a refused batch is held"
+    );
     let (status, _) = post("{\"id\":\"ok\"}\n".to_string()).await;
     assert_eq!(status, 200);
     assert_eq!(engine.stats().await.unwrap().held, 1);

@@ -100,7 +100,12 @@ fn timings(sent: &Sent, received: &Received) -> Vec<(Duration, Option<Duration>)
 /// Faults that met no traffic: nothing was accepted while they were in force, and nothing
 /// accepted before them was still undelivered when they began. Each is a reason the drill
 /// proved nothing about that fault ("the fault at 10 s met no traffic").
-pub fn unbitten(faults: &[FaultRecord], sent: &Sent, received: &Received, end_ms: u64) -> Vec<String> {
+pub fn unbitten(
+    faults: &[FaultRecord],
+    sent: &Sent,
+    received: &Received,
+    end_ms: u64,
+) -> Vec<String> {
     let records = timings(sent, received);
     faults
         .iter()
@@ -264,7 +269,8 @@ mod tests {
                 })
                 .collect(),
         };
-        let mut arrivals: Vec<Arrival> = (0..4).map(|i| arrival(i, Some(&format!("w{i}")))).collect();
+        let mut arrivals: Vec<Arrival> =
+            (0..4).map(|i| arrival(i, Some(&format!("w{i}")))).collect();
         let mut excuses = Excuses::default();
         let mut verifier_fault = false;
         match case {
@@ -300,7 +306,8 @@ mod tests {
                 at: Duration::ZERO,
             }),
             Case::IngestUnknownFound | Case::IngestUnknownNotFound => {
-                sent.order.push((record(4), Ingested::Unknown { at: Duration::ZERO }));
+                sent.order
+                    .push((record(4), Ingested::Unknown { at: Duration::ZERO }));
                 if matches!(case, Case::IngestUnknownFound) {
                     arrivals.push(arrival(4, Some("w4")));
                 }
@@ -386,11 +393,18 @@ mod tests {
                 cells += 1;
                 let got = verdict(promise, name, case);
                 if got != want {
-                    wrong.push(format!("{case:?} × {name}: expected pass={want}, got pass={got}"));
+                    wrong.push(format!(
+                        "{case:?} × {name}: expected pass={want}, got pass={got}"
+                    ));
                 }
             }
         }
-        assert!(wrong.is_empty(), "{} of {cells} cells wrong:\n{}", wrong.len(), wrong.join("\n"));
+        assert!(
+            wrong.is_empty(),
+            "{} of {cells} cells wrong:\n{}",
+            wrong.len(),
+            wrong.join("\n")
+        );
         assert_eq!(cells, 39);
     }
 
@@ -460,7 +474,11 @@ mod tests {
         let refused = fault(2000, 8000, "refuse", "both");
         let why = bypassed(&[refused], &received, 10_000);
         assert_eq!(why.len(), 1);
-        assert!(why[0].contains("bypassed link mqtt: 1 records"), "{}", why[0]);
+        assert!(
+            why[0].contains("bypassed link mqtt: 1 records"),
+            "{}",
+            why[0]
+        );
         // Swallowing answers only (downstream) lets records through: no bypass.
         let downstream = fault(2000, 8000, "swallow", "downstream");
         assert!(bypassed(&[downstream], &received, 10_000).is_empty());
