@@ -1,0 +1,62 @@
+//! A drill cannot pass by accident, end to end: a fault that meets no traffic, and an engine
+//! that reaches the broker around the proxy, each make the drill inconclusive (exit 1), and the
+//! headline says why.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn run(dir: &Path, name: &str, text: &str) -> (Output, serde_json::Value) {
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(&file, text).unwrap();
+    let out = dir.join("out");
+    let output = Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(["run", &file.display().to_string(), "--out"])
+        .arg(&out)
+        .output()
+        .expect("drill runs");
+    let report = std::fs::read_to_string(out.join(name).join("report.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    (output, report)
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn an_engine_that_goes_around_the_proxy_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    // A forwarder configured with the broker's own address (read from the broker's config in
+    // drill's work folder), not the link: the refusal on the link cannot touch it.
+    let text = format!(
+        r#"name: bypass
+destination: {{ kind: mqtt, runtime: process, topic: drill/bypass }}
+system:
+  command: [sh, -c, "port=$(awk '/^listener/ {{{{print $2}}}}' {{work_dir}}/mosquitto/mosquitto.conf); exec python3 {}/fixtures/forwarder.py --ingest-kind http --ingest {{ingest}} --mqtt 127.0.0.1:$port --topic {{topic}} --data {{data_dir}}"]
+  ingest: {{ kind: http }}
+  ready: {{ http: /health }}
+  stats: {{ path: /stats }}
+workload: {{ rate: 50/s, duration: 12s }}
+faults:
+  - {{ at: 3s, link: mqtt, fault: refuse, for: 6s }}
+expect: {{ lost: 0, duplicates: 0 }}
+"#,
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let (o, report) = run(dir.path(), "bypass", &text);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert_eq!(report["verdict"], "fail");
+    assert_eq!(report["ledger"]["lost"], 0, "nothing lost: only the bypass fails it");
+    let headline = report["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with("Inconclusive: the engine's traffic bypassed link mqtt"),
+        "{headline}"
+    );
+}
