@@ -52,6 +52,16 @@ fn start_drill_named(
     args: &[&str],
     env: &[(&str, &str)],
 ) -> Child {
+    start_drill_out(dir, name, &dir.join("out"), args, env)
+}
+
+fn start_drill_out(
+    dir: &std::path::Path,
+    name: &str,
+    out: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Child {
     let file = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &file,
@@ -60,7 +70,7 @@ fn start_drill_named(
     .unwrap();
     Command::new(env!("CARGO_BIN_EXE_drill"))
         .args(["run", &file.display().to_string(), "--out"])
-        .arg(dir.join("out"))
+        .arg(out)
         .args(args)
         .envs(env.iter().copied())
         .stdout(Stdio::null())
@@ -143,6 +153,10 @@ fn ctrl_c_removes_the_broker_container_and_every_child() {
         .map(|o| o.status.success())
         .unwrap_or(false);
     if !have_image {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI=true and drill-local/mosquitto is missing: ci/images.sh builds it (needs Docker)"
+        );
         println!("skipped: no Docker engine, or drill-local/mosquitto is not built (ci/images.sh)");
         return;
     }
@@ -232,4 +246,110 @@ workload: {{ rate: 50/s, duration: 60s }}
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn sigterm_stops_every_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut drill = start_drill(dir.path());
+    let kids = wait_for_children(&drill);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(drill.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(drill.wait().unwrap().code(), Some(3));
+    assert_all_gone(&kids);
+}
+
+/// A short drill (6 s) whose report cannot be written: its folder holds a directory where
+/// `report.md` goes. It exits 3 saying why, with nothing left running.
+#[test]
+fn an_unwritable_report_exits_3_and_leaves_no_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(out.join("short").join("report.md")).unwrap();
+    let file = dir.path().join("short.yaml");
+    std::fs::write(
+        &file,
+        "name: short\ndestination: { kind: mqtt, topic: t/short }\nworkload: { rate: 20/s, duration: 6s }\n",
+    )
+    .unwrap();
+    let mut drill = Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(["run", &file.display().to_string(), "--out"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let kids = wait_for_children(&drill);
+    let output = drill.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("cannot write the report"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_all_gone(&kids);
+}
+
+/// The broker process dies in the middle of a drill (killed from outside): the drill ends with
+/// a verdict that names the verifier, and stops everything it started.
+#[test]
+fn a_broker_that_dies_mid_drill_leaves_no_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("broker-dies.yaml");
+    std::fs::write(
+        &file,
+        "name: broker-dies\ndestination: { kind: mqtt, runtime: process, topic: t/dies }\nworkload: { rate: 20/s, duration: 8s }\ndrain_timeout: 5s\n",
+    )
+    .unwrap();
+    let mut drill = Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(["run", &file.display().to_string(), "--out"])
+        .arg(dir.path().join("out"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let kids = wait_for_children(&drill);
+    let broker = kids
+        .iter()
+        .find(|(_, c)| c.contains("mosquitto"))
+        .expect("a mosquitto broker")
+        .0;
+    std::thread::sleep(Duration::from_secs(3));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(broker as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let status = drill.wait().unwrap();
+    assert!(matches!(status.code(), Some(1 | 3)), "{status:?}");
+    assert_all_gone(&kids);
+}
+
+/// A panic inside the runner (a test hook, `test-hooks` builds only) unwinds through the rig
+/// and the system under test: nothing is left running.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_panic_inside_the_runner_leaves_no_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("panics.yaml");
+    std::fs::write(
+        &file,
+        "name: panics\ndestination: { kind: mqtt, topic: t/panics }\nworkload: { rate: 20/s, duration: 3s }\n",
+    )
+    .unwrap();
+    let mut drill = Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(["run", &file.display().to_string(), "--out"])
+        .arg(dir.path().join("out"))
+        .env("DRILL_TEST_PANIC_AFTER_PLAY", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let kids = wait_for_children(&drill);
+    let status = drill.wait().unwrap();
+    assert!(!status.success(), "{status:?}");
+    assert_all_gone(&kids);
 }

@@ -53,7 +53,10 @@ expect: {{ lost: 0, duplicates: 0 }}
     let (o, report) = run(dir.path(), "bypass", &text);
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     assert_eq!(report["verdict"], "fail");
-    assert_eq!(report["ledger"]["lost"], 0, "nothing lost: only the bypass fails it");
+    assert_eq!(
+        report["ledger"]["lost"], 0,
+        "nothing lost: only the bypass fails it"
+    );
     let headline = report["headline"].as_str().unwrap();
     assert!(
         headline.starts_with("Inconclusive: the engine's traffic bypassed link mqtt"),

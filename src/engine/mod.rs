@@ -902,7 +902,7 @@ pub const MAX_RECORD: usize = 1024 * 1024;
 
 /// Checks a batch before anything of it is stored: every line one JSON value, none too large.
 /// The error names the first bad line (1-based, counting blank lines too).
-fn check_batch(body: &str) -> Result<Vec<String>, (StatusCode, String)> {
+pub fn check_batch(body: &str) -> Result<Vec<String>, (StatusCode, String)> {
     let mut lines = Vec::new();
     for (n, line) in body.lines().enumerate() {
         let line = line.trim();

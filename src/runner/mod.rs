@@ -343,6 +343,10 @@ async fn drive(
         notes: mut drill_notes,
         ..
     } = drill;
+    #[cfg(feature = "test-hooks")]
+    if std::env::var_os("DRILL_TEST_PANIC_AFTER_PLAY").is_some() {
+        panic!("DRILL_TEST_PANIC_AFTER_PLAY: a panic inside the runner, on purpose");
+    }
     // An interrupted drill never gets a verdict.
     if matches!(played?, Played::Interrupted) || cancel.is_cancelled() {
         return Err(RunError::Interrupted);
