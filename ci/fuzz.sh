@@ -16,7 +16,7 @@ targets=(
   the_log_recovers_from_random_truncation_and_corruption
   the_control_apis_answer_any_json
 )
-cargo test --release --test fuzz --no-run -q 2>/dev/null || cargo test --release --test fuzz --no-run
+cargo test --test fuzz --no-run -q
 for t in "${targets[@]}"; do
   # The log and API targets do real file and HTTP work per case: smaller rounds.
   n="$cases"
@@ -24,7 +24,7 @@ for t in "${targets[@]}"; do
   start=$(date +%s)
   rounds=0
   while [ $(( $(date +%s) - start )) -lt "$per_target" ]; do
-    PROPTEST_CASES="$n" cargo test --release -q --test fuzz "$t" -- --exact >/dev/null
+    PROPTEST_CASES="$n" cargo test -q --test fuzz "$t" -- --exact >/dev/null
     rounds=$((rounds + 1))
   done
   echo "fuzz: $t: $((rounds * n)) executions in $(( $(date +%s) - start )) s, 0 failures"
