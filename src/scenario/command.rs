@@ -86,7 +86,7 @@ pub(super) struct RawWriteKey {
     json_field: Option<String>,
 }
 
-/// The raw `system:` fields of a command engine (deserialized in `scenario.rs`).
+/// The raw `system:` fields of a command engine (deserialized in `raw.rs`).
 pub(super) struct RawCommand {
     pub command: Vec<Spanned<String>>,
     pub env: BTreeMap<String, Spanned<String>>,
@@ -178,7 +178,7 @@ pub(super) struct Located {
     pub message: String,
 }
 
-fn at(location: &serde_saphyr::Location, message: String) -> Located {
+pub(super) fn at(location: &serde_saphyr::Location, message: String) -> Located {
     Located {
         at: *location,
         message,

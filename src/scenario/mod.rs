@@ -1,0 +1,425 @@
+//! Scenario files: YAML in, a validated [`Plan`] out.
+//!
+//! This module owns the scenario language (DESIGN.md §4) and the [`Plan`] it becomes: the
+//! contract the runner reads. Parsing is two steps, as in ripgrep: raw YAML is deserialized with
+//! `serde-saphyr` into the `Raw*` types of `raw.rs`, which reject unknown fields, and then
+//! `validate.rs` turns them into a [`Plan`] whose values can be trusted — one function per
+//! section, each the owner of its section's fields (`command.rs` for a user's engine). `Dur`
+//! and `Rate`, the units a scenario writes, are in `units.rs`. Every error names the file, line,
+//! column and field, and says what to write instead. Nothing is started on an invalid plan: the
+//! runner only ever sees a `Plan`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::proxy::FaultSpec;
+
+pub mod command;
+mod raw;
+mod units;
+mod validate;
+
+pub use command::{CommandSpec, IngestSpec, Ready, StatsSpec, WriteKeyPlace};
+pub use units::{Dur, Rate};
+
+/// Why a scenario could not be turned into a plan. Both variants mean "invalid input" (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("{path}: cannot read the scenario: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        path: String,
+        line: u32,
+        column: u32,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DestinationKind {
+    Mqtt,
+    Kafka,
+    Nats,
+}
+
+impl DestinationKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DestinationKind::Mqtt => "mqtt",
+            DestinationKind::Kafka => "kafka",
+            DestinationKind::Nats => "nats",
+        }
+    }
+}
+
+/// Where a broker runs (DESIGN.md §2). `auto` picks the best one available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeChoice {
+    Auto,
+    Container,
+    Process,
+    Embedded,
+}
+
+/// The order an output keeps (DESIGN.md §1.9).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    #[default]
+    InOrder,
+    Any,
+}
+
+/// What an output promises (DESIGN.md §1.7).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Promise {
+    AtMostOnce,
+    #[default]
+    AtLeastOnce,
+    EffectivelyOnce,
+}
+
+impl Promise {
+    pub fn name(self) -> &'static str {
+        match self {
+            Promise::AtMostOnce => "at_most_once",
+            Promise::AtLeastOnce => "at_least_once",
+            Promise::EffectivelyOnce => "effectively_once",
+        }
+    }
+
+    /// How much the promise claims: at_most_once < at_least_once < effectively_once.
+    pub fn rank(self) -> u8 {
+        match self {
+            Promise::AtMostOnce => 0,
+            Promise::AtLeastOnce => 1,
+            Promise::EffectivelyOnce => 2,
+        }
+    }
+}
+
+/// A process fault (DESIGN.md §3): `kill` and `stop` for the engine, `restart` for the proxy.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessAction {
+    /// SIGKILL, then (with `restart_after`) start again on the same data directory.
+    Kill,
+    /// SIGTERM, then (with `restart_after`) start again.
+    Stop,
+    /// The proxy: every connection dropped, the port refused for `down_for`, then listening
+    /// again on the same port.
+    Restart,
+    /// A broker in a container: frozen (SIGSTOP-like, `docker pause`), then resumed after
+    /// `restart_after`.
+    Pause,
+}
+
+/// A validated drill: everything the runner needs, nothing it has to check again.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub name: String,
+    pub about: Option<String>,
+    pub source: PathBuf,
+    pub seed: u64,
+    pub destination: Destination,
+    /// The built-in engine's settings, and the promise the system under test declares
+    /// (`engine.promise`, whichever engine runs).
+    pub engine: EngineSpec,
+    /// A user's engine, when the scenario gives `system.command`; else the built-in one runs.
+    pub command: Option<CommandSpec>,
+    pub workload: WorkloadSpec,
+    pub faults: Vec<ScheduledFault>,
+    pub expect: Expectations,
+    pub drain_timeout: Duration,
+    pub tags: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Destination {
+    pub kind: DestinationKind,
+    /// Broker nodes (a NATS cluster when more than 1).
+    pub nodes: usize,
+    pub runtime: RuntimeChoice,
+    /// The MQTT topic, or the NATS subject.
+    pub topic: String,
+    /// NATS: the stream's duplicate window (always set for `nats` once validated).
+    pub duplicate_window: Option<Duration>,
+}
+
+impl Destination {
+    /// The proxy link in front of this destination's broker is named after its kind.
+    pub fn link_name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// One link per broker node: `nats` for one node, `nats-1`, `nats-2` … for a cluster.
+    pub fn link_names(&self) -> Vec<String> {
+        if self.nodes <= 1 {
+            vec![self.link_name().to_string()]
+        } else {
+            (1..=self.nodes)
+                .map(|n| format!("{}-{n}", self.link_name()))
+                .collect()
+        }
+    }
+}
+
+/// Which broker node a process fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerNode {
+    /// The node the stream's leader is on at that instant.
+    Leader,
+    /// Node `n` (from 1).
+    Number(usize),
+}
+
+/// Settings of the built-in engine under test.
+#[derive(Debug, Clone)]
+pub struct EngineSpec {
+    pub order: Order,
+    pub promise: Promise,
+    pub keepalive: Duration,
+    pub answer_timeout: Duration,
+    pub window: usize,
+    /// (max counted refusals, first backoff, backoff cap).
+    pub refusals: (u32, Duration, Duration),
+}
+
+#[derive(Debug, Clone)]
+pub struct WorkloadSpec {
+    pub rate_per_s: f64,
+    pub duration: Duration,
+    pub keys: u32,
+    pub payload_bytes: usize,
+    /// Indices of records the destination will refuse.
+    pub poison: Vec<u64>,
+}
+
+impl WorkloadSpec {
+    /// The broker's message size limit when a drill has poison records: well above every
+    /// ordinary record, well below a poison one.
+    pub fn message_limit(&self) -> usize {
+        (self.payload_bytes * 4).max(16 * 1024)
+    }
+
+    /// How large a poison record's payload is made.
+    pub fn poison_bytes(&self) -> usize {
+        self.message_limit() + 4096
+    }
+}
+
+impl WorkloadSpec {
+    /// How many records a complete run generates.
+    pub fn total_records(&self) -> u64 {
+        (self.rate_per_s * self.duration.as_secs_f64()).round() as u64
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduledFault {
+    pub at: Duration,
+    pub what: FaultAction,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum FaultAction {
+    Link {
+        link: String,
+        spec: FaultSpec,
+        /// `for:` — the link heals by itself this long after `at`.
+        lasts: Option<Duration>,
+    },
+    ProxyRestart {
+        down_for: Duration,
+    },
+    Heal {
+        link: String,
+    },
+    Engine {
+        action: ProcessAction,
+        restart_after: Option<Duration>,
+        wipe_data: bool,
+    },
+    Broker {
+        node: BrokerNode,
+        action: ProcessAction,
+        restart_after: Option<Duration>,
+    },
+}
+
+/// The longest stretch any one fault keeps the destination out of reach: a link fault until it
+/// heals (by `for`, by a later `heal`, or at the end of the drill), a proxy restart's
+/// `down_for`, an engine's `restart_after`.
+pub fn longest_outage(faults: &[ScheduledFault], drill_ends: Duration) -> Duration {
+    faults
+        .iter()
+        .map(|f| match &f.what {
+            FaultAction::Link { lasts: Some(d), .. } => *d,
+            FaultAction::Link {
+                link, lasts: None, ..
+            } => {
+                let heal = faults.iter().find(|h| {
+                    h.at > f.at && matches!(&h.what, FaultAction::Heal { link: l } if l == link)
+                });
+                heal.map_or(drill_ends, |h| h.at).saturating_sub(f.at)
+            }
+            FaultAction::ProxyRestart { down_for } => *down_for,
+            FaultAction::Engine { restart_after, .. }
+            | FaultAction::Broker { restart_after, .. } => restart_after.unwrap_or_default(),
+            FaultAction::Heal { .. } => Duration::ZERO,
+        })
+        .max()
+        .unwrap_or_default()
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Expectations {
+    pub lost: Option<u64>,
+    pub duplicates: Option<u64>,
+    pub reordered: Option<u64>,
+    pub ledger_closes: bool,
+    pub recovery_within: Option<Duration>,
+}
+
+/// The JSON Schema of the scenario file, generated from the same types the parser reads.
+pub fn json_schema() -> serde_json::Value {
+    let schema = schemars::schema_for!(raw::RawScenario);
+    let mut v = serde_json::to_value(&schema).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert("title".to_string(), "drill scenario".into());
+    }
+    v
+}
+
+/// Reads and validates a scenario file.
+pub fn load(path: &Path) -> Result<Plan, ScenarioError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(path, &text)
+}
+
+/// Validates scenario text; `path` is only used to name the file in errors.
+pub fn parse(path: &Path, text: &str) -> Result<Plan, ScenarioError> {
+    let shown = path.display().to_string();
+    // serde_path_to_error names the field (`workload.duration`) a bad value sits in;
+    // serde-saphyr's own error keeps the line and column.
+    let mut field = String::new();
+    let raw: raw::RawScenario = serde_saphyr::with_deserializer_from_str(text, |de| {
+        serde_path_to_error::deserialize::<_, raw::RawScenario>(de).map_err(|e| {
+            field = e.path().to_string();
+            e.into_inner()
+        })
+    })
+    .map_err(|e| {
+        let (line, column) = e
+            .location()
+            .map(|l| (l.line() as u32, l.column() as u32))
+            .unwrap_or((0, 0));
+        let message = plain_message(&e);
+        let message = if field.is_empty() || field == "." || message.contains("unknown field") {
+            message
+        } else {
+            format!("field `{field}`: {message}")
+        };
+        ScenarioError::Invalid {
+            path: shown.clone(),
+            line,
+            column,
+            message,
+        }
+    })?;
+    validate::validate(raw, path).map_err(|e| ScenarioError::Invalid {
+        path: shown,
+        line: e.at.line() as u32,
+        column: e.at.column() as u32,
+        message: e.message,
+    })
+}
+
+/// serde-saphyr renders a snippet around the error; drill prints `file:line:col: message`, so
+/// keep only the message, and name the field when serde named it.
+fn plain_message(e: &serde_saphyr::Error) -> String {
+    let full = e.to_string();
+    let first = full.lines().next().unwrap_or("invalid scenario").trim();
+    let message = first
+        .strip_prefix("error: ")
+        .unwrap_or(first)
+        .trim()
+        .to_string();
+    // Drop a "line X column Y: " prefix or " at line X column Y" suffix: drill prints
+    // `file:line:column:` itself.
+    let message = match message.strip_prefix("line ") {
+        Some(rest) => match rest.split_once(": ") {
+            Some((pos, msg)) if pos.contains("column") => msg.to_string(),
+            _ => message.clone(),
+        },
+        None => message,
+    };
+    match message.find(" at line ") {
+        Some(i) => message[..i].to_string(),
+        None => message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "\
+name: t
+destination: { kind: mqtt }
+workload: { rate: 100/s, duration: 10s }
+faults:
+  - { at: 2s, link: mqtt, fault: swallow, for: 3s }
+  - { at: 4s, target: engine, action: kill, restart_after: 1s }
+";
+
+    fn err(text: &str) -> String {
+        parse(Path::new("s.yaml"), text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_good_scenario_becomes_a_plan() {
+        let plan = parse(Path::new("s.yaml"), GOOD).unwrap();
+        assert_eq!(plan.workload.total_records(), 1000);
+        assert_eq!(plan.faults.len(), 2);
+        assert!(plan.expect.ledger_closes);
+    }
+
+    #[test]
+    fn unknown_field_names_file_line_column_and_field() {
+        let text = GOOD.replace("fault: swallow", "fualt: swallow");
+        let e = err(&text);
+        assert!(e.starts_with("s.yaml:5:"), "{e}");
+        assert!(e.contains("fualt"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_located() {
+        let e = err(&GOOD.replace("100/s", "-100/s"));
+        assert!(e.starts_with("s.yaml:3:"), "{e}");
+        assert!(e.contains("greater than zero"), "{e}");
+        let e = err(&GOOD.replace("10s", "10 seconds"));
+        assert!(e.starts_with("s.yaml:3:"), "{e}");
+        let e = err(&GOOD.replace("link: mqtt", "link: kafka"));
+        assert!(e.starts_with("s.yaml:5:"), "{e}");
+        assert!(e.contains("faults[0].link"), "{e}");
+    }
+}

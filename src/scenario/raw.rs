@@ -1,0 +1,200 @@
+//! What a scenario file says, before anyone has checked that it makes sense.
+//!
+//! These `Raw*` types mirror the YAML one to one: serde reads them (`deny_unknown_fields`, so a
+//! misspelled field is an error with its line and column), `drill schema` is generated from
+//! them, and [`Spanned`] keeps the location of the values a later check may refuse. They hold
+//! no defaults and no rules: what a field means, which fields go together and what is missing
+//! is decided in `validate.rs`. The raw types of `system.command` live with that section in
+//! `command.rs`.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::command;
+use super::{DestinationKind, Dur, Order, ProcessAction, Promise, Rate, RuntimeChoice};
+use crate::proxy::{Direction, Fault};
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawScenario {
+    #[schemars(with = "String")]
+    pub(super) name: Spanned<String>,
+    #[serde(default)]
+    pub(super) about: Option<String>,
+    #[serde(default)]
+    pub(super) seed: Option<u64>,
+    pub(super) destination: RawDestination,
+    #[serde(default)]
+    pub(super) system: Option<RawSystem>,
+    pub(super) workload: RawWorkload,
+    #[serde(default)]
+    #[schemars(with = "Vec<RawFault>")]
+    pub(super) faults: Vec<Spanned<RawFault>>,
+    #[serde(default)]
+    pub(super) expect: Option<RawExpect>,
+    #[serde(default)]
+    pub(super) drain_timeout: Option<Dur>,
+    #[serde(default)]
+    pub(super) tags: Vec<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDestination {
+    #[schemars(with = "DestinationKind")]
+    pub(super) kind: Spanned<DestinationKind>,
+    #[serde(default)]
+    pub(super) runtime: Option<RuntimeChoice>,
+    #[serde(default)]
+    pub(super) topic: Option<String>,
+    /// NATS only: the stream's duplicate window (default: the longest outage plus the longest
+    /// backoff, at least 2 min).
+    #[serde(default)]
+    #[schemars(with = "Option<Dur>")]
+    pub(super) duplicate_window: Option<Spanned<Dur>>,
+    /// NATS only: a cluster of this many nodes (routes between them, one proxy link each,
+    /// named `nats-1` …). Default 1.
+    #[serde(default)]
+    #[schemars(with = "Option<usize>")]
+    pub(super) nodes: Option<Spanned<usize>>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSystem {
+    #[serde(default)]
+    #[schemars(with = "Option<RawBuiltin>")]
+    pub(super) builtin: Option<Spanned<RawBuiltin>>,
+    /// A user's engine: its argv (see [`command`]).
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>")]
+    pub(super) command: Option<Vec<Spanned<String>>>,
+    #[serde(default)]
+    #[schemars(with = "std::collections::BTreeMap<String, String>")]
+    pub(super) env: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    #[schemars(with = "std::collections::BTreeMap<String, String>")]
+    pub(super) files: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    #[schemars(with = "Option<command::RawIngest>")]
+    pub(super) ingest: Option<Spanned<command::RawIngest>>,
+    #[serde(default)]
+    #[schemars(with = "Option<command::RawReady>")]
+    pub(super) ready: Option<Spanned<command::RawReady>>,
+    #[serde(default)]
+    #[schemars(with = "Option<command::RawStats>")]
+    pub(super) stats: Option<Spanned<command::RawStats>>,
+    #[serde(default)]
+    #[schemars(with = "Option<command::RawWriteKey>")]
+    pub(super) write_key: Option<Spanned<command::RawWriteKey>>,
+    #[serde(default)]
+    pub(super) stop_grace: Option<Dur>,
+    /// What a command engine declares (the built-in engine's is under `builtin`).
+    #[serde(default)]
+    #[schemars(with = "Option<Promise>")]
+    pub(super) promise: Option<Spanned<Promise>>,
+}
+
+#[derive(Debug, Deserialize, Default, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBuiltin {
+    #[serde(default)]
+    pub(super) order: Option<Order>,
+    #[serde(default)]
+    pub(super) promise: Option<Promise>,
+    #[serde(default)]
+    pub(super) keepalive: Option<Dur>,
+    #[serde(default)]
+    pub(super) answer_timeout: Option<Dur>,
+    #[serde(default)]
+    pub(super) window: Option<usize>,
+    #[serde(default)]
+    pub(super) refusals: Option<RawRefusals>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRefusals {
+    pub(super) max: u32,
+    /// `[first, cap]`, e.g. `[1s, 60s]`.
+    pub(super) backoff: [Dur; 2],
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWorkload {
+    pub(super) rate: Rate,
+    pub(super) duration: Dur,
+    #[serde(default)]
+    #[schemars(with = "Option<u32>")]
+    pub(super) keys: Option<Spanned<u32>>,
+    #[serde(default)]
+    pub(super) payload_bytes: Option<usize>,
+    /// Record indices (0-based, in generation order) the destination will refuse: their
+    /// payload is made larger than the broker's message size limit.
+    #[serde(default)]
+    pub(super) poison: Vec<u64>,
+}
+
+// One entry of `faults:`, link and process faults alike; which fields each kind takes is
+// decided in `validate.rs`. (A `///` here would become the schema's description.)
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFault {
+    pub(super) at: Dur,
+    #[serde(default)]
+    pub(super) link: Option<String>,
+    #[serde(default)]
+    pub(super) fault: Option<Fault>,
+    #[serde(default)]
+    pub(super) direction: Option<Direction>,
+    #[serde(default, rename = "for")]
+    pub(super) for_: Option<Dur>,
+    #[serde(default)]
+    pub(super) target: Option<String>,
+    #[serde(default)]
+    pub(super) action: Option<ProcessAction>,
+    #[serde(default)]
+    pub(super) restart_after: Option<Dur>,
+    #[serde(default)]
+    pub(super) wipe_data: Option<bool>,
+    #[serde(default)]
+    pub(super) latency: Option<Dur>,
+    #[serde(default)]
+    pub(super) jitter: Option<Dur>,
+    #[serde(default)]
+    pub(super) bytes_per_s: Option<u64>,
+    #[serde(default)]
+    pub(super) repeat: Option<u32>,
+    #[serde(default)]
+    pub(super) every: Option<Dur>,
+    #[serde(default)]
+    pub(super) down_for: Option<Dur>,
+    /// `target: broker`: which node — `leader` (where the stream's leader is at that instant)
+    /// or a node number from 1.
+    #[serde(default)]
+    pub(super) node: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawExpect {
+    #[serde(default)]
+    pub(super) lost: Option<u64>,
+    #[serde(default)]
+    pub(super) duplicates: Option<u64>,
+    #[serde(default)]
+    pub(super) reordered: Option<u64>,
+    #[serde(default)]
+    pub(super) ledger: Option<LedgerExpectation>,
+    #[serde(default)]
+    pub(super) recovery_within: Option<Dur>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum LedgerExpectation {
+    Closes,
+}

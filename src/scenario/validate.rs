@@ -1,0 +1,799 @@
+//! Raw scenario → [`Plan`]: one function per section, each the owner of its section's fields.
+//!
+//! Sections are checked in the file's order — name, destination, system, workload, faults,
+//! expect — each function taking its raw section and what it needs from the ones before, and
+//! returning its part of the plan or a [`Located`] error: the line and column of the value, a
+//! message that names the field and says what to write instead. Defaults are filled here, once.
+//! Nothing here starts anything; the only thing read is a command engine's template files.
+
+use std::collections::BTreeSet;
+use std::fmt::Display;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_saphyr::{Location, Spanned};
+
+use super::command::{self, Located, at};
+use super::raw::{
+    LedgerExpectation, RawBuiltin, RawDestination, RawExpect, RawFault, RawScenario, RawSystem,
+    RawWorkload,
+};
+use super::{
+    BrokerNode, CommandSpec, Destination, DestinationKind, EngineSpec, Expectations, FaultAction,
+    Plan, ProcessAction, Promise, RuntimeChoice, ScheduledFault, WorkloadSpec, longest_outage,
+};
+use crate::proxy::{Direction, Fault, FaultSpec};
+
+/// Checks every section of `raw`; `source` is the scenario file (its folder holds a command
+/// engine's templates). Errors that belong to no one value point at `name:`.
+pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located> {
+    let anchor = raw.name.referenced;
+    let name = name(&raw.name)?;
+    let mut destination = destination(raw.destination)?;
+    let (engine, command) = system(raw.system, &destination, source, &anchor)?;
+    let workload = workload(raw.workload, destination.kind, &anchor)?;
+    let faults = faults(&raw.faults, &destination, command.is_some())?;
+    let drain_timeout = raw.drain_timeout.map_or(Duration::from_secs(60), |d| d.0);
+    if destination.kind == DestinationKind::Nats && destination.duplicate_window.is_none() {
+        let drill_ends = workload.duration + drain_timeout;
+        destination.duplicate_window = Some(duplicate_window(&faults, drill_ends, &engine));
+    }
+    Ok(Plan {
+        name,
+        about: raw.about,
+        source: source.to_path_buf(),
+        seed: raw.seed.unwrap_or(1),
+        destination,
+        engine,
+        command,
+        workload,
+        faults,
+        expect: expect(raw.expect),
+        drain_timeout,
+        tags: raw.tags,
+    })
+}
+
+/// `name:` names the report folder: letters, digits, `-`, `_` and `.` only.
+fn name(raw: &Spanned<String>) -> Result<String, Located> {
+    let name = raw.value.trim().to_string();
+    let usable = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !usable {
+        return Err(at(
+            &raw.referenced,
+            format!(
+                "field `name`: `{name}` is not a usable name; use letters, digits, `-`, `_` or `.` (it names the report folder)"
+            ),
+        ));
+    }
+    Ok(name)
+}
+
+/// `destination:`: the broker's kind, where it runs and the topic. Only `nats` takes a
+/// `duplicate_window` (left out, it is filled once the faults are known: [`duplicate_window`])
+/// and `nodes` (a cluster of 1 to 5); only `mqtt` has an embedded broker.
+fn destination(raw: RawDestination) -> Result<Destination, Located> {
+    let kind = raw.kind.value;
+    if let Some(w) = &raw.duplicate_window
+        && kind != DestinationKind::Nats
+    {
+        return Err(at(
+            &w.referenced,
+            "field `destination.duplicate_window`: only a `nats` destination has one".to_string(),
+        ));
+    }
+    let runtime = raw.runtime.unwrap_or(RuntimeChoice::Auto);
+    if kind != DestinationKind::Mqtt && runtime == RuntimeChoice::Embedded {
+        return Err(at(
+            &raw.kind.referenced,
+            format!(
+                "field `destination.runtime`: there is no embedded {} broker; use `process` or `auto`",
+                kind.name()
+            ),
+        ));
+    }
+    let nodes = match &raw.nodes {
+        None => 1,
+        Some(n) if kind != DestinationKind::Nats || n.value == 0 || n.value > 5 => {
+            return Err(at(
+                &n.referenced,
+                "field `destination.nodes`: a NATS cluster of 1 to 5 nodes (only `nats` has nodes)"
+                    .to_string(),
+            ));
+        }
+        Some(n) => n.value,
+    };
+    Ok(Destination {
+        kind,
+        nodes,
+        runtime,
+        topic: raw.topic.unwrap_or_else(|| "drill".to_string()),
+        duplicate_window: raw.duplicate_window.map(|w| w.value.0),
+    })
+}
+
+/// `system:`: the built-in engine with its settings under `builtin`, or a user's engine —
+/// `command` and the fields that go with it (checked in `command.rs`) — with the promise it
+/// declares. Either way the [`EngineSpec`] carries the promise of the system under test.
+fn system(
+    raw: Option<RawSystem>,
+    destination: &Destination,
+    source: &Path,
+    anchor: &Location,
+) -> Result<(EngineSpec, Option<CommandSpec>), Located> {
+    let Some(raw) = raw else {
+        return Ok((builtin(RawBuiltin::default(), destination.kind), None));
+    };
+    let Some(argv) = raw.command else {
+        let for_a_command = first_given([
+            ("env", !raw.env.is_empty()),
+            ("files", !raw.files.is_empty()),
+            ("ingest", raw.ingest.is_some()),
+            ("ready", raw.ready.is_some()),
+            ("stats", raw.stats.is_some()),
+            ("write_key", raw.write_key.is_some()),
+            ("stop_grace", raw.stop_grace.is_some()),
+            ("promise", raw.promise.is_some()),
+        ]);
+        if let Some(field) = for_a_command {
+            return Err(at(
+                anchor,
+                format!(
+                    "field `system.{field}`: goes with `system.command` (a user's engine); the built-in engine takes its settings under `system.builtin`"
+                ),
+            ));
+        }
+        let settings = raw.builtin.map(|b| b.value).unwrap_or_default();
+        return Ok((builtin(settings, destination.kind), None));
+    };
+    let anchor = argv.first().map_or(*anchor, |a| a.referenced);
+    if let Some(b) = &raw.builtin {
+        return Err(at(
+            &b.referenced,
+            "field `system.builtin`: a system is either `builtin` or `command`, not both"
+                .to_string(),
+        ));
+    }
+    let spec = command::validate(
+        command::RawCommand {
+            command: argv,
+            env: raw.env,
+            files: raw.files,
+            ingest: raw.ingest,
+            ready: raw.ready,
+            stats: raw.stats,
+            write_key: raw.write_key,
+            stop_grace: raw.stop_grace,
+        },
+        &destination.link_names(),
+        &command::scenario_dir(source),
+        &anchor,
+    )?;
+    // A user's engine has none of the built-in engine's settings; only its promise counts.
+    let engine = EngineSpec {
+        promise: raw.promise.map_or(Promise::AtLeastOnce, |p| p.value),
+        ..builtin(RawBuiltin::default(), destination.kind)
+    };
+    Ok((engine, Some(spec)))
+}
+
+/// `system.builtin:`, with its defaults. The promise defaults to what the destination lets the
+/// built-in engine keep: `effectively_once` on NATS (the stream drops a resend it already
+/// has), `at_least_once` elsewhere.
+fn builtin(raw: RawBuiltin, kind: DestinationKind) -> EngineSpec {
+    EngineSpec {
+        order: raw.order.unwrap_or_default(),
+        promise: raw.promise.unwrap_or(match kind {
+            DestinationKind::Nats => Promise::EffectivelyOnce,
+            _ => Promise::AtLeastOnce,
+        }),
+        keepalive: raw.keepalive.map_or(Duration::from_secs(2), |d| d.0),
+        answer_timeout: raw.answer_timeout.map_or(Duration::from_secs(3), |d| d.0),
+        window: raw.window.unwrap_or(64).max(1),
+        refusals: raw
+            .refusals
+            .map_or((10, Duration::from_secs(1), Duration::from_secs(60)), |r| {
+                (
+                    r.max.max(1),
+                    r.backoff[0].0,
+                    r.backoff[1].0.max(r.backoff[0].0),
+                )
+            }),
+    }
+}
+
+/// `workload:`: how fast, how long, over how many keys, and which records are poison — each
+/// one of the records the drill generates, on a destination that can refuse it.
+fn workload(
+    raw: RawWorkload,
+    kind: DestinationKind,
+    anchor: &Location,
+) -> Result<WorkloadSpec, Located> {
+    let keys = match raw.keys {
+        Some(k) if k.value == 0 => {
+            return Err(at(
+                &k.referenced,
+                "field `workload.keys`: must be at least 1".to_string(),
+            ));
+        }
+        Some(k) => k.value,
+        None => 4,
+    };
+    let workload = WorkloadSpec {
+        rate_per_s: raw.rate.0,
+        duration: raw.duration.0,
+        keys,
+        payload_bytes: raw.payload_bytes.unwrap_or(120),
+        poison: raw.poison,
+    };
+    let total = workload.total_records();
+    if let Some(&p) = workload.poison.iter().find(|&&p| p >= total) {
+        return Err(at(
+            anchor,
+            format!(
+                "field `workload.poison`: record {p} is past the last of {total} records (indices start at 0)"
+            ),
+        ));
+    }
+    if kind == DestinationKind::Kafka && !workload.poison.is_empty() {
+        return Err(at(
+            anchor,
+            "field `workload.poison`: poison records need a destination that refuses one oversized write (`mqtt` or `nats`); remove it for `kafka`".to_string(),
+        ));
+    }
+    Ok(workload)
+}
+
+/// `faults:`, in time order. Each entry is a link fault (`link:`) or a process fault
+/// (`target:`); a flapping link fault stands for several.
+fn faults(
+    raw: &[Spanned<RawFault>],
+    destination: &Destination,
+    command_engine: bool,
+) -> Result<Vec<ScheduledFault>, Located> {
+    let link_names = destination.link_names();
+    let links: BTreeSet<&str> = link_names.iter().map(String::as_str).collect();
+    let mut faults = Vec::new();
+    for (i, spanned) in raw.iter().enumerate() {
+        let entry = FaultEntry {
+            i,
+            raw: &spanned.value,
+            location: spanned.referenced,
+        };
+        match (&entry.raw.link, &entry.raw.target) {
+            (Some(_), Some(_)) => {
+                return Err(entry.whole(
+                    "give either `link` (a network fault) or `target` (a process fault), not both",
+                ));
+            }
+            (None, None) => {
+                return Err(entry.whole(format!(
+                    "missing `link` (e.g. link: {}) or `target` (e.g. target: engine)",
+                    destination.link_name()
+                )));
+            }
+            (Some(link), None) => faults.extend(link_fault(&entry, link, &links)?),
+            (None, Some(target)) => faults.push(process_fault(
+                &entry,
+                target,
+                destination.nodes,
+                command_engine,
+            )?),
+        }
+    }
+    faults.sort_by_key(|f| f.at);
+    Ok(faults)
+}
+
+/// One entry of `faults:`: what it says, and where, so that every error about it names
+/// `faults[i]` and points at the entry.
+struct FaultEntry<'a> {
+    i: usize,
+    raw: &'a RawFault,
+    location: Location,
+}
+
+impl FaultEntry<'_> {
+    /// An error about one field of the entry.
+    fn field(&self, name: &str, message: impl Display) -> Located {
+        at(
+            &self.location,
+            format!("field `faults[{}].{name}`: {message}", self.i),
+        )
+    }
+
+    /// An error about the entry as a whole.
+    fn whole(&self, message: impl Display) -> Located {
+        at(&self.location, format!("faults[{}]: {message}", self.i))
+    }
+}
+
+/// A link fault: `fault` on `link` (both ways unless `direction` says otherwise) from `at`,
+/// for a while (`for`), flapping (`repeat`, `every`), or until a later `heal`. Which kinds take
+/// `latency`, `jitter`, `bytes_per_s`, `for` and `repeat` is [`LinkSetting::taken_by`]'s to say.
+fn link_fault(
+    entry: &FaultEntry,
+    link: &str,
+    links: &BTreeSet<&str>,
+) -> Result<Vec<ScheduledFault>, Located> {
+    let f = entry.raw;
+    if !links.contains(link) {
+        return Err(entry.field(
+            "link",
+            format!(
+                "no link named `{link}`; this scenario has: {}",
+                links.iter().copied().collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    }
+    let of_a_process_fault = first_given([
+        ("action", f.action.is_some()),
+        ("restart_after", f.restart_after.is_some()),
+        ("wipe_data", f.wipe_data.is_some()),
+        ("down_for", f.down_for.is_some()),
+    ]);
+    if let Some(name) = of_a_process_fault {
+        return Err(entry.field(name, "only process faults (`target:`) take it"));
+    }
+    let fault = f.fault.ok_or_else(|| {
+        entry.field(
+            "fault",
+            "missing; one of refuse, reset, swallow, hang, delay, throttle, heal",
+        )
+    })?;
+    let taken = LinkSetting::taken_by(fault);
+    if let Some(setting) = LinkSetting::ALL
+        .into_iter()
+        .find(|s| s.given(f) && !taken.contains(s))
+    {
+        return Err(setting.refused(entry, fault));
+    }
+    let spec = FaultSpec {
+        fault,
+        direction: f.direction.unwrap_or(Direction::Both),
+        latency: f.latency.map(|d| d.0).unwrap_or_default(),
+        jitter: f.jitter.map(|d| d.0).unwrap_or_default(),
+        bytes_per_s: f.bytes_per_s.unwrap_or(0),
+        limit_bytes: 0,
+    };
+    spec.validate().map_err(|m| entry.whole(m))?;
+    let link = link.to_string();
+    if fault == Fault::Heal {
+        let what = FaultAction::Heal { link };
+        return Ok(vec![ScheduledFault { at: f.at.0, what }]);
+    }
+    let lasts = f.for_.map(|d| d.0);
+    let (times, every) = flapping(entry, lasts)?;
+    Ok((0..times)
+        .map(|k| ScheduledFault {
+            at: f.at.0 + every * k,
+            what: FaultAction::Link {
+                link: link.clone(),
+                spec,
+                lasts,
+            },
+        })
+        .collect())
+}
+
+/// The fields of a link fault that not every kind of fault takes. (`direction` and `every` any
+/// kind takes; `every` goes with `repeat`, see [`flapping`].)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinkSetting {
+    Latency,
+    Jitter,
+    BytesPerS,
+    For,
+    Repeat,
+}
+
+/// Every kind of fault a scenario can write, for [`LinkSetting::refused`] to name the one that
+/// takes a setting.
+const SCENARIO_FAULTS: [Fault; 7] = [
+    Fault::Refuse,
+    Fault::Reset,
+    Fault::Swallow,
+    Fault::Hang,
+    Fault::Delay,
+    Fault::Throttle,
+    Fault::Heal,
+];
+
+impl LinkSetting {
+    /// In the order they are checked: the first one a fault does not take is reported.
+    const ALL: [LinkSetting; 5] = [
+        LinkSetting::Latency,
+        LinkSetting::Jitter,
+        LinkSetting::BytesPerS,
+        LinkSetting::For,
+        LinkSetting::Repeat,
+    ];
+
+    /// Which settings each kind of link fault takes: the one place that says so.
+    fn taken_by(fault: Fault) -> &'static [LinkSetting] {
+        use LinkSetting::{BytesPerS, For, Jitter, Latency, Repeat};
+        match fault {
+            // Every chunk arrives `latency` ± `jitter` late; for a while, or flapping.
+            Fault::Delay => &[Latency, Jitter, For, Repeat],
+            // At most `bytes_per_s` get through; for a while, or flapping.
+            Fault::Throttle => &[BytesPerS, For, Repeat],
+            // An outage: for a while, flapping, or until a `heal`.
+            Fault::Refuse | Fault::Reset | Fault::Swallow | Fault::Hang => &[For, Repeat],
+            // Back to pass-through, at once and for good.
+            Fault::Heal => &[],
+            // Only the Toxiproxy-shaped API sets it; a scenario cannot write it.
+            Fault::LimitData => &[],
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            LinkSetting::Latency => "latency",
+            LinkSetting::Jitter => "jitter",
+            LinkSetting::BytesPerS => "bytes_per_s",
+            LinkSetting::For => "for",
+            LinkSetting::Repeat => "repeat",
+        }
+    }
+
+    fn given(self, f: &RawFault) -> bool {
+        match self {
+            LinkSetting::Latency => f.latency.is_some(),
+            LinkSetting::Jitter => f.jitter.is_some(),
+            LinkSetting::BytesPerS => f.bytes_per_s.is_some(),
+            LinkSetting::For => f.for_.is_some(),
+            LinkSetting::Repeat => f.repeat.is_some(),
+        }
+    }
+
+    /// The error for a `fault` that was given this setting and does not take it.
+    fn refused(self, entry: &FaultEntry, fault: Fault) -> Located {
+        match self {
+            LinkSetting::For | LinkSetting::Repeat => {
+                entry.whole(format!("a {} has no `for` or `repeat`", fault.name()))
+            }
+            LinkSetting::Latency | LinkSetting::Jitter | LinkSetting::BytesPerS => {
+                let owner = SCENARIO_FAULTS
+                    .into_iter()
+                    .find(|k| LinkSetting::taken_by(*k).contains(&self))
+                    .map_or("another fault", Fault::name);
+                entry.field(self.name(), format!("only `{owner}` takes it"))
+            }
+        }
+    }
+}
+
+/// `repeat: N, every: P` makes a flapping link: N outages of `for` each, one every P. Without
+/// either, a link fault happens once. Returns how many times, and how far apart.
+fn flapping(entry: &FaultEntry, lasts: Option<Duration>) -> Result<(u32, Duration), Located> {
+    match (entry.raw.repeat, entry.raw.every) {
+        (None, None) => Ok((1, Duration::ZERO)),
+        (Some(n), Some(every)) => {
+            let Some(lasts) = lasts else {
+                return Err(entry.field(
+                    "repeat",
+                    "a repeated fault needs `for` (how long each outage lasts)",
+                ));
+            };
+            if n == 0 || every.0 <= lasts {
+                return Err(entry.field(
+                    "every",
+                    "`every` must be longer than `for`, and `repeat` at least 1 (e.g. for: 2s, every: 4s, repeat: 30)",
+                ));
+            }
+            Ok((n, every.0))
+        }
+        _ => {
+            Err(entry
+                .whole("`repeat` and `every` go together (e.g. for: 2s, every: 4s, repeat: 30)"))
+        }
+    }
+}
+
+/// A process fault: `action` on `target` at `at`. The engine, a broker node and the proxy each
+/// take their own actions and fields ([`engine_fault`], [`broker_fault`], [`proxy_fault`]).
+fn process_fault(
+    entry: &FaultEntry,
+    target: &str,
+    nodes: usize,
+    command_engine: bool,
+) -> Result<ScheduledFault, Located> {
+    let f = entry.raw;
+    let of_a_link_fault = first_given([
+        ("fault", f.fault.is_some()),
+        ("direction", f.direction.is_some()),
+        ("for", f.for_.is_some()),
+        ("latency", f.latency.is_some()),
+        ("jitter", f.jitter.is_some()),
+        ("bytes_per_s", f.bytes_per_s.is_some()),
+        ("repeat", f.repeat.is_some()),
+        ("every", f.every.is_some()),
+    ]);
+    if let Some(name) = of_a_link_fault {
+        return Err(entry.field(
+            name,
+            "only link faults (`link:`) take it; a process fault uses `action`",
+        ));
+    }
+    let action = f
+        .action
+        .ok_or_else(|| entry.field("action", "missing; kill or stop (engine), restart (proxy)"))?;
+    let what = match target {
+        "engine" => engine_fault(entry, action, command_engine)?,
+        "broker" => broker_fault(entry, action, nodes)?,
+        "proxy" => proxy_fault(entry, action)?,
+        other => {
+            return Err(entry.field(
+                "target",
+                format!(
+                    "`{other}` is not a target this build can act on; use `engine`, `broker` or `proxy`"
+                ),
+            ));
+        }
+    };
+    Ok(ScheduledFault { at: f.at.0, what })
+}
+
+/// `target: engine`: `kill` or `stop` the engine — or `pause` a user's engine — and start or
+/// resume it `restart_after` later (a pause needs it); `wipe_data` removes its data directory.
+fn engine_fault(
+    entry: &FaultEntry,
+    action: ProcessAction,
+    command_engine: bool,
+) -> Result<FaultAction, Located> {
+    let f = entry.raw;
+    match action {
+        ProcessAction::Kill | ProcessAction::Stop => {}
+        ProcessAction::Pause if !command_engine => {
+            return Err(entry.field(
+                "action",
+                "pausing the built-in engine is not supported; use kill or stop (a user's engine, `system.command`, can be paused)",
+            ));
+        }
+        ProcessAction::Pause if f.restart_after.is_none() => {
+            return Err(entry.field(
+                "action",
+                "a paused engine needs `restart_after` (when it is resumed)",
+            ));
+        }
+        ProcessAction::Pause => {}
+        ProcessAction::Restart => return Err(cannot(entry, "engine", action)),
+    }
+    if f.down_for.is_some() {
+        return Err(entry.field("down_for", "the engine uses `restart_after`"));
+    }
+    Ok(FaultAction::Engine {
+        action,
+        restart_after: f.restart_after.map(|d| d.0),
+        wipe_data: f.wipe_data.unwrap_or(false),
+    })
+}
+
+/// `target: broker`: `kill`, `stop` or `pause` one broker node — `node: leader` (where a
+/// cluster's stream leader is at that instant) or its number, 1 unless given — and start or
+/// resume it `restart_after` later (a pause needs it).
+fn broker_fault(
+    entry: &FaultEntry,
+    action: ProcessAction,
+    nodes: usize,
+) -> Result<FaultAction, Located> {
+    let f = entry.raw;
+    match action {
+        ProcessAction::Kill | ProcessAction::Stop | ProcessAction::Pause => {}
+        ProcessAction::Restart => return Err(cannot(entry, "broker", action)),
+    }
+    let node = match f.node.as_deref() {
+        None => BrokerNode::Number(1),
+        Some("leader") if nodes > 1 => BrokerNode::Leader,
+        Some(n) => match n.parse::<usize>() {
+            Ok(n) if (1..=nodes).contains(&n) => BrokerNode::Number(n),
+            _ => {
+                return Err(entry.field(
+                    "node",
+                    format!(
+                        "`{n}`; use `leader` (a cluster's stream leader) or a node number 1..={nodes}"
+                    ),
+                ));
+            }
+        },
+    };
+    if action == ProcessAction::Pause && f.restart_after.is_none() {
+        return Err(entry.field(
+            "action",
+            "a paused broker needs `restart_after` (when it resumes)",
+        ));
+    }
+    Ok(FaultAction::Broker {
+        node,
+        action,
+        restart_after: f.restart_after.map(|d| d.0),
+    })
+}
+
+/// `target: proxy`, `action: restart`: every connection dropped, the port refused for
+/// `down_for` (1 s unless given), then listening again on the same port.
+fn proxy_fault(entry: &FaultEntry, action: ProcessAction) -> Result<FaultAction, Located> {
+    let f = entry.raw;
+    match action {
+        ProcessAction::Restart => {}
+        ProcessAction::Kill | ProcessAction::Stop | ProcessAction::Pause => {
+            return Err(cannot(entry, "proxy", action));
+        }
+    }
+    if f.restart_after.is_some() || f.wipe_data.is_some() {
+        return Err(entry
+            .whole("a proxy restart takes `down_for` (how long the port refuses), nothing else"));
+    }
+    Ok(FaultAction::ProxyRestart {
+        down_for: f.down_for.map_or(Duration::from_secs(1), |d| d.0),
+    })
+}
+
+/// A process fault whose target does not take its action.
+fn cannot(entry: &FaultEntry, target: &str, action: ProcessAction) -> Located {
+    entry.field(
+        "action",
+        format!(
+            "`{target}` cannot `{action:?}`; the engine takes kill or stop, a broker kill, stop or pause, the proxy restart"
+        ),
+    )
+}
+
+/// A NATS stream's duplicate window when the scenario gives none: a record resent after the
+/// longest outage, the longest backoff and two answer timeouts must still be recognised as a
+/// resend. At least 2 min.
+fn duplicate_window(
+    faults: &[ScheduledFault],
+    drill_ends: Duration,
+    engine: &EngineSpec,
+) -> Duration {
+    let window = longest_outage(faults, drill_ends) + engine.refusals.2 + 2 * engine.answer_timeout;
+    window.max(Duration::from_secs(120))
+}
+
+/// `expect:`; left out, nothing may be lost and the ledger must close.
+fn expect(raw: Option<RawExpect>) -> Expectations {
+    match raw {
+        Some(e) => Expectations {
+            lost: e.lost,
+            duplicates: e.duplicates,
+            reordered: e.reordered,
+            ledger_closes: e.ledger == Some(LedgerExpectation::Closes),
+            recovery_within: e.recovery_within.map(|d| d.0),
+        },
+        None => Expectations {
+            lost: Some(0),
+            ledger_closes: true,
+            ..Expectations::default()
+        },
+    }
+}
+
+/// The first of `fields` (name, given) the scenario gives, in the order listed.
+fn first_given<const N: usize>(fields: [(&'static str, bool); N]) -> Option<&'static str> {
+    fields
+        .into_iter()
+        .find(|(_, given)| *given)
+        .map(|(name, _)| name)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::super::{BrokerNode, FaultAction, Promise, parse};
+
+    fn err(text: &str) -> String {
+        parse(Path::new("s.yaml"), text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_nats_destination_gets_a_duplicate_window_longer_than_its_outages() {
+        let text = "name: n\ndestination: { kind: nats }\nworkload: { rate: 10/s, duration: 10m }\nfaults:\n  - { at: 10s, link: nats, fault: swallow, direction: downstream, for: 5m }\n";
+        let plan = parse(Path::new("n.yaml"), text).unwrap();
+        assert_eq!(plan.engine.promise, Promise::EffectivelyOnce);
+        // 5 min outage + 60 s backoff cap + twice the 3 s answer timeout.
+        assert_eq!(
+            plan.destination.duplicate_window,
+            Some(Duration::from_secs(300 + 60 + 6))
+        );
+        let short = text.replace("for: 5m", "for: 5s");
+        let plan = parse(Path::new("n.yaml"), &short).unwrap();
+        assert_eq!(
+            plan.destination.duplicate_window,
+            Some(Duration::from_secs(120))
+        );
+        let e = err(&text.replace("kind: nats }", "kind: nats, runtime: embedded }"));
+        assert!(e.contains("no embedded nats broker"), "{e}");
+        let e = err(&text
+            .replace("kind: nats }", "kind: mqtt, duplicate_window: 1m }")
+            .replace("link: nats", "link: mqtt"));
+        assert!(e.contains("only a `nats` destination"), "{e}");
+        let cluster = text
+            .replace("kind: nats }", "kind: nats, nodes: 3 }")
+            .replace("link: nats,", "link: nats-2,")
+            + "  - { at: 20s, target: broker, node: leader, action: kill, restart_after: 5s }\n";
+        let plan = parse(Path::new("n.yaml"), &cluster).unwrap();
+        assert_eq!(
+            plan.destination.link_names(),
+            ["nats-1", "nats-2", "nats-3"]
+        );
+        assert!(matches!(
+            plan.faults[1].what,
+            FaultAction::Broker {
+                node: BrokerNode::Leader,
+                ..
+            }
+        ));
+        let e = err(&cluster.replace("node: leader", "node: 4"));
+        assert!(e.contains("node number 1..=3"), "{e}");
+        let e = err(&text.replace("kind: nats }", "kind: mqtt, nodes: 3 }"));
+        assert!(e.contains("only `nats` has nodes"), "{e}");
+        let e = err(&text.replace("kind: nats }", "kind: kafka, runtime: embedded }"));
+        assert!(e.contains("no embedded kafka broker"), "{e}");
+    }
+
+    #[test]
+    fn a_flapping_link_and_a_proxy_restart() {
+        let text = "name: f\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 2m }\nfaults:\n  - { at: 10s, link: mqtt, fault: refuse, for: 2s, every: 4s, repeat: 30 }\n  - { at: 5s, target: proxy, action: restart, down_for: 3s }\n  - { at: 1s, link: mqtt, fault: delay, direction: downstream, latency: 100ms, jitter: 10ms }\n";
+        let plan = parse(Path::new("f.yaml"), text).unwrap();
+        assert_eq!(plan.faults.len(), 32);
+        assert_eq!(
+            plan.faults.last().unwrap().at,
+            Duration::from_secs(10 + 29 * 4)
+        );
+        assert!(
+            matches!(plan.faults[1].what, FaultAction::ProxyRestart { down_for } if down_for == Duration::from_secs(3))
+        );
+        let e = err(&text.replace("every: 4s", "every: 1s"));
+        assert!(e.starts_with("s.yaml:5:"), "{e}");
+        let e = err(&text.replace("latency: 100ms, jitter: 10ms", ""));
+        assert!(e.contains("`delay` needs a latency"), "{e}");
+        let e = err(&text.replace("fault: delay", "fault: swallow"));
+        assert!(e.contains("only `delay` takes it"), "{e}");
+    }
+
+    #[test]
+    fn each_kind_of_link_fault_takes_its_own_settings() {
+        let fault = |f: &str| {
+            format!(
+                "name: k\ndestination: {{ kind: mqtt }}\nworkload: {{ rate: 10/s, duration: 1m }}\nfaults:\n  - {{ at: 1s, link: mqtt, {f} }}\n"
+            )
+        };
+        let e = err(&fault("fault: throttle, latency: 1s, bytes_per_s: 10"));
+        assert!(
+            e.ends_with("field `faults[0].latency`: only `delay` takes it"),
+            "{e}"
+        );
+        let e = err(&fault("fault: delay, latency: 1s, bytes_per_s: 10"));
+        assert!(
+            e.ends_with("field `faults[0].bytes_per_s`: only `throttle` takes it"),
+            "{e}"
+        );
+        let e = err(&fault("fault: heal, for: 1s"));
+        assert!(
+            e.ends_with("faults[0]: a heal has no `for` or `repeat`"),
+            "{e}"
+        );
+        let e = err(&fault("fault: heal, jitter: 1s, repeat: 2"));
+        assert!(
+            e.ends_with("field `faults[0].jitter`: only `delay` takes it"),
+            "{e}"
+        );
+        let e = err(&fault("fault: swallow, wipe_data: true"));
+        assert!(
+            e.ends_with("field `faults[0].wipe_data`: only process faults (`target:`) take it"),
+            "{e}"
+        );
+        let plan = parse(
+            Path::new("k.yaml"),
+            &fault("fault: throttle, bytes_per_s: 10, for: 1s, every: 3s, repeat: 2"),
+        )
+        .unwrap();
+        assert_eq!(plan.faults.len(), 2);
+    }
+}
