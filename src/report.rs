@@ -97,6 +97,9 @@ pub struct Facts {
     /// Why the drill proved nothing, if it did not: a fault that met no traffic, records that
     /// went around the proxy. Any reason makes the verdict fail.
     pub inconclusive: Vec<String>,
+    /// How long the drain took after the workload and the timeline (until the engine said
+    /// nothing waits, or arrivals stopped, and the reader caught up).
+    pub drain_ms: u64,
     /// The system's own account at the end (`None`: it gave none, or did not answer).
     pub engine: Option<Account>,
     /// Whether the system gives an account at all (a user's engine without `stats` does not:

@@ -286,6 +286,8 @@ pub struct Reconciliation {
     pub recovered: u64,
     /// … of which not found (the engine did not take them).
     pub not_accepted: u64,
+    /// The most copies of any one record at the destination (0 when nothing arrived).
+    pub max_copies: u64,
     /// Ids of the first missing records, for the report.
     pub missing_examples: Vec<String>,
     /// Ids that arrived more than once, for the report.
@@ -333,6 +335,7 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
                 match found {
                     Some(c) => {
                         rec.delivered += 1;
+                        rec.max_copies = rec.max_copies.max(c.len() as u64);
                         let extra = c.len() as u64 - 1;
                         if extra > 0 {
                             rec.duplicates += extra;

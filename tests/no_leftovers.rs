@@ -275,7 +275,7 @@ fn an_unwritable_report_exits_3_and_leaves_no_child() {
         "name: short\ndestination: { kind: mqtt, topic: t/short }\nworkload: { rate: 20/s, duration: 6s }\n",
     )
     .unwrap();
-    let mut drill = Command::new(env!("CARGO_BIN_EXE_drill"))
+    let drill = Command::new(env!("CARGO_BIN_EXE_drill"))
         .args(["run", &file.display().to_string(), "--out"])
         .arg(&out)
         .stdout(Stdio::null())

@@ -330,6 +330,7 @@ mod tests {
             reconciliation: reconcile(&sent, &received),
             allowance: allowance(promise, &sent, &received, &excuses_view),
             inconclusive: Vec::new(),
+            drain_ms: 0,
             engine: None,
             gives_account: false,
             system: "test".to_string(),

@@ -367,7 +367,9 @@ async fn drive(
         t0.elapsed().as_secs(),
         plan.drain_timeout
     ));
+    let drain_started = t0.elapsed();
     let final_stats = drain::drain(system, &reader, plan.drain_timeout, &mut notes, cancel).await?;
+    let drain_ms = ms(t0.elapsed().saturating_sub(drain_started));
     sampler.abort();
     let _ = sampler.await;
     progress::finish();
@@ -445,6 +447,7 @@ async fn drive(
         reconciliation,
         allowance,
         inconclusive,
+        drain_ms,
         engine: final_stats,
         gives_account,
         system: system.describe(),
