@@ -359,13 +359,43 @@ pub fn judge(facts: &Facts) -> Report {
     }
     // Data at the destination that the engine never accepted (a probe that wrote, a record
     // the source was told was refused) fails the drill unless the scenario allows some.
-    let unexpected_allowed = 0u64;
-    check(
-        "unexpected",
-        unexpected_allowed.to_string(),
-        r.unexpected.to_string(),
-        r.unexpected <= unexpected_allowed,
-    );
+    if let Some(n) = e.unexpected {
+        check(
+            "unexpected",
+            n.to_string(),
+            r.unexpected.to_string(),
+            r.unexpected <= n,
+        );
+    }
+    // Set aside: exactly as many as the destination refused (drill's brokers refuse only the
+    // planted poison records), so drops reported as "failed" do not pass.
+    if let Some(n) = e.failed {
+        check("failed", format!("= {n}"), failed.to_string(), failed == n);
+    }
+    if let Some(n) = e.not_accepted {
+        check(
+            "ingests not accepted",
+            n.to_string(),
+            r.not_accepted.to_string(),
+            r.not_accepted <= n,
+        );
+    }
+    if let Some(n) = e.max_copies {
+        check(
+            "copies of one record",
+            format!("≤ {n}"),
+            r.max_copies.to_string(),
+            r.max_copies <= n,
+        );
+    }
+    if let Some(bound) = e.drain_within {
+        check(
+            "drain",
+            format!("≤ {} ms", bound.as_millis()),
+            format!("{} ms", facts.drain_ms),
+            u128::from(facts.drain_ms) <= bound.as_millis(),
+        );
+    }
     if let Some(n) = e.duplicates {
         check(
             &format!("duplicates beyond {}", facts.plan.engine.promise.name()),

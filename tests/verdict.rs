@@ -63,3 +63,29 @@ expect: {{ lost: 0, duplicates: 0 }}
         "{headline}"
     );
 }
+
+#[test]
+fn a_fault_after_the_workload_is_invalid_unless_said_and_then_inconclusive() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = |extra: &str| {
+        format!(
+            "name: late\ndestination: {{ kind: mqtt, runtime: process, topic: drill/late }}\nworkload: {{ rate: 20/s, duration: 4s }}\nfaults:\n  - {{ at: 6s, link: mqtt, fault: swallow, for: 2s{extra} }}\ndrain_timeout: 10s\n"
+        )
+    };
+    // As a new user would write it: refused at parse time, with the place.
+    let (o, _) = run(dir.path(), "late", &text(""));
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("late.yaml:5:5: field `faults[0].at`"), "{err}");
+    assert!(err.contains("after_workload: true"), "{err}");
+    // Said on purpose: it runs, meets nothing (everything was delivered long before), and the
+    // drill is inconclusive instead of "PASS — nothing lost".
+    let (o, report) = run(dir.path(), "late", &text(", after_workload: true"));
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert_eq!(report["ledger"]["lost"], 0);
+    let headline = report["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with("Inconclusive: the fault at 6.0 s (link mqtt swallow) met no traffic"),
+        "{headline}"
+    );
+}

@@ -294,6 +294,19 @@ pub struct Expectations {
     pub reordered: Option<u64>,
     pub ledger_closes: bool,
     pub recovery_within: Option<Duration>,
+    /// Records set aside as failed: exactly this many (default: the number of poison records,
+    /// the only writes drill's brokers refuse), so that an engine that quietly drops records
+    /// and calls them failed does not pass.
+    pub failed: Option<u64>,
+    /// Copies at the destination the engine never accepted (default 0).
+    pub unexpected: Option<u64>,
+    /// Ingests whose answer was lost and that never reached the destination (no default).
+    pub not_accepted: Option<u64>,
+    /// How long the drain may take after the workload and the timeline.
+    pub drain_within: Option<Duration>,
+    /// The most copies of one record (a correct at-least-once engine makes at most 2 after
+    /// one cut).
+    pub max_copies: Option<u64>,
 }
 
 /// The JSON Schema of the scenario file, generated from the same types the parser reads.

@@ -125,13 +125,16 @@ pub(super) struct RawRefusals {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawWorkload {
-    pub(super) rate: Rate,
-    pub(super) duration: Dur,
+    #[schemars(with = "Rate")]
+    pub(super) rate: Spanned<Rate>,
+    #[schemars(with = "Dur")]
+    pub(super) duration: Spanned<Dur>,
     #[serde(default)]
     #[schemars(with = "Option<u32>")]
     pub(super) keys: Option<Spanned<u32>>,
     #[serde(default)]
-    pub(super) payload_bytes: Option<usize>,
+    #[schemars(with = "Option<usize>")]
+    pub(super) payload_bytes: Option<Spanned<usize>>,
     /// Record indices (0-based, in generation order) the destination will refuse: their
     /// payload is made larger than the broker's message size limit.
     #[serde(default)]
@@ -176,6 +179,9 @@ pub(super) struct RawFault {
     /// or a node number from 1.
     #[serde(default)]
     pub(super) node: Option<String>,
+    /// A fault that starts once the workload has ended (during the drain): said on purpose.
+    #[serde(default)]
+    pub(super) after_workload: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -191,6 +197,16 @@ pub(super) struct RawExpect {
     pub(super) ledger: Option<LedgerExpectation>,
     #[serde(default)]
     pub(super) recovery_within: Option<Dur>,
+    #[serde(default)]
+    pub(super) failed: Option<u64>,
+    #[serde(default)]
+    pub(super) unexpected: Option<u64>,
+    #[serde(default)]
+    pub(super) not_accepted: Option<u64>,
+    #[serde(default)]
+    pub(super) drain_within: Option<Dur>,
+    #[serde(default)]
+    pub(super) max_copies: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]

@@ -32,12 +32,27 @@ pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located>
     let mut destination = destination(raw.destination)?;
     let (engine, command) = system(raw.system, &destination, source, &anchor)?;
     let workload = workload(raw.workload, destination.kind, &anchor)?;
-    let faults = faults(&raw.faults, &destination, command.is_some())?;
+    let faults = faults(
+        &raw.faults,
+        &destination,
+        command.is_some(),
+        workload.duration,
+    )?;
+    if faults.len() > MAX_FAULTS {
+        return Err(at(
+            &anchor,
+            format!(
+                "field `faults`: {} faults once repeats are counted; at most {MAX_FAULTS}",
+                faults.len()
+            ),
+        ));
+    }
     let drain_timeout = raw.drain_timeout.map_or(Duration::from_secs(60), |d| d.0);
     if destination.kind == DestinationKind::Nats && destination.duplicate_window.is_none() {
         let drill_ends = workload.duration + drain_timeout;
         destination.duplicate_window = Some(duplicate_window(&faults, drill_ends, &engine));
     }
+    let poison = workload.poison.len() as u64;
     Ok(Plan {
         name,
         about: raw.about,
@@ -48,7 +63,7 @@ pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located>
         command,
         workload,
         faults,
-        expect: expect(raw.expect),
+        expect: expect(raw.expect, poison),
         drain_timeout,
         tags: raw.tags,
     })
@@ -213,23 +228,68 @@ fn workload(
     anchor: &Location,
 ) -> Result<WorkloadSpec, Located> {
     let keys = match raw.keys {
-        Some(k) if k.value == 0 => {
+        Some(k) if k.value == 0 || k.value > MAX_KEYS => {
             return Err(at(
                 &k.referenced,
-                "field `workload.keys`: must be at least 1".to_string(),
+                format!("field `workload.keys`: 1 to {MAX_KEYS}"),
             ));
         }
         Some(k) => k.value,
         None => 4,
     };
+    // Bounds first: nothing below allocates in proportion to a number from the file before
+    // it is checked (the workload keeps every record it generates until the verdict).
+    if raw.rate.value.0 > MAX_RATE {
+        return Err(at(
+            &raw.rate.referenced,
+            format!(
+                "field `workload.rate`: at most {MAX_RATE}/s (drill generates and reads back every record itself on this machine)"
+            ),
+        ));
+    }
+    if raw.duration.value.0 > MAX_DURATION {
+        return Err(at(
+            &raw.duration.referenced,
+            format!(
+                "field `workload.duration`: at most {} h",
+                MAX_DURATION.as_secs() / 3600
+            ),
+        ));
+    }
+    let payload_bytes = match raw.payload_bytes {
+        Some(p) if p.value > MAX_PAYLOAD => {
+            return Err(at(
+                &p.referenced,
+                format!("field `workload.payload_bytes`: at most {MAX_PAYLOAD} bytes"),
+            ));
+        }
+        Some(p) => p.value,
+        None => 120,
+    };
+    if raw.poison.len() > MAX_POISON {
+        return Err(at(
+            anchor,
+            format!("field `workload.poison`: at most {MAX_POISON} poison records"),
+        ));
+    }
     let workload = WorkloadSpec {
-        rate_per_s: raw.rate.0,
-        duration: raw.duration.0,
+        rate_per_s: raw.rate.value.0,
+        duration: raw.duration.value.0,
         keys,
-        payload_bytes: raw.payload_bytes.unwrap_or(120),
+        payload_bytes,
         poison: raw.poison,
     };
     let total = workload.total_records();
+    let bytes = total.saturating_mul(payload_bytes.max(100) as u64);
+    if total > MAX_RECORDS || bytes > MAX_WORKLOAD_BYTES {
+        return Err(at(
+            &raw.rate.referenced,
+            format!(
+                "field `workload`: rate × duration makes {total} records of {payload_bytes} bytes; at most {MAX_RECORDS} records and {} GiB in all (drill keeps each until the verdict): lower the rate or the duration",
+                MAX_WORKLOAD_BYTES >> 30
+            ),
+        ));
+    }
     if let Some(&p) = workload.poison.iter().find(|&&p| p >= total) {
         return Err(at(
             anchor,
@@ -248,11 +308,13 @@ fn workload(
 }
 
 /// `faults:`, in time order. Each entry is a link fault (`link:`) or a process fault
-/// (`target:`); a flapping link fault stands for several.
+/// (`target:`); a flapping link fault stands for several. A fault that starts when the
+/// workload has ended would meet no traffic: it must say `after_workload: true`.
 fn faults(
     raw: &[Spanned<RawFault>],
     destination: &Destination,
     command_engine: bool,
+    workload_ends: Duration,
 ) -> Result<Vec<ScheduledFault>, Located> {
     let link_names = destination.link_names();
     let links: BTreeSet<&str> = link_names.iter().map(String::as_str).collect();
@@ -263,6 +325,15 @@ fn faults(
             raw: &spanned.value,
             location: spanned.referenced,
         };
+        if entry.raw.at.0 >= workload_ends && entry.raw.after_workload != Some(true) {
+            return Err(entry.field(
+                "at",
+                format!(
+                    "{} is when the workload has ended ({}): the fault would meet no traffic; start it earlier, or say `after_workload: true` for a fault during the drain",
+                    entry.raw.at, super::Dur(workload_ends)
+                ),
+            ));
+        }
         match (&entry.raw.link, &entry.raw.target) {
             (Some(_), Some(_)) => {
                 return Err(entry.whole(
@@ -654,8 +725,10 @@ fn duplicate_window(
     window.max(Duration::from_secs(120))
 }
 
-/// `expect:`; left out, nothing may be lost and the ledger must close.
-fn expect(raw: Option<RawExpect>) -> Expectations {
+/// `expect:`; left out, nothing may be lost and the ledger must close. Either way, `failed`
+/// must equal the number of poison records and nothing unexpected may arrive, unless said
+/// otherwise.
+fn expect(raw: Option<RawExpect>, poison: u64) -> Expectations {
     match raw {
         Some(e) => Expectations {
             lost: e.lost,
@@ -663,14 +736,32 @@ fn expect(raw: Option<RawExpect>) -> Expectations {
             reordered: e.reordered,
             ledger_closes: e.ledger == Some(LedgerExpectation::Closes),
             recovery_within: e.recovery_within.map(|d| d.0),
+            failed: Some(e.failed.unwrap_or(poison)),
+            unexpected: Some(e.unexpected.unwrap_or(0)),
+            not_accepted: e.not_accepted,
+            drain_within: e.drain_within.map(|d| d.0),
+            max_copies: e.max_copies,
         },
         None => Expectations {
             lost: Some(0),
             ledger_closes: true,
+            failed: Some(poison),
+            unexpected: Some(0),
             ..Expectations::default()
         },
     }
 }
+
+/// Limits that fit the machine (README "Limits"): a number past one is an invalid scenario,
+/// checked before anything is allocated for it.
+pub const MAX_RATE: f64 = 50_000.0;
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+pub const MAX_KEYS: u32 = 10_000;
+pub const MAX_PAYLOAD: usize = 1024 * 1024;
+pub const MAX_POISON: usize = 1_000;
+pub const MAX_RECORDS: u64 = 5_000_000;
+pub const MAX_WORKLOAD_BYTES: u64 = 4 << 30;
+pub const MAX_FAULTS: usize = 10_000;
 
 /// The first of `fields` (name, given) the scenario gives, in the order listed.
 fn first_given<const N: usize>(fields: [(&'static str, bool); N]) -> Option<&'static str> {
@@ -795,5 +886,58 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan.faults.len(), 2);
+    }
+
+    #[test]
+    fn limits_are_located_and_checked_before_anything_is_allocated() {
+        let base = |w: &str| format!("name: l\ndestination: {{ kind: mqtt }}\nworkload: {w}\n");
+        let e = err(&base("{ rate: 1000000000/s, duration: 100000h }"));
+        assert!(
+            e.starts_with("s.yaml:3:19: field `workload.rate`: at most 50000/s"),
+            "{e}"
+        );
+        let e = err(&base("{ rate: 10/s, duration: 100000h }"));
+        assert!(e.contains("field `workload.duration`: at most 24 h"), "{e}");
+        let e = err(&base("{ rate: 10/s, duration: 1m, keys: 20000 }"));
+        assert!(e.contains("field `workload.keys`: 1 to 10000"), "{e}");
+        let e = err(&base(
+            "{ rate: 10/s, duration: 1m, payload_bytes: 2000000 }",
+        ));
+        assert!(
+            e.contains("field `workload.payload_bytes`: at most 1048576 bytes"),
+            "{e}"
+        );
+        let e = err(&base("{ rate: 50000/s, duration: 1h }"));
+        assert!(e.contains("180000000 records"), "{e}");
+    }
+
+    #[test]
+    fn a_fault_after_the_workload_must_say_so() {
+        let text = |extra: &str| {
+            format!(
+                "name: l\ndestination: {{ kind: mqtt }}\nworkload: {{ rate: 10/s, duration: 5s }}\nfaults:\n  - {{ at: 5s, link: mqtt, fault: swallow, for: 1s{extra} }}\n"
+            )
+        };
+        let e = err(&text(""));
+        assert!(
+            e.starts_with("s.yaml:5:5: field `faults[0].at`: 5s is when the workload has ended"),
+            "{e}"
+        );
+        assert!(parse(Path::new("s.yaml"), &text(", after_workload: true")).is_ok());
+    }
+
+    #[test]
+    fn failed_defaults_to_the_poison_records_and_unexpected_to_none() {
+        let text = "name: p\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 5s, poison: [3, 7] }\n";
+        let plan = parse(Path::new("p.yaml"), text).unwrap();
+        assert_eq!(plan.expect.failed, Some(2));
+        assert_eq!(plan.expect.unexpected, Some(0));
+        let text = "name: p\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 5s }\nexpect: { lost: 0, failed: 1, unexpected: 3, max_copies: 2, drain_within: 5s, not_accepted: 0 }\n";
+        let e = parse(Path::new("p.yaml"), text).unwrap().expect;
+        assert_eq!(
+            (e.failed, e.unexpected, e.max_copies, e.not_accepted),
+            (Some(1), Some(3), Some(2), Some(0))
+        );
+        assert_eq!(e.drain_within, Some(Duration::from_secs(5)));
     }
 }
