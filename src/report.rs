@@ -479,7 +479,7 @@ pub fn judge(facts: &Facts) -> Report {
 }
 
 /// The failed expectations first, then what was lost: "recovery after link mqtt swallow both
-/// 2 ms (allowed ≤ 1 ms); nothing lost."
+/// 2 ms (expected ≤ 1 ms); nothing lost."
 pub fn headline(lost: u64, expectations: &[ExpectationResult], verifier_fault: bool) -> String {
     let losses = match lost {
         0 => "nothing lost".to_string(),
@@ -493,8 +493,14 @@ pub fn headline(lost: u64, expectations: &[ExpectationResult], verifier_fault: b
     parts.extend(
         expectations
             .iter()
-            .filter(|x| !x.ok && x.name != "lost")
-            .map(|x| format!("{} {} (allowed {})", x.name, x.actual, x.expected)),
+            .filter(|x| !x.ok && !x.name.starts_with("lost"))
+            .map(|x| {
+                if x.expected == "closes" {
+                    format!("{} {}", x.name, x.actual)
+                } else {
+                    format!("{} {} (expected {})", x.name, x.actual, x.expected)
+                }
+            }),
     );
     parts.push(losses);
     let mut text = parts.join("; ");

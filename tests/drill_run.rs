@@ -106,7 +106,7 @@ fn records_really_lost_fail_the_drill_with_the_exact_count() {
          workload: { rate: 100/s, duration: 2s, keys: 4 }\n\
          faults:\n\
          \x20 - { at: 0s, link: mqtt, fault: refuse, for: 5s }\n\
-         \x20 - { at: 3s, target: engine, action: kill, restart_after: 1s, wipe_data: true }\n\
+         \x20 - { at: 3s, target: engine, action: kill, restart_after: 1s, wipe_data: true, after_workload: true }\n\
          expect: { lost: 0, ledger: closes }\n\
          drain_timeout: 20s\n",
     );
@@ -118,7 +118,10 @@ fn records_really_lost_fail_the_drill_with_the_exact_count() {
     assert_eq!(r["ledger"]["delivered"], 0, "{r:#}");
     assert_eq!(r["ledger"]["lost"], 200, "{r:#}");
     assert_eq!(r["closes"], false);
-    assert_eq!(r["headline"], "200 records lost.");
+    assert_eq!(
+        r["headline"], "Ledger does not close; 200 records lost.",
+        "failed expectations first, then what was lost"
+    );
     let md = &ran.markdown;
     assert!(
         md.contains("200 held = 0 delivered + 0 waiting + 0 failed + 200 lost"),

@@ -89,8 +89,16 @@ async fn probes_during_an_outage(work: &Path, link: &Link, output: OutputConfig)
     answered
 }
 
+/// (copies, distinct records) read back. A message without a harness id is unexpected data
+/// at the destination — exactly what a probe that wrote would leave — so none may arrive.
 fn exactly_once(ids: impl Iterator<Item = Option<String>>) -> (usize, usize) {
-    let ids: Vec<String> = ids.flatten().collect();
+    let all: Vec<Option<String>> = ids.collect();
+    let unexpected = all.iter().filter(|i| i.is_none()).count();
+    assert_eq!(
+        unexpected, 0,
+        "messages without a harness id reached the destination"
+    );
+    let ids: Vec<String> = all.into_iter().flatten().collect();
     let distinct: HashSet<&String> = ids.iter().collect();
     (ids.len(), distinct.len())
 }

@@ -156,6 +156,7 @@ async fn hang_blocks_the_sender_and_the_heal_delivers_held_bytes_in_order() {
     let link = link_to(&up).await;
     let mut c = established(&link).await;
     link.apply_settled(Fault::Hang, Direction::Both).await;
+    let before = up.received.load(Ordering::SeqCst);
     // Write without blocking until the kernel says no more; count exactly what was taken.
     let mut written: u64 = 0;
     let pattern = |i: u64| (i % 251) as u8;
@@ -180,6 +181,12 @@ async fn hang_blocks_the_sender_and_the_heal_delivers_held_bytes_in_order() {
     assert!(
         written < 16 * 1024 * 1024,
         "blocked well before 16 MiB: {written}"
+    );
+    // Held, not passed on: the upstream got nothing while the link hung both ways.
+    assert_eq!(
+        up.received.load(Ordering::SeqCst),
+        before,
+        "a hung link passes nothing upstream"
     );
     link.apply_settled(Fault::Heal, Direction::Both).await;
     let mut got = vec![0u8; written as usize];
