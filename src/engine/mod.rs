@@ -898,7 +898,7 @@ fn disk_check(shared: &Shared) -> Option<Response> {
 /// The largest ingest request body: larger ones are answered 413 before anything is read.
 pub const MAX_INGEST_BODY: usize = 16 * 1024 * 1024;
 /// The largest record (one NDJSON line).
-pub const MAX_RECORD: usize = 1024 * 1024;
+pub const MAX_RECORD: usize = 4 * 1024 * 1024;
 
 /// Checks a batch before anything of it is stored: every line one JSON value, none too large.
 /// The error names the first bad line (1-based, counting blank lines too).

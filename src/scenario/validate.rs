@@ -757,7 +757,7 @@ fn expect(raw: Option<RawExpect>, poison: u64) -> Expectations {
 pub const MAX_RATE: f64 = 50_000.0;
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 pub const MAX_KEYS: u32 = 10_000;
-pub const MAX_PAYLOAD: usize = 1024 * 1024;
+pub const MAX_PAYLOAD: usize = 256 * 1024;
 pub const MAX_POISON: usize = 1_000;
 pub const MAX_RECORDS: u64 = 5_000_000;
 pub const MAX_WORKLOAD_BYTES: u64 = 4 << 30;
@@ -900,11 +900,9 @@ mod tests {
         assert!(e.contains("field `workload.duration`: at most 24 h"), "{e}");
         let e = err(&base("{ rate: 10/s, duration: 1m, keys: 20000 }"));
         assert!(e.contains("field `workload.keys`: 1 to 10000"), "{e}");
-        let e = err(&base(
-            "{ rate: 10/s, duration: 1m, payload_bytes: 2000000 }",
-        ));
+        let e = err(&base("{ rate: 10/s, duration: 1m, payload_bytes: 300000 }"));
         assert!(
-            e.contains("field `workload.payload_bytes`: at most 1048576 bytes"),
+            e.contains("field `workload.payload_bytes`: at most 262144 bytes"),
             "{e}"
         );
         let e = err(&base("{ rate: 50000/s, duration: 1h }"));
