@@ -510,32 +510,27 @@ pub fn headline(lost: u64, expectations: &[ExpectationResult], verifier_fault: b
     text + "."
 }
 
-/// What `GITHUB_STEP_SUMMARY` gets for one drill: the headline, the tiles, the ledger line and
-/// the chart (as a link into the report folder).
-pub fn step_summary(report: &Report, dir: &Path) -> String {
+/// The tiles (one table row of the ledger's counts) and the ledger line. Duplicates are the
+/// total, or (for the job summary) only those beyond the declared promise.
+fn tiles(md: &mut String, report: &Report, beyond_promise: bool) {
     let l = &report.ledger;
-    let mut md = String::new();
-    let verdict = if report.verdict.is_pass() {
-        "✅ PASS"
+    let (heading, duplicates) = if beyond_promise {
+        (
+            format!("duplicates beyond `{}`", report.promise),
+            l.duplicates_beyond_promise,
+        )
     } else {
-        "❌ FAIL"
+        ("duplicates".to_string(), l.duplicates)
     };
     let _ = writeln!(
         md,
-        "### drill {}: {verdict} — {}",
-        report.scenario, report.headline
-    );
-    let _ = writeln!(md);
-    let _ = writeln!(
-        md,
-        "| held | delivered | waiting | failed | lost | duplicates beyond `{}` | reordered |",
-        report.promise
+        "| held | delivered | waiting | failed | lost | {heading} | reordered |"
     );
     let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
     let _ = writeln!(
         md,
-        "| {} | {} | {} | {} | **{}** | {} | {} |",
-        l.held, l.delivered, l.waiting, l.failed, l.lost, l.duplicates_beyond_promise, l.reordered
+        "| {} | {} | {} | {} | **{}** | {duplicates} | {} |",
+        l.held, l.delivered, l.waiting, l.failed, l.lost, l.reordered
     );
     let _ = writeln!(md);
     let _ = writeln!(
@@ -548,6 +543,24 @@ pub fn step_summary(report: &Report, dir: &Path) -> String {
             "**does not close**"
         }
     );
+}
+
+/// What `GITHUB_STEP_SUMMARY` gets for one drill: the headline, the tiles, the ledger line and
+/// the chart (as a link into the report folder).
+pub fn step_summary(report: &Report, dir: &Path) -> String {
+    let mut md = String::new();
+    let verdict = if report.verdict.is_pass() {
+        "✅ PASS"
+    } else {
+        "❌ FAIL"
+    };
+    let _ = writeln!(
+        md,
+        "### drill {}: {verdict} — {}",
+        report.scenario, report.headline
+    );
+    let _ = writeln!(md);
+    tiles(&mut md, report, true);
     let _ = writeln!(md);
     let _ = writeln!(
         md,
@@ -591,27 +604,7 @@ pub fn markdown(report: &Report) -> String {
         "![timeline: delivered per second and backlog, faults shaded](timeline.svg)"
     );
     let _ = writeln!(md);
-    let _ = writeln!(
-        md,
-        "| held | delivered | waiting | failed | lost | duplicates | reordered |"
-    );
-    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
-    let _ = writeln!(
-        md,
-        "| {} | {} | {} | {} | **{}** | {} | {} |",
-        l.held, l.delivered, l.waiting, l.failed, l.lost, l.duplicates, l.reordered
-    );
-    let _ = writeln!(md);
-    let _ = writeln!(
-        md,
-        "Ledger: `{}` — {}.",
-        report.ledger_line(),
-        if report.closes {
-            "closes"
-        } else {
-            "**does not close**"
-        }
-    );
+    tiles(&mut md, report, false);
     let known = |n: Option<u64>| n.map_or("?".to_string(), |n| n.to_string());
     match &report.engine_account {
         Some(e) => {

@@ -65,6 +65,19 @@ impl<'a> Drill<'a> {
         }
     }
 
+    /// Marks the newest open fault on `target` as over, now.
+    fn close_fault(&mut self, target: &str) {
+        let now = ms(self.t0.elapsed());
+        if let Some(f) = self
+            .faults
+            .iter_mut()
+            .rev()
+            .find(|f| f.target == target && f.until_ms.is_none())
+        {
+            f.until_ms = Some(now);
+        }
+    }
+
     /// Carries out one step of the timeline, now.
     pub async fn apply(&mut self, step: &Step) -> Result<(), RunError> {
         let now = self.t0.elapsed();
@@ -222,14 +235,7 @@ impl<'a> Drill<'a> {
                             now.as_secs()
                         ));
                     }
-                    if let Some(f) = self
-                        .faults
-                        .iter_mut()
-                        .rev()
-                        .find(|f| f.target == "broker container" && f.until_ms.is_none())
-                    {
-                        f.until_ms = Some(ms(self.t0.elapsed()));
-                    }
+                    self.close_fault("broker container");
                 }
             }
             Step::Broker { .. } if self.rig.cluster.is_empty() => {
@@ -286,14 +292,7 @@ impl<'a> Drill<'a> {
                         node.name
                     ));
                     let target = format!("broker {}", node.name);
-                    if let Some(f) = self
-                        .faults
-                        .iter_mut()
-                        .rev()
-                        .find(|f| f.target == target && f.until_ms.is_none())
-                    {
-                        f.until_ms = Some(ms(self.t0.elapsed()));
-                    }
+                    self.close_fault(&target);
                 }
             }
             Step::RestartEngine if std::mem::take(&mut self.engine_paused) => {
@@ -303,27 +302,13 @@ impl<'a> Drill<'a> {
                     "  {:>4}s  engine resumed (SIGCONT)",
                     now.as_secs()
                 ));
-                if let Some(f) = self
-                    .faults
-                    .iter_mut()
-                    .rev()
-                    .find(|f| f.target == "engine" && f.until_ms.is_none())
-                {
-                    f.until_ms = Some(ms(self.t0.elapsed()));
-                }
+                self.close_fault("engine");
             }
             Step::RestartEngine => {
                 self.system.start().await?;
                 self.system.note("restarted by the drill").await;
                 say(&format!("  {:>4}s  engine restarted", now.as_secs()));
-                if let Some(f) = self
-                    .faults
-                    .iter_mut()
-                    .rev()
-                    .find(|f| f.target == "engine" && f.until_ms.is_none())
-                {
-                    f.until_ms = Some(ms(self.t0.elapsed()));
-                }
+                self.close_fault("engine");
             }
         }
 
