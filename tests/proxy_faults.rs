@@ -480,3 +480,139 @@ async fn the_control_plane_answers_in_under_50ms_with_1000_stalled_connections()
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// `strand`: connections open at that instant go silent for good both ways — nothing reaches
+/// either end, no FIN and no RST, not even after the heal or when one end closes — while new
+/// connections pass. The upstream here is a plain server that reports what its socket saw.
+#[tokio::test]
+async fn strand_silences_open_connections_for_good_and_new_ones_pass() {
+    use tokio::net::TcpListener;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    // Each accepted upstream socket: echo, and report every read's result (bytes, EOF, error).
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
+    tokio::spawn(async move {
+        let mut n = 0usize;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let tx = events_tx.clone();
+            let id = n;
+            n += 1;
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(0) => {
+                            let _ = tx.send((id, "eof".into()));
+                            break;
+                        }
+                        Ok(k) => {
+                            let _ = tx.send((id, format!("{k} bytes")));
+                            let _ = s.write_all(&buf[..k]).await;
+                        }
+                        Err(e) => {
+                            let _ = tx.send((id, format!("error {e}")));
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let link = Link::start(
+        "t",
+        "127.0.0.1:0".parse().unwrap(),
+        upstream,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let mut old = established(&link).await;
+    assert_eq!(events.recv().await.unwrap(), (0, "5 bytes".to_string()));
+
+    link.apply_settled(Fault::Strand, Direction::Both).await;
+    assert_eq!(
+        link.status().fault,
+        "pass",
+        "a strand leaves the link passing"
+    );
+    // The stranded connection: writes are taken, nothing reaches the upstream, nothing comes back.
+    old.write_all(b"lost in the dark").await.unwrap();
+    wait_for("the stranded bytes to be dropped", || {
+        link.status().bytes_swallowed_upstream >= 16
+    })
+    .await;
+    assert!(
+        read_within(&mut old, Duration::from_millis(500))
+            .await
+            .is_none(),
+        "no answer, no EOF, no reset"
+    );
+    // A new connection passes.
+    let fresh = established(&link).await;
+    assert_eq!(events.recv().await.unwrap(), (1, "5 bytes".to_string()));
+    // Neither a heal nor another fault's end wakes the stranded connection.
+    link.apply_settled(Fault::Delay, Direction::Both).await;
+    link.apply_settled(Fault::Heal, Direction::Both).await;
+    old.write_all(b"still dark").await.unwrap();
+    assert!(
+        read_within(&mut old, Duration::from_millis(500))
+            .await
+            .is_none(),
+        "still silent after the heal"
+    );
+    // The client gives up and closes: the upstream still hears nothing (no FIN, no RST).
+    drop(old);
+    let quiet = tokio::time::timeout(Duration::from_millis(700), async {
+        loop {
+            let e = events.recv().await.unwrap();
+            if e.0 == 0 {
+                return e;
+            }
+        }
+    })
+    .await;
+    assert!(
+        quiet.is_err(),
+        "the upstream of a stranded connection heard: {quiet:?}"
+    );
+    let status = link.status();
+    assert_eq!(status.connections_stranded, 1, "{status:?}");
+    assert!(status.bytes_swallowed_upstream >= 26, "{status:?}");
+    drop(fresh);
+}
+
+/// The control API takes `strand` like any fault and refuses a direction for it.
+#[tokio::test]
+async fn the_control_api_strands_open_connections() {
+    let up = echo().await;
+    let proxy = drill_proxy(Some(up.addr)).await;
+    let mut c = TcpStream::connect(proxy.listen).await.unwrap();
+    c.write_all(b"hi").await.unwrap();
+    let mut buf = [0u8; 2];
+    c.read_exact(&mut buf).await.unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/links/t/fault", proxy.api);
+    let bad = client
+        .put(&url)
+        .json(&serde_json::json!({"fault": "strand", "direction": "upstream"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400, "{}", bad.text().await.unwrap());
+    let ok = client
+        .put(&url)
+        .json(&serde_json::json!({"fault": "strand"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(ok.status().is_success(), "{}", ok.text().await.unwrap());
+    c.write_all(b"x").await.unwrap();
+    assert!(
+        read_within(&mut c, Duration::from_millis(500))
+            .await
+            .is_none()
+    );
+    let status = link_status(proxy.api).await;
+    assert_eq!(status["connections_stranded"], 1, "{status}");
+    assert_eq!(status["fault"], "pass", "{status}");
+}

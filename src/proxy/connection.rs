@@ -41,6 +41,9 @@ struct Conn {
     /// Cancelled to reset the connection; each pump then RSTs the sockets it holds.
     abort: CancellationToken,
     counted_reset: AtomicBool,
+    /// The link's `strand` count when the connection was accepted: a later strand silences it.
+    born: u64,
+    counted_strand: AtomicBool,
 }
 
 fn rst(socket: &TcpStream) {
@@ -51,15 +54,22 @@ fn rst(socket: &TcpStream) {
 pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: CancellationToken) {
     let _ = client.set_nodelay(true);
     // A fault in force at the instant of accept applies to this connection too.
-    if shared.condition.borrow().flow(Side::Up) == Flow::Cut {
-        rst(&client);
-        add(&shared.counters.reset, 1);
-        return;
-    }
+    let born = {
+        let condition = shared.condition.borrow();
+        if condition.flow(Side::Up) == Flow::Cut {
+            drop(condition);
+            rst(&client);
+            add(&shared.counters.reset, 1);
+            return;
+        }
+        condition.strands
+    };
     let conn = Arc::new(Conn {
         lost: AtomicBool::new(false),
         abort,
         counted_reset: AtomicBool::new(false),
+        born,
+        counted_strand: AtomicBool::new(false),
     });
     add(&shared.counters.active, 1);
     let (client_read, client_write) = client.into_split();
@@ -181,6 +191,9 @@ impl Pump {
         let mut buf = vec![0u8; FIRST_BUF];
         loop {
             let condition = self.rx.borrow_and_update().clone();
+            if condition.strands > self.conn.born {
+                return self.strand(&mut buf).await;
+            }
             let flow = condition.flow(self.side);
             // DESIGN.md §3: after a swallow, a connection that lost bytes is reset at the heal.
             let healed_with_hole = self.conn.lost.load(Ordering::SeqCst) && !condition.swallows();
@@ -255,6 +268,46 @@ impl Pump {
                     }
                 }
             }
+        }
+    }
+
+    /// A stranded connection (DESIGN.md §3 `strand`): from now on this direction reads and
+    /// drops every byte, and nothing is ever written, shut down or reset — the far side hears
+    /// nothing, as when a NAT entry is lost. The pump ends only when its own side closes (or
+    /// the link shuts down); its write half is forgotten, so no FIN leaves on our initiative.
+    async fn strand(mut self, buf: &mut [u8]) {
+        if !self.conn.counted_strand.swap(true, Ordering::SeqCst) {
+            add(&self.shared.counters.stranded, 1);
+        }
+        if self.held_bytes > 0 {
+            let n = self.held_bytes;
+            self.held.clear();
+            self.held_bytes = 0;
+            self.counted(false, n);
+        }
+        loop {
+            let Some(from) = self.from.as_mut().filter(|_| !self.at_eof) else {
+                // The broker → client pump may still wait for a far side that will never be
+                // dialled now; it ends when the client → broker pump does.
+                match &mut self.far {
+                    Far::Await(Some(pending)) => tokio::select! {
+                        _ = pending => {}
+                        _ = self.conn.abort.cancelled() => return self.reset(),
+                    },
+                    _ => {}
+                }
+                break;
+            };
+            tokio::select! {
+                n = from.read(buf) => match n {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => self.counted(false, n),
+                },
+                _ = self.conn.abort.cancelled() => return self.reset(),
+            }
+        }
+        if let Some(w) = self.to.take() {
+            w.forget();
         }
     }
 
@@ -405,6 +458,8 @@ impl Pump {
                 self.counted(true, bytes.len());
                 true
             }
+            // A strand while the write was blocked: the loop goes silent instead of resetting.
+            Err(()) if self.rx.borrow().strands > self.conn.born => true,
             Err(()) => {
                 self.reset();
                 false
@@ -428,7 +483,8 @@ async fn write_following(
         tokio::select! {
             done = &mut write => return done.map_err(|_| ()),
             changed = rx.changed() => {
-                if changed.is_err() || rx.borrow().flow(side) == Flow::Cut {
+                let now = rx.borrow();
+                if changed.is_err() || now.flow(side) == Flow::Cut || now.strands > conn.born {
                     return Err(());
                 }
             }

@@ -44,6 +44,10 @@ pub enum Fault {
     /// `direction` since the fault began. Only reachable through the Toxiproxy-shaped API.
     #[serde(skip)]
     LimitData,
+    /// Instantaneous: every connection open at that instant goes silent for good in both
+    /// directions (bytes read and dropped, no FIN, no RST, not even later), while new
+    /// connections pass. A NAT or firewall entry lost. The link's condition is unchanged.
+    Strand,
     /// Back to pass-through.
     Heal,
 }
@@ -58,13 +62,19 @@ impl Fault {
             Fault::Delay => "delay",
             Fault::Throttle => "throttle",
             Fault::LimitData => "limit_data",
+            Fault::Strand => "strand",
             Fault::Heal => "heal",
         }
     }
 
     /// Faults that act on whole connections, not on one direction.
     pub fn whole_connection(self) -> bool {
-        matches!(self, Fault::Refuse | Fault::Reset)
+        matches!(self, Fault::Refuse | Fault::Reset | Fault::Strand)
+    }
+
+    /// Faults that act once, at an instant, instead of holding until a heal.
+    pub fn instantaneous(self) -> bool {
+        matches!(self, Fault::Strand)
     }
 }
 
@@ -216,6 +226,9 @@ pub(crate) struct Condition {
     pub(crate) active: Option<FaultSpec>,
     pub(crate) since: Instant,
     pub(crate) epoch: u64,
+    /// How many `strand`s the link has had: a connection opened when this was lower is
+    /// stranded.
+    pub(crate) strands: u64,
 }
 
 impl Condition {
@@ -223,7 +236,7 @@ impl Condition {
         let Some(spec) = self.active else {
             return Flow::Pass;
         };
-        if spec.fault.whole_connection() {
+        if matches!(spec.fault, Fault::Refuse | Fault::Reset) {
             return Flow::Cut;
         }
         if !spec.direction.covers(side) {
@@ -265,6 +278,7 @@ pub(crate) struct Counters {
     pub(crate) bytes_down: AtomicU64,
     pub(crate) swallowed_up: AtomicU64,
     pub(crate) swallowed_down: AtomicU64,
+    pub(crate) stranded: AtomicU64,
 }
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
@@ -296,6 +310,9 @@ pub struct LinkStatus {
     pub bytes_downstream: u64,
     pub bytes_swallowed_upstream: u64,
     pub bytes_swallowed_downstream: u64,
+    /// Connections a `strand` left silent (they stay open until their ends close them).
+    #[serde(default)]
+    pub connections_stranded: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -363,6 +380,7 @@ impl Link {
             active: None,
             since: Instant::now(),
             epoch: 0,
+            strands: 0,
         });
         let (settled, _) = watch::channel(0);
         let shared = Arc::new(LinkShared {
@@ -410,6 +428,15 @@ impl Link {
 
     /// [`Link::apply`] with parameters (`delay`, `throttle`).
     pub fn apply_spec(&self, spec: FaultSpec) -> u64 {
+        if spec.fault == Fault::Strand {
+            let mut epoch = 0;
+            self.shared.condition.send_modify(|c| {
+                c.epoch += 1;
+                c.strands += 1;
+                epoch = c.epoch;
+            });
+            return epoch;
+        }
         let active = match spec.fault {
             Fault::Heal => None,
             _ => Some(spec),
@@ -493,6 +520,7 @@ impl Link {
             bytes_downstream: get(&n.bytes_down),
             bytes_swallowed_upstream: get(&n.swallowed_up),
             bytes_swallowed_downstream: get(&n.swallowed_down),
+            connections_stranded: get(&n.stranded),
         }
     }
 
