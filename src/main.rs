@@ -45,6 +45,31 @@ enum Command {
         #[arg(long, value_enum)]
         runtime: Option<RuntimeChoice>,
     },
+    /// Run every test-only mutant of the built-in engine against the catalogue and print
+    /// mutant × drill → caught / missed (builds with the `mutants` feature only).
+    Selftest {
+        /// Scenario files or folders (default: scenarios/).
+        #[arg(default_value = "scenarios")]
+        files: Vec<PathBuf>,
+        /// Only scenarios with one of these tags (repeatable), e.g. --tag ci.
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        /// Where results go: DIR/selftest/{selftest.md,selftest.json} and each drill's report.
+        #[arg(long, default_value = "reports")]
+        out: PathBuf,
+        /// Drills run side by side (each with its own brokers and ports).
+        #[arg(long, default_value_t = 3)]
+        jobs: usize,
+        /// Run every cell; by default a mutant's row stops at its first catch.
+        #[arg(long)]
+        full: bool,
+        /// Only this mutant (repeatable).
+        #[arg(long = "mutant")]
+        mutants: Vec<String>,
+        /// Override every scenario's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// Validate scenario files (or folders of them) without starting anything.
     Check {
         #[arg(required = true)]
@@ -189,6 +214,26 @@ async fn dispatch(command: Command) -> u8 {
                 tags,
             };
             cli::run::run(flags, cancel).await
+        }
+        Command::Selftest {
+            files,
+            tags,
+            out,
+            jobs,
+            full,
+            mutants,
+            seed,
+        } => {
+            let flags = cli::selftest::Flags {
+                paths: files,
+                tags,
+                out,
+                jobs,
+                full,
+                mutants,
+                seed,
+            };
+            cli::selftest::run(flags, cancel).await
         }
         Command::Check { files } => cli::check::check(&files),
         Command::Schema => cli::check::schema(),

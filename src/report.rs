@@ -59,6 +59,10 @@ pub struct FaultRecord {
     pub fault: String,
     pub direction: Option<String>,
     pub until_ms: Option<u64>,
+    /// Whether the fault met the engine, when the runner saw it directly (a `strand` bites
+    /// the connections open at its instant); `None`: judged from the records.
+    #[serde(skip)]
+    pub bit: Option<bool>,
 }
 
 /// How fast delivery came back after a fault ended.

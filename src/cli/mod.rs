@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod run;
+pub mod selftest;
 
 /// Exit codes (DESIGN.md §6).
 pub const PASS: u8 = 0;

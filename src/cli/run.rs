@@ -31,7 +31,7 @@ pub struct Flags {
 }
 
 pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
-    let plans = match plans(&flags) {
+    let plans = match plans(&flags.paths, &flags.tags) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -83,8 +83,8 @@ pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
 }
 
 /// Every scenario, validated, selected by tag; exit 2 on the first invalid one.
-fn plans(flags: &Flags) -> Result<Vec<Plan>, u8> {
-    let files = super::scenario_files(&flags.paths).map_err(|e| {
+pub(super) fn plans(paths: &[PathBuf], tags: &[String]) -> Result<Vec<Plan>, u8> {
+    let files = super::scenario_files(paths).map_err(|e| {
         eprintln!("drill: {e}");
         INVALID
     })?;
@@ -98,12 +98,12 @@ fn plans(flags: &Flags) -> Result<Vec<Plan>, u8> {
             }
         }
     }
-    if !flags.tags.is_empty() {
-        plans.retain(|p| p.tags.iter().any(|t| flags.tags.contains(t)));
+    if !tags.is_empty() {
+        plans.retain(|p| p.tags.iter().any(|t| tags.contains(t)));
         if plans.is_empty() {
             eprintln!(
                 "drill: no scenario has the tag {}; tags are set with `tags: [...]` in a scenario",
-                flags.tags.join(" or ")
+                tags.join(" or ")
             );
             return Err(INVALID);
         }

@@ -110,9 +110,17 @@ pub fn unbitten(
     faults
         .iter()
         .filter(|f| {
+            if let Some(bit) = f.bit {
+                return !bit;
+            }
             let from = Duration::from_millis(f.at_ms);
             let until = Duration::from_millis(f.until_ms.unwrap_or(end_ms).max(f.at_ms));
-            let during = records.iter().any(|(at, _)| *at >= from && *at <= until);
+            // A full disk bites the records it turned away, too.
+            let refused = f.target == "engine disk"
+                && sent.order.iter().any(|(_, i)| {
+                    matches!(i, Ingested::NotAccepted { at, .. } if *at >= from && *at <= until)
+                });
+            let during = refused || records.iter().any(|(at, _)| *at >= from && *at <= until);
             let held = records
                 .iter()
                 .any(|(at, first)| *at <= from && first.is_none_or(|d| d > from));
@@ -355,6 +363,7 @@ mod tests {
                 bytes_downstream: 0,
                 bytes_swallowed_upstream: 0,
                 bytes_swallowed_downstream: 0,
+                connections_stranded: 0,
             },
             versions: BTreeMap::new(),
             notes: Vec::new(),
@@ -417,6 +426,7 @@ mod tests {
             fault: fault.to_string(),
             direction: Some(direction.to_string()),
             until_ms: Some(until_ms),
+            bit: None,
         }
     }
 

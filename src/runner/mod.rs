@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::brokers;
 use crate::engine::{EngineConfig, OutputConfig, OutputKind};
+use crate::powerfs::PowerFs;
 use crate::proxy::{Direction, Fault, Link};
 use crate::report::{self, Facts};
 use crate::scenario::WriteKeyPlace;
@@ -60,6 +61,9 @@ pub enum RunError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The engine's data directory could not be put on drill's power-cut filesystem.
+    #[error("{0}")]
+    Disk(String),
     #[error("interrupted")]
     Interrupted,
 }
@@ -102,17 +106,61 @@ pub async fn run(
         plan.name,
         plan.about.as_deref().unwrap_or("")
     ));
-    let mut rig = Rig::provision(plan, runtime, &work, &run_id, seed, &cancel).await?;
+    let disk = mount_data_dir(plan, &work)?;
+    let mut rig = match Rig::provision(plan, runtime, &work, &run_id, seed, &cancel).await {
+        Ok(rig) => rig,
+        Err(e) => {
+            disk.map(PowerFs::unmount);
+            return Err(e);
+        }
+    };
     let outcome = match start_system(plan, options, &rig, &work, &run_id).await {
         Ok(mut system) => {
-            let outcome = drive(plan, &mut rig, &mut system, &run_id, seed, &cancel).await;
+            let outcome = drive(
+                plan,
+                &mut rig,
+                &mut system,
+                disk.as_ref(),
+                &run_id,
+                seed,
+                &cancel,
+            )
+            .await;
             system.kill().await;
             outcome
         }
         Err(e) => Err(e),
     };
+    disk.map(PowerFs::unmount);
     rig.teardown().await;
     outcome
+}
+
+/// With a `power_cut` or `fill_disk` fault, the engine's data directory (`work/engine-data`)
+/// is drill's power-cut filesystem over `work/engine-data.disk`. Without FUSE that is an
+/// infrastructure failure (exit 3), never a drill that silently cuts nothing.
+fn mount_data_dir(plan: &Plan, work: &Path) -> Result<Option<PowerFs>, RunError> {
+    if !plan.needs_powerfs() {
+        return Ok(None);
+    }
+    let (backing, data) = (work.join("engine-data.disk"), work.join("engine-data"));
+    for dir in [&backing, &data] {
+        std::fs::create_dir_all(dir).map_err(|source| RunError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    let fs = PowerFs::mount(&backing, &data).map_err(|why| {
+        RunError::Disk(format!(
+            "a power_cut or fill_disk fault needs the engine's data directory on drill's power-cut filesystem (FUSE), and it could not be mounted: {why}"
+        ))
+    })?;
+    say(&format!(
+        "  engine data: {} (power-cut filesystem over {})",
+        data.display(),
+        backing.display()
+    ));
+    Ok(Some(fs))
 }
 
 /// `DIR/work`, emptied.
@@ -288,6 +336,7 @@ async fn drive(
     plan: &Plan,
     rig: &mut Rig,
     system: &mut System,
+    disk: Option<&PowerFs>,
     run_id: &str,
     seed: u64,
     cancel: &CancellationToken,
@@ -329,7 +378,7 @@ async fn drive(
 
     let steps = timeline::timeline(plan);
     progress::start(plan.workload.total_records());
-    let mut drill = Drill::new(rig, system, t0);
+    let mut drill = Drill::new(rig, system, disk, t0);
     let played = play::play(&mut drill, &steps, workload, &sent, &reader, cancel).await;
     if played.is_err() || cancel.is_cancelled() {
         progress::finish();

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::provision::Rig;
 use super::timeline::{Step, describe};
 use super::{RunError, ms, say};
+use crate::powerfs::PowerFs;
 use crate::proxy::{Direction, Fault};
 use crate::report::FaultRecord;
 use crate::scenario::{BrokerNode, ProcessAction};
@@ -40,6 +41,8 @@ pub struct Drill<'a> {
     paused: bool,
     /// Whether the engine is paused (SIGSTOP) until its `restart_after`.
     engine_paused: bool,
+    /// The engine's data directory, when a `power_cut` or `fill_disk` acts on it.
+    disk: Option<&'a PowerFs>,
 }
 
 /// How the timeline ended.
@@ -51,8 +54,14 @@ pub enum Played {
 }
 
 impl<'a> Drill<'a> {
-    pub fn new(rig: &'a mut Rig, system: &'a mut System, t0: Instant) -> Drill<'a> {
+    pub fn new(
+        rig: &'a mut Rig,
+        system: &'a mut System,
+        disk: Option<&'a PowerFs>,
+        t0: Instant,
+    ) -> Drill<'a> {
         Drill {
+            disk,
             rig,
             system,
             t0,
@@ -87,7 +96,12 @@ impl<'a> Drill<'a> {
                 link: name,
                 spec,
             } => {
+                let mut bit = None;
                 if let Some(l) = self.rig.links.iter().find(|l| l.name() == name.as_str()) {
+                    if spec.fault.instantaneous() {
+                        // A strand bites only the connections open at this instant.
+                        bit = Some(l.status().connections_open > 0);
+                    }
                     l.apply_spec_settled(*spec).await;
                 }
                 let what = describe(spec);
@@ -102,7 +116,8 @@ impl<'a> Drill<'a> {
                     target: format!("link {name}"),
                     fault: what,
                     direction: Some(spec.direction.name().to_string()),
-                    until_ms: None,
+                    until_ms: spec.fault.instantaneous().then_some(ms(now)),
+                    bit,
                 });
             }
             Step::ProxyDown { index } => {
@@ -121,6 +136,7 @@ impl<'a> Drill<'a> {
                     fault: "restart".to_string(),
                     direction: None,
                     until_ms: None,
+                    bit: None,
                 });
             }
             Step::Heal { index, link: name } => {
@@ -163,25 +179,40 @@ impl<'a> Drill<'a> {
                         self.crashes.push(now);
                         "stop (SIGTERM)".to_string()
                     }
+                    ProcessAction::PowerCut => {
+                        self.system.kill().await;
+                        self.crashes.push(now);
+                        let cut = self.disk.map(PowerFs::power_cut).unwrap_or_default();
+                        format!(
+                            "power cut (SIGKILL; {} unsynced writes, {} bytes in {} files thrown away)",
+                            cut.writes, cut.bytes, cut.files
+                        )
+                    }
+                    ProcessAction::FillDisk => {
+                        if let Some(disk) = self.disk {
+                            disk.fill();
+                        }
+                        "disk full (data directory)".to_string()
+                    }
                 };
                 if *wipe_data {
                     let data = self.system.data_dir().to_path_buf();
-                    if data.exists() {
-                        std::fs::remove_dir_all(&data).map_err(|source| RunError::Io {
-                            path: data.clone(),
-                            source,
-                        })?;
-                    }
-                    what.push_str(", data directory removed");
+                    empty_dir(&data)?;
+                    what.push_str(", data directory emptied");
                 }
                 say(&format!("  {:>4}s  fault: engine {what}", now.as_secs()));
                 self.faults.push(FaultRecord {
                     index: *index,
                     at_ms: ms(now),
-                    target: "engine".to_string(),
+                    target: if *action == ProcessAction::FillDisk {
+                        "engine disk".to_string()
+                    } else {
+                        "engine".to_string()
+                    },
                     fault: what,
                     direction: None,
                     until_ms: None,
+                    bit: None,
                 });
             }
             Step::Broker { index, action, .. } if !self.rig.containers.is_empty() => {
@@ -215,6 +246,7 @@ impl<'a> Drill<'a> {
                     fault: what.to_string(),
                     direction: None,
                     until_ms: None,
+                    bit: None,
                 });
             }
             Step::RestartBroker if !self.rig.containers.is_empty() => {
@@ -272,6 +304,7 @@ impl<'a> Drill<'a> {
                             fault: what.to_string(),
                             direction: None,
                             until_ms: None,
+                            bit: None,
                         });
                     }
                     None => {
@@ -303,6 +336,16 @@ impl<'a> Drill<'a> {
                     now.as_secs()
                 ));
                 self.close_fault("engine");
+            }
+            Step::DiskBack => {
+                if let Some(disk) = self.disk {
+                    disk.release();
+                }
+                say(&format!(
+                    "  {:>4}s  engine disk: space is back",
+                    now.as_secs()
+                ));
+                self.close_fault("engine disk");
             }
             Step::RestartEngine => {
                 self.system.start().await?;
@@ -391,9 +434,30 @@ fn describe_step(step: &Step) -> String {
         Step::Link { link, spec, .. } => format!("link {link} {}", describe(spec)),
         Step::ProxyDown { .. } => "proxy restart".to_string(),
         Step::Heal { link, .. } => format!("heal link {link}"),
-        Step::Engine { action, .. } => format!("engine {action:?}").to_lowercase(),
+        Step::Engine { action, .. } => format!("engine {}", action.name()),
         Step::RestartEngine => "engine back".to_string(),
-        Step::Broker { action, .. } => format!("broker {action:?}").to_lowercase(),
+        Step::DiskBack => "disk space back".to_string(),
+        Step::Broker { action, .. } => format!("broker {}", action.name()),
         Step::RestartBroker => "broker back".to_string(),
     }
+}
+
+/// Removes what a directory holds, keeping the directory itself (it may be a mount point).
+fn empty_dir(dir: &std::path::Path) -> Result<(), RunError> {
+    let io = |source| RunError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    if !dir.exists() {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).map_err(io)?;
+        } else {
+            std::fs::remove_file(&path).map_err(io)?;
+        }
+    }
+    Ok(())
 }

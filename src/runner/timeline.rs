@@ -27,6 +27,8 @@ pub enum Step {
         wipe_data: bool,
     },
     RestartEngine,
+    /// The end of a `fill_disk`: space returns.
+    DiskBack,
     Broker {
         index: usize,
         node: BrokerNode,
@@ -65,9 +67,9 @@ pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
                         spec: *spec,
                     },
                 ));
-                if let Some(d) = lasts {
+                if let Some(d) = lasts.filter(|_| !spec.fault.instantaneous()) {
                     steps.push((
-                        f.at + *d,
+                        f.at + d,
                         Step::Heal {
                             index: Some(index),
                             link: link.clone(),
@@ -96,6 +98,7 @@ pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
                 action,
                 restart_after,
                 wipe_data,
+                lasts,
             } => {
                 steps.push((
                     f.at,
@@ -107,6 +110,9 @@ pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
                 ));
                 if let Some(d) = restart_after {
                     steps.push((f.at + *d, Step::RestartEngine));
+                }
+                if let Some(d) = lasts {
+                    steps.push((f.at + *d, Step::DiskBack));
                 }
             }
         }

@@ -127,6 +127,31 @@ pub enum ProcessAction {
     /// A broker in a container: frozen (SIGSTOP-like, `docker pause`), then resumed after
     /// `restart_after`.
     Pause,
+    /// The engine: SIGKILL, and every write to its data directory not yet made durable by
+    /// fsync/fdatasync is thrown away (its data directory is mounted through drill's
+    /// power-cut filesystem); started again after `restart_after`.
+    PowerCut,
+    /// The engine's data directory: the disk is full (no space reported, writes that grow a
+    /// file fail with ENOSPC) for `for`, then space returns.
+    FillDisk,
+}
+
+impl ProcessAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            ProcessAction::Kill => "kill",
+            ProcessAction::Stop => "stop",
+            ProcessAction::Restart => "restart",
+            ProcessAction::Pause => "pause",
+            ProcessAction::PowerCut => "power_cut",
+            ProcessAction::FillDisk => "fill_disk",
+        }
+    }
+
+    /// Needs the engine's data directory on drill's power-cut filesystem.
+    pub fn needs_powerfs(self) -> bool {
+        matches!(self, ProcessAction::PowerCut | ProcessAction::FillDisk)
+    }
 }
 
 /// A validated drill: everything the runner needs, nothing it has to check again.
@@ -254,12 +279,24 @@ pub enum FaultAction {
         action: ProcessAction,
         restart_after: Option<Duration>,
         wipe_data: bool,
+        /// `fill_disk`'s `for`: space returns this long after `at`.
+        lasts: Option<Duration>,
     },
     Broker {
         node: BrokerNode,
         action: ProcessAction,
         restart_after: Option<Duration>,
     },
+}
+
+impl Plan {
+    /// Whether the engine's data directory must be on drill's power-cut filesystem
+    /// (a `power_cut` or `fill_disk` fault).
+    pub fn needs_powerfs(&self) -> bool {
+        self.faults.iter().any(
+            |f| matches!(&f.what, FaultAction::Engine { action, .. } if action.needs_powerfs()),
+        )
+    }
 }
 
 /// The longest stretch any one fault keeps the destination out of reach: a link fault until it

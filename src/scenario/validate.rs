@@ -412,7 +412,7 @@ fn link_fault(
     let fault = f.fault.ok_or_else(|| {
         entry.field(
             "fault",
-            "missing; one of refuse, reset, swallow, hang, delay, throttle, heal",
+            "missing; one of refuse, reset, swallow, hang, delay, throttle, strand, heal",
         )
     })?;
     let taken = LinkSetting::taken_by(fault);
@@ -434,6 +434,14 @@ fn link_fault(
     let link = link.to_string();
     if fault == Fault::Heal {
         let what = FaultAction::Heal { link };
+        return Ok(vec![ScheduledFault { at: f.at.0, what }]);
+    }
+    if fault.instantaneous() {
+        let what = FaultAction::Link {
+            link,
+            spec,
+            lasts: Some(Duration::ZERO),
+        };
         return Ok(vec![ScheduledFault { at: f.at.0, what }]);
     }
     let lasts = f.for_.map(|d| d.0);
@@ -463,13 +471,14 @@ enum LinkSetting {
 
 /// Every kind of fault a scenario can write, for [`LinkSetting::refused`] to name the one that
 /// takes a setting.
-const SCENARIO_FAULTS: [Fault; 7] = [
+const SCENARIO_FAULTS: [Fault; 8] = [
     Fault::Refuse,
     Fault::Reset,
     Fault::Swallow,
     Fault::Hang,
     Fault::Delay,
     Fault::Throttle,
+    Fault::Strand,
     Fault::Heal,
 ];
 
@@ -495,6 +504,8 @@ impl LinkSetting {
             Fault::Refuse | Fault::Reset | Fault::Swallow | Fault::Hang => &[For, Repeat],
             // Back to pass-through, at once and for good.
             Fault::Heal => &[],
+            // At an instant: the connections open then go silent for good.
+            Fault::Strand => &[],
             // Only the Toxiproxy-shaped API sets it; a scenario cannot write it.
             Fault::LimitData => &[],
         }
@@ -573,10 +584,11 @@ fn process_fault(
     command_engine: bool,
 ) -> Result<ScheduledFault, Located> {
     let f = entry.raw;
+    let fills_disk = f.action == Some(ProcessAction::FillDisk);
     let of_a_link_fault = first_given([
         ("fault", f.fault.is_some()),
         ("direction", f.direction.is_some()),
-        ("for", f.for_.is_some()),
+        ("for", f.for_.is_some() && !fills_disk),
         ("latency", f.latency.is_some()),
         ("jitter", f.jitter.is_some()),
         ("bytes_per_s", f.bytes_per_s.is_some()),
@@ -591,7 +603,12 @@ fn process_fault(
     }
     let action = f
         .action
-        .ok_or_else(|| entry.field("action", "missing; kill or stop (engine), restart (proxy)"))?;
+        .ok_or_else(|| {
+            entry.field(
+                "action",
+                "missing; kill, stop, power_cut or fill_disk (engine), kill, stop or pause (broker), restart (proxy)",
+            )
+        })?;
     let what = match target {
         "engine" => engine_fault(entry, action, command_engine)?,
         "broker" => broker_fault(entry, action, nodes)?,
@@ -617,7 +634,20 @@ fn engine_fault(
 ) -> Result<FaultAction, Located> {
     let f = entry.raw;
     match action {
-        ProcessAction::Kill | ProcessAction::Stop => {}
+        ProcessAction::Kill | ProcessAction::Stop | ProcessAction::PowerCut => {}
+        ProcessAction::FillDisk => {
+            if f.restart_after.is_some() || f.wipe_data.is_some() || f.down_for.is_some() {
+                return Err(entry.whole(
+                    "`fill_disk` takes `for` (how long the disk stays full; left out, until the end of the drill), nothing else",
+                ));
+            }
+            return Ok(FaultAction::Engine {
+                action,
+                restart_after: None,
+                wipe_data: false,
+                lasts: f.for_.map(|d| d.0),
+            });
+        }
         ProcessAction::Pause if !command_engine => {
             return Err(entry.field(
                 "action",
@@ -640,6 +670,7 @@ fn engine_fault(
         action,
         restart_after: f.restart_after.map(|d| d.0),
         wipe_data: f.wipe_data.unwrap_or(false),
+        lasts: None,
     })
 }
 
@@ -654,7 +685,9 @@ fn broker_fault(
     let f = entry.raw;
     match action {
         ProcessAction::Kill | ProcessAction::Stop | ProcessAction::Pause => {}
-        ProcessAction::Restart => return Err(cannot(entry, "broker", action)),
+        ProcessAction::Restart | ProcessAction::PowerCut | ProcessAction::FillDisk => {
+            return Err(cannot(entry, "broker", action));
+        }
     }
     let node = match f.node.as_deref() {
         None => BrokerNode::Number(1),
@@ -690,7 +723,11 @@ fn proxy_fault(entry: &FaultEntry, action: ProcessAction) -> Result<FaultAction,
     let f = entry.raw;
     match action {
         ProcessAction::Restart => {}
-        ProcessAction::Kill | ProcessAction::Stop | ProcessAction::Pause => {
+        ProcessAction::Kill
+        | ProcessAction::Stop
+        | ProcessAction::Pause
+        | ProcessAction::PowerCut
+        | ProcessAction::FillDisk => {
             return Err(cannot(entry, "proxy", action));
         }
     }
@@ -708,7 +745,8 @@ fn cannot(entry: &FaultEntry, target: &str, action: ProcessAction) -> Located {
     entry.field(
         "action",
         format!(
-            "`{target}` cannot `{action:?}`; the engine takes kill or stop, a broker kill, stop or pause, the proxy restart"
+            "`{target}` cannot `{}`; the engine takes kill, stop, power_cut or fill_disk, a broker kill, stop or pause, the proxy restart",
+            action.name()
         ),
     )
 }
@@ -886,6 +924,54 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan.faults.len(), 2);
+    }
+
+    #[test]
+    fn strand_power_cut_and_fill_disk_take_their_own_shapes() {
+        let fault = |f: &str| {
+            format!(
+                "name: k\ndestination: {{ kind: mqtt }}\nworkload: {{ rate: 10/s, duration: 1m }}\nfaults:\n  - {{ at: 1s, {f} }}\n"
+            )
+        };
+        // A strand is an instant: no `for`, no direction, no outage to size windows by.
+        let plan = parse(Path::new("k.yaml"), &fault("link: mqtt, fault: strand")).unwrap();
+        assert!(matches!(
+            &plan.faults[0].what,
+            FaultAction::Link { lasts: Some(d), .. } if d.is_zero()
+        ));
+        assert!(!plan.needs_powerfs());
+        let e = err(&fault("link: mqtt, fault: strand, for: 5s"));
+        assert!(e.ends_with("a strand has no `for` or `repeat`"), "{e}");
+        let e = err(&fault("link: mqtt, fault: strand, direction: upstream"));
+        assert!(e.contains("acts on whole connections"), "{e}");
+        // A power cut is an engine fault, with or without a restart.
+        let plan = parse(
+            Path::new("k.yaml"),
+            &fault("target: engine, action: power_cut, restart_after: 2s"),
+        )
+        .unwrap();
+        assert!(plan.needs_powerfs());
+        let e = err(&fault("target: broker, action: power_cut"));
+        assert!(e.contains("`broker` cannot `power_cut`"), "{e}");
+        // A full disk lasts `for`, and takes nothing else.
+        let plan = parse(
+            Path::new("k.yaml"),
+            &fault("target: engine, action: fill_disk, for: 10s"),
+        )
+        .unwrap();
+        assert!(plan.needs_powerfs());
+        assert!(matches!(
+            &plan.faults[0].what,
+            FaultAction::Engine { lasts: Some(d), .. } if *d == Duration::from_secs(10)
+        ));
+        let e = err(&fault(
+            "target: engine, action: fill_disk, restart_after: 2s",
+        ));
+        assert!(e.contains("`fill_disk` takes `for`"), "{e}");
+        let e = err(&fault("target: engine, action: kill, for: 2s"));
+        assert!(e.contains("field `faults[0].for`: only link faults"), "{e}");
+        let e = err(&fault("target: proxy, action: fill_disk"));
+        assert!(e.contains("`proxy` cannot `fill_disk`"), "{e}");
     }
 
     #[test]

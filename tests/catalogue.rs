@@ -1,0 +1,161 @@
+//! The drill catalogue (`scenarios/`): every drill says what field failure it reproduces and is
+//! tagged, and — the point of it — the `ci` drills catch every deliberately broken engine while
+//! the correct engine passes them all (`drill selftest --tag ci`, test builds only).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const TAGS: [&str; 5] = ["ci", "long", "soak", "containers", "finding"];
+
+fn catalogue() -> Vec<drill::scenario::Plan> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut plans: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| drill::scenario::load(&p).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    plans.sort_by(|a, b| a.name.cmp(&b.name));
+    plans
+}
+
+/// How long a drill plays (its workload, or its last fault if later).
+fn length(plan: &drill::scenario::Plan) -> Duration {
+    let last = plan.faults.iter().map(|f| f.at).max().unwrap_or_default();
+    plan.workload.duration.max(last)
+}
+
+#[test]
+fn every_catalogue_drill_says_what_it_reproduces_and_is_tagged_by_cost() {
+    let plans = catalogue();
+    assert!(plans.len() >= 20, "{} drills", plans.len());
+    for plan in &plans {
+        let about = plan.about.as_deref().unwrap_or("");
+        assert!(
+            about.len() > 80,
+            "{}: `about` must say what field failure it reproduces",
+            plan.name
+        );
+        assert!(!plan.tags.is_empty(), "{}: no tags", plan.name);
+        for t in &plan.tags {
+            assert!(TAGS.contains(&t.as_str()), "{}: unknown tag {t}", plan.name);
+        }
+        let long = length(plan);
+        if plan.tags.iter().any(|t| t == "ci") {
+            assert!(
+                long <= Duration::from_secs(400),
+                "{}: {long:?} is too long for every pull request",
+                plan.name
+            );
+        }
+        if plan.tags.iter().any(|t| t == "soak") {
+            assert!(
+                long >= Duration::from_secs(15 * 60),
+                "{}: a soak drill runs 15 minutes or more",
+                plan.name
+            );
+        }
+    }
+    // The outage longer than librdkafka's own 300 s default runs on every pull request.
+    assert!(plans.iter().any(|p| {
+        p.tags.iter().any(|t| t == "ci")
+            && p.destination.kind == drill::scenario::DestinationKind::Kafka
+            && drill::scenario::longest_outage(&p.faults, p.workload.duration)
+                >= Duration::from_secs(360)
+    }));
+    // 15-minute cuts on every destination kind, and a 60-minute one.
+    for kind in ["mqtt", "nats", "kafka"] {
+        assert!(
+            plans.iter().any(|p| p.name == format!("{kind}-cut-15m")),
+            "{kind}-cut-15m"
+        );
+    }
+    assert!(plans.iter().any(|p| p.name == "mqtt-cut-60m"));
+}
+
+/// Root and /dev/fuse (the power cut and the full disk need them). Under CI=true a missing one
+/// fails; elsewhere the selftest is skipped with a line saying why.
+fn fuse_available() -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    let fuse = Path::new("/dev/fuse").exists();
+    if root && fuse {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI=true and the power-cut filesystem cannot be mounted here (root: {root}, /dev/fuse: {fuse})"
+    );
+    println!("skipped: the power-cut drills need root and /dev/fuse");
+    false
+}
+
+/// The selftest on the `ci` tag: every mutant caught by at least one drill, the correct engine
+/// passes every drill. The matrix is printed (cargo test -- --nocapture shows it).
+#[cfg(feature = "mutants")]
+#[test]
+fn the_ci_catalogue_catches_every_mutant_and_passes_the_correct_engine() {
+    if !fuse_available() {
+        return;
+    }
+    let out = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(["selftest", "--tag", "ci", "--jobs", "3", "--out"])
+        .arg(out.path())
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    println!("{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
+    println!("selftest took {:?}", started.elapsed());
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("selftest/selftest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        json["missed"],
+        serde_json::json!([]),
+        "mutants no drill caught"
+    );
+    assert_eq!(
+        json["false_alarms"],
+        serde_json::json!([]),
+        "the correct engine failed"
+    );
+    assert_eq!(
+        json["errors"],
+        serde_json::json!([]),
+        "drills that could not run"
+    );
+    assert_eq!(json["ok"], true);
+    assert_eq!(o.status.code(), Some(0));
+    let rows = json["rows"].as_array().unwrap();
+    assert!(
+        rows.len() >= 15,
+        "the correct engine and at least 14 mutants"
+    );
+    assert!(
+        rows[0]["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["outcome"] == "pass")
+    );
+}
+
+/// Without the `mutants` feature there is nothing to test the catalogue against: the selftest
+/// says so in one line and exits 2.
+#[cfg(not(feature = "mutants"))]
+#[test]
+fn the_selftest_needs_a_test_build() {
+    let o = Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(["selftest", "--tag", "ci"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("without the `mutants` feature"), "{stderr}");
+    let _ = (Instant::now(), fuse_available as fn() -> bool);
+}
