@@ -13,6 +13,7 @@ pub mod container;
 pub mod control;
 pub mod engine;
 pub mod mqtt;
+pub mod powerfs;
 pub mod proxy;
 pub mod report;
 pub mod runner;
