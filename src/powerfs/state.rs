@@ -1,0 +1,849 @@
+//! The filesystem's state and every operation on it, without FUSE: which inode is which path
+//! under the backing directory, each file's [`Pending`] changes, the listings of open
+//! directories, and whether the disk is "full". The FUSE adapter (`ops.rs`) only unpacks a
+//! request, calls one method here under the lock and replies; so this is where the semantics of
+//! the module doc live, and they are tested here on a plain directory.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::fs::{self, File, Metadata, OpenOptions};
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{
+    DirBuilderExt, DirEntryExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt,
+};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{Errno, FileAttr, FileType, INodeNo, TimeOrNow};
+use nix::sys::stat::{Mode, SFlag, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+
+use super::CutReport;
+use super::pending::Pending;
+
+/// The root directory's inode number (FUSE's fixed one).
+pub(crate) const ROOT: u64 = 1;
+
+/// The filesystem, as the FUSE thread and [`super::PowerFs`] share it behind one mutex.
+pub(crate) struct State {
+    /// The real directory; every path below is relative to it.
+    backing: PathBuf,
+    /// Every inode the kernel may name, and every inode still holding pending changes.
+    nodes: HashMap<u64, Node>,
+    /// The inverse of `Node::path` for inodes that still have a name.
+    by_path: HashMap<PathBuf, u64>,
+    next_ino: u64,
+    /// Open directories' entries, snapshotted at opendir so readdir offsets stay stable.
+    listings: HashMap<u64, Vec<Listed>>,
+    next_listing: u64,
+    /// `fill()`: no byte of new space from now on.
+    full: bool,
+}
+
+/// One inode.
+#[derive(Default)]
+struct Node {
+    /// Its path relative to the backing directory; `None` once unlinked or replaced by a rename
+    /// (it may still be open).
+    path: Option<PathBuf>,
+    /// The kernel's lookup count: the node may be forgotten when it reaches 0.
+    lookups: u64,
+    /// Open file handles on it.
+    opens: u64,
+    /// The backing file, held while the file is open (so an unlinked open file keeps working).
+    file: Option<File>,
+    /// Data changes not yet made durable.
+    pending: Pending,
+}
+
+/// One directory entry as readdir hands it out.
+#[derive(Clone, Debug)]
+pub(crate) struct Listed {
+    pub(crate) ino: u64,
+    pub(crate) kind: FileType,
+    pub(crate) name: OsString,
+}
+
+/// The requested changes of a setattr.
+#[derive(Default)]
+pub(crate) struct AttrChange {
+    pub(crate) mode: Option<u32>,
+    pub(crate) uid: Option<u32>,
+    pub(crate) gid: Option<u32>,
+    pub(crate) size: Option<u64>,
+    pub(crate) atime: Option<TimeOrNow>,
+    pub(crate) mtime: Option<TimeOrNow>,
+}
+
+/// statfs numbers, in the order FUSE's reply takes them.
+pub(crate) struct Space {
+    pub(crate) blocks: u64,
+    pub(crate) bfree: u64,
+    pub(crate) bavail: u64,
+    pub(crate) files: u64,
+    pub(crate) ffree: u64,
+    pub(crate) bsize: u32,
+    pub(crate) namelen: u32,
+    pub(crate) frsize: u32,
+}
+
+/// Who asked: new files and directories belong to the caller, as on a real filesystem.
+#[derive(Clone, Copy)]
+pub(crate) struct Caller {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+}
+
+fn errno(e: io::Error) -> Errno {
+    e.raw_os_error().map_or(Errno::EIO, Errno::from_i32)
+}
+
+fn nix_errno(e: nix::errno::Errno) -> Errno {
+    Errno::from_i32(e as i32)
+}
+
+fn time_of(secs: i64, nsecs: i64) -> SystemTime {
+    let nsecs = nsecs.clamp(0, 999_999_999) as u32;
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs)
+    } else {
+        UNIX_EPOCH - Duration::new(secs.unsigned_abs(), 0) + Duration::new(0, nsecs)
+    }
+}
+
+fn timespec(t: Option<TimeOrNow>) -> TimeSpec {
+    match t {
+        None => TimeSpec::UTIME_OMIT,
+        Some(TimeOrNow::Now) => TimeSpec::UTIME_NOW,
+        Some(TimeOrNow::SpecificTime(t)) => {
+            TimeSpec::from_duration(t.duration_since(UNIX_EPOCH).unwrap_or_default())
+        }
+    }
+}
+
+/// The attributes a reader sees: the backing file's, with the pending changes' size and mtime.
+fn attr_of(ino: u64, meta: &Metadata, pending: &Pending) -> FileAttr {
+    let kind = FileType::from_std(meta.file_type()).unwrap_or(FileType::RegularFile);
+    let size = if kind == FileType::RegularFile {
+        pending.size_over(meta.len())
+    } else {
+        meta.len()
+    };
+    let blocks = if pending.is_empty() {
+        meta.blocks()
+    } else {
+        meta.blocks().max(size.div_ceil(512))
+    };
+    let mtime = time_of(meta.mtime(), meta.mtime_nsec());
+    FileAttr {
+        ino: INodeNo(ino),
+        size,
+        blocks,
+        atime: time_of(meta.atime(), meta.atime_nsec()),
+        mtime: pending.touched().map_or(mtime, |t| t.max(mtime)),
+        ctime: time_of(meta.ctime(), meta.ctime_nsec()),
+        crtime: UNIX_EPOCH,
+        kind,
+        perm: (meta.mode() & 0o7777) as u16,
+        nlink: meta.nlink() as u32,
+        uid: meta.uid(),
+        gid: meta.gid(),
+        rdev: meta.rdev() as u32,
+        blksize: meta.blksize() as u32,
+        flags: 0,
+    }
+}
+
+/// Opens a backing file for the filesystem's own reads and writes: read-write when allowed,
+/// read-only otherwise (a held write then fails at fsync, as on a read-only disk).
+fn open_backing(path: &Path) -> io::Result<File> {
+    match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => Ok(f),
+        Err(e) if matches!(e.raw_os_error(), Some(13 | 30 | 1)) => File::open(path),
+        Err(e) => Err(e),
+    }
+}
+
+/// Where `path` lands when `from` is renamed to `to`: `None` when it is not `from` or below it.
+fn moved(path: &Path, from: &Path, to: &Path) -> Option<PathBuf> {
+    let rest = path.strip_prefix(from).ok()?;
+    // `join("")` would add a trailing slash, which names a directory.
+    Some(if rest.as_os_str().is_empty() {
+        to.to_path_buf()
+    } else {
+        to.join(rest)
+    })
+}
+
+/// Reads `buf.len()` bytes at `offset`, leaving zeros past the end of the file.
+fn read_upto(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl State {
+    pub(crate) fn new(backing: PathBuf) -> State {
+        let mut nodes = HashMap::new();
+        nodes.insert(
+            ROOT,
+            Node {
+                path: Some(PathBuf::new()),
+                lookups: 1,
+                ..Node::default()
+            },
+        );
+        let mut by_path = HashMap::new();
+        by_path.insert(PathBuf::new(), ROOT);
+        State {
+            backing,
+            nodes,
+            by_path,
+            next_ino: ROOT + 1,
+            listings: HashMap::new(),
+            next_listing: 1,
+            full: false,
+        }
+    }
+
+    pub(crate) fn set_full(&mut self, full: bool) {
+        self.full = full;
+    }
+
+    pub(crate) fn unsynced_bytes(&self) -> u64 {
+        self.nodes.values().map(|n| n.pending.bytes()).sum()
+    }
+
+    /// Forgets every pending change of every file.
+    pub(crate) fn power_cut(&mut self) -> CutReport {
+        let mut report = CutReport {
+            files: 0,
+            writes: 0,
+            bytes: 0,
+        };
+        for node in self.nodes.values_mut() {
+            if !node.pending.is_empty() {
+                let (writes, bytes) = node.pending.drop_all();
+                report.files += 1;
+                report.writes += writes;
+                report.bytes += bytes;
+            }
+        }
+        let idle: Vec<u64> = self.nodes.keys().copied().collect();
+        for ino in idle {
+            self.evict_if_idle(ino);
+        }
+        report
+    }
+
+    fn real(&self, rel: &Path) -> PathBuf {
+        self.backing.join(rel)
+    }
+
+    fn node(&self, ino: u64) -> Result<&Node, Errno> {
+        self.nodes.get(&ino).ok_or(Errno::ENOENT)
+    }
+
+    fn node_mut(&mut self, ino: u64) -> Result<&mut Node, Errno> {
+        self.nodes.get_mut(&ino).ok_or(Errno::ENOENT)
+    }
+
+    fn rel(&self, ino: u64) -> Result<&Path, Errno> {
+        self.node(ino)?.path.as_deref().ok_or(Errno::ENOENT)
+    }
+
+    fn child(&self, parent: u64, name: &OsStr) -> Result<PathBuf, Errno> {
+        if name.as_bytes().contains(&b'/') || name == ".." || name == "." {
+            return Err(Errno::EINVAL);
+        }
+        Ok(self.rel(parent)?.join(name))
+    }
+
+    /// The inode for `rel`, made if new; counts one kernel lookup.
+    fn intern(&mut self, rel: PathBuf) -> u64 {
+        let ino = match self.by_path.get(&rel) {
+            Some(&ino) => ino,
+            None => {
+                let ino = self.next_ino;
+                self.next_ino += 1;
+                self.by_path.insert(rel.clone(), ino);
+                self.nodes.insert(
+                    ino,
+                    Node {
+                        path: Some(rel),
+                        ..Node::default()
+                    },
+                );
+                ino
+            }
+        };
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.lookups += 1;
+        }
+        ino
+    }
+
+    /// Drops a node nobody can reach any more: not the root, forgotten by the kernel, not open,
+    /// and with nothing pending that its name could still lead to.
+    fn evict_if_idle(&mut self, ino: u64) {
+        let Some(node) = self.nodes.get(&ino) else {
+            return;
+        };
+        let idle = ino != ROOT
+            && node.lookups == 0
+            && node.opens == 0
+            && (node.pending.is_empty() || node.path.is_none());
+        if !idle {
+            return;
+        }
+        if let Some(node) = self.nodes.remove(&ino)
+            && let Some(path) = node.path
+            && self.by_path.get(&path) == Some(&ino)
+        {
+            self.by_path.remove(&path);
+        }
+    }
+
+    /// The name `rel` is gone (unlink, rmdir, replaced by a rename): its inode loses its path
+    /// and its pending changes, and lives on only while open.
+    fn detach(&mut self, rel: &Path) {
+        let Some(ino) = self.by_path.remove(rel) else {
+            return;
+        };
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.path = None;
+            node.pending.drop_all();
+        }
+        self.evict_if_idle(ino);
+    }
+
+    /// Renames every node whose path `remap` maps to a new one (a moved directory takes its
+    /// descendants along).
+    fn remap(&mut self, remap: impl Fn(&Path) -> Option<PathBuf>) {
+        let moved: Vec<(u64, PathBuf, PathBuf)> = self
+            .nodes
+            .iter()
+            .filter_map(|(&ino, node)| {
+                let old = node.path.as_ref()?;
+                remap(old).map(|new| (ino, old.clone(), new))
+            })
+            .collect();
+        for (ino, old, _) in &moved {
+            if self.by_path.get(old) == Some(ino) {
+                self.by_path.remove(old);
+            }
+        }
+        for (ino, _, new) in moved {
+            self.by_path.insert(new.clone(), ino);
+            if let Some(node) = self.nodes.get_mut(&ino) {
+                node.path = Some(new);
+            }
+        }
+    }
+
+    pub(crate) fn attr(&self, ino: u64) -> Result<FileAttr, Errno> {
+        let node = self.node(ino)?;
+        let meta = match (&node.file, &node.path) {
+            (Some(file), _) => file.metadata(),
+            (None, Some(rel)) => fs::symlink_metadata(self.real(rel)),
+            (None, None) => return Err(Errno::ENOENT),
+        }
+        .map_err(errno)?;
+        Ok(attr_of(ino, &meta, &node.pending))
+    }
+
+    fn chown_to(&self, rel: &Path, caller: Caller) -> Result<(), Errno> {
+        if nix::unistd::geteuid().is_root() && (caller.uid != 0 || caller.gid != 0) {
+            std::os::unix::fs::lchown(self.real(rel), Some(caller.uid), Some(caller.gid))
+                .map_err(errno)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn lookup(&mut self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+        let rel = self.child(parent, name)?;
+        fs::symlink_metadata(self.real(&rel)).map_err(errno)?;
+        let ino = self.intern(rel);
+        self.attr(ino)
+    }
+
+    pub(crate) fn forget(&mut self, ino: u64, lookups: u64) {
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.lookups = node.lookups.saturating_sub(lookups);
+        }
+        self.evict_if_idle(ino);
+    }
+
+    pub(crate) fn setattr(&mut self, ino: u64, change: AttrChange) -> Result<FileAttr, Errno> {
+        let rel = self.node(ino)?.path.clone();
+        let real = rel.as_deref().map(|r| self.real(r));
+        let node = self.node(ino)?;
+        if let Some(mode) = change.mode {
+            let perms = fs::Permissions::from_mode(mode & 0o7777);
+            match (&node.file, &real) {
+                (Some(file), _) => file.set_permissions(perms),
+                (None, Some(real)) => fs::set_permissions(real, perms),
+                (None, None) => return Err(Errno::ENOENT),
+            }
+            .map_err(errno)?;
+        }
+        if change.uid.is_some() || change.gid.is_some() {
+            match (&node.file, &real) {
+                (Some(file), _) => std::os::unix::fs::fchown(file, change.uid, change.gid),
+                (None, Some(real)) => std::os::unix::fs::lchown(real, change.uid, change.gid),
+                (None, None) => return Err(Errno::ENOENT),
+            }
+            .map_err(errno)?;
+        }
+        if change.atime.is_some() || change.mtime.is_some() {
+            let (atime, mtime) = (timespec(change.atime), timespec(change.mtime));
+            match (&node.file, &real) {
+                (Some(file), _) => nix::sys::stat::futimens(file, &atime, &mtime),
+                (None, Some(real)) => nix::sys::stat::utimensat(
+                    nix::fcntl::AT_FDCWD,
+                    real,
+                    &atime,
+                    &mtime,
+                    UtimensatFlags::NoFollowSymlink,
+                ),
+                (None, None) => return Err(Errno::ENOENT),
+            }
+            .map_err(nix_errno)?;
+        }
+        if let Some(size) = change.size {
+            if self.attr(ino)?.kind != FileType::RegularFile {
+                return Err(Errno::EINVAL);
+            }
+            self.node_mut(ino)?.pending.truncate(size);
+        }
+        self.attr(ino)
+    }
+
+    pub(crate) fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+        let target = fs::read_link(self.real(self.rel(ino)?)).map_err(errno)?;
+        Ok(target.into_os_string().into_encoded_bytes())
+    }
+
+    pub(crate) fn mknod(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<FileAttr, Errno> {
+        let rel = self.child(parent, name)?;
+        let kind = SFlag::from_bits_truncate(mode & SFlag::S_IFMT.bits());
+        let perm = Mode::from_bits_truncate(mode & 0o7777);
+        nix::sys::stat::mknod(&self.real(&rel), kind, perm, u64::from(rdev)).map_err(nix_errno)?;
+        self.chown_to(&rel, caller)?;
+        let ino = self.intern(rel);
+        self.attr(ino)
+    }
+
+    pub(crate) fn mkdir(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        caller: Caller,
+    ) -> Result<FileAttr, Errno> {
+        let rel = self.child(parent, name)?;
+        fs::DirBuilder::new()
+            .mode(mode & 0o7777)
+            .create(self.real(&rel))
+            .map_err(errno)?;
+        self.chown_to(&rel, caller)?;
+        let ino = self.intern(rel);
+        self.attr(ino)
+    }
+
+    pub(crate) fn symlink(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        target: &Path,
+        caller: Caller,
+    ) -> Result<FileAttr, Errno> {
+        let rel = self.child(parent, name)?;
+        std::os::unix::fs::symlink(target, self.real(&rel)).map_err(errno)?;
+        self.chown_to(&rel, caller)?;
+        let ino = self.intern(rel);
+        self.attr(ino)
+    }
+
+    pub(crate) fn unlink(&mut self, parent: u64, name: &OsStr) -> Result<(), Errno> {
+        let rel = self.child(parent, name)?;
+        fs::remove_file(self.real(&rel)).map_err(errno)?;
+        self.detach(&rel);
+        Ok(())
+    }
+
+    pub(crate) fn rmdir(&mut self, parent: u64, name: &OsStr) -> Result<(), Errno> {
+        let rel = self.child(parent, name)?;
+        fs::remove_dir(self.real(&rel)).map_err(errno)?;
+        self.detach(&rel);
+        Ok(())
+    }
+
+    pub(crate) fn rename(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<(), Errno> {
+        let from = self.child(parent, name)?;
+        let to = self.child(newparent, newname)?;
+        let (real_from, real_to) = (self.real(&from), self.real(&to));
+        if flags == 0 {
+            fs::rename(&real_from, &real_to).map_err(errno)?;
+        } else {
+            let flags = nix::fcntl::RenameFlags::from_bits(flags).ok_or(Errno::EINVAL)?;
+            nix::fcntl::renameat2(
+                nix::fcntl::AT_FDCWD,
+                &real_from,
+                nix::fcntl::AT_FDCWD,
+                &real_to,
+                flags,
+            )
+            .map_err(nix_errno)?;
+        }
+        if from == to {
+            return Ok(());
+        }
+        let exchange = flags & nix::fcntl::RenameFlags::RENAME_EXCHANGE.bits() != 0;
+        if exchange {
+            self.remap(|p| moved(p, &from, &to).or_else(|| moved(p, &to, &from)));
+        } else {
+            self.detach(&to);
+            self.remap(|p| moved(p, &from, &to));
+        }
+        Ok(())
+    }
+
+    /// Opens file `ino`; its handle is the inode itself.
+    pub(crate) fn open(&mut self, ino: u64) -> Result<(), Errno> {
+        let real = self.node(ino)?.path.as_deref().map(|r| self.real(r));
+        let node = self.node_mut(ino)?;
+        if node.file.is_none() {
+            let real = real.ok_or(Errno::ENOENT)?;
+            node.file = Some(open_backing(&real).map_err(errno)?);
+        }
+        node.opens += 1;
+        Ok(())
+    }
+
+    pub(crate) fn create(
+        &mut self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> Result<FileAttr, Errno> {
+        const O_EXCL: i32 = 0o200;
+        const O_TRUNC: i32 = 0o1000;
+        let rel = self.child(parent, name)?;
+        let real = self.real(&rel);
+        let existed = fs::symlink_metadata(&real).is_ok();
+        let mut options = OpenOptions::new();
+        options
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(mode & 0o7777);
+        if flags & O_EXCL != 0 {
+            options.create_new(true);
+        }
+        let file = options.open(&real).map_err(errno)?;
+        if !existed {
+            self.chown_to(&rel, caller)?;
+        }
+        let ino = self.intern(rel);
+        let node = self.node_mut(ino)?;
+        node.opens += 1;
+        let file = node.file.get_or_insert(file);
+        if existed && flags & O_TRUNC != 0 {
+            let base = file.metadata().map_err(errno)?.len();
+            if node.pending.size_over(base) > 0 {
+                node.pending.truncate(0);
+            }
+        }
+        self.attr(ino)
+    }
+
+    pub(crate) fn release(&mut self, ino: u64) {
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.opens = node.opens.saturating_sub(1);
+            if node.opens == 0 {
+                node.file = None;
+            }
+        }
+        self.evict_if_idle(ino);
+    }
+
+    pub(crate) fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let node = self.node(ino)?;
+        let file = node.file.as_ref().ok_or(Errno::EBADF)?;
+        let base = file.metadata().map_err(errno)?.len();
+        let end = node.pending.size_over(base);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let len = (end - offset).min(u64::from(size)) as usize;
+        let mut buf = vec![0u8; len];
+        if offset < base {
+            let n = ((base - offset) as usize).min(len);
+            read_upto(file, offset, &mut buf[..n]).map_err(errno)?;
+        }
+        node.pending.overlay(offset, &mut buf);
+        Ok(buf)
+    }
+
+    /// Holds a write. On a full disk only the part inside the file's current size is taken
+    /// (a short write), and a write wholly past it fails with ENOSPC.
+    pub(crate) fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        let full = self.full;
+        let node = self.node_mut(ino)?;
+        let file = node.file.as_ref().ok_or(Errno::EBADF)?;
+        let mut take = data.len();
+        if full {
+            let size = node
+                .pending
+                .size_over(file.metadata().map_err(errno)?.len());
+            if offset + data.len() as u64 > size {
+                if offset >= size {
+                    return Err(Errno::ENOSPC);
+                }
+                take = (size - offset) as usize;
+            }
+        }
+        node.pending.write(offset, &data[..take]);
+        Ok(take as u32)
+    }
+
+    /// Makes file `ino` durable: its pending changes land on the backing file in order, then
+    /// the backing file is fdatasynced (fsynced when `datasync` is false).
+    pub(crate) fn fsync(&mut self, ino: u64, datasync: bool) -> Result<(), Errno> {
+        let real = self.node(ino)?.path.as_deref().map(|r| self.real(r));
+        let node = self.node_mut(ino)?;
+        let opened;
+        let file = match (&node.file, real) {
+            (Some(file), _) => file,
+            (None, Some(real)) => {
+                opened = open_backing(&real).map_err(errno)?;
+                &opened
+            }
+            (None, None) => return Ok(()),
+        };
+        node.pending.apply(file).map_err(errno)?;
+        if datasync {
+            file.sync_data()
+        } else {
+            file.sync_all()
+        }
+        .map_err(errno)
+    }
+
+    pub(crate) fn fsyncdir(&self, ino: u64) -> Result<(), Errno> {
+        File::open(self.real(self.rel(ino)?))
+            .and_then(|d| d.sync_all())
+            .map_err(errno)
+    }
+
+    pub(crate) fn fallocate(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        length: u64,
+        mode: i32,
+    ) -> Result<(), Errno> {
+        if mode != 0 {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let full = self.full;
+        let size = self.attr(ino)?.size;
+        let end = offset.saturating_add(length);
+        if end > size {
+            if full {
+                return Err(Errno::ENOSPC);
+            }
+            self.node_mut(ino)?.pending.truncate(end);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn opendir(&mut self, ino: u64) -> Result<u64, Errno> {
+        let rel = self.rel(ino)?.to_path_buf();
+        let parent = rel
+            .parent()
+            .and_then(|p| self.by_path.get(p).copied())
+            .unwrap_or(ROOT);
+        let mut listing = vec![
+            Listed {
+                ino,
+                kind: FileType::Directory,
+                name: ".".into(),
+            },
+            Listed {
+                ino: parent,
+                kind: FileType::Directory,
+                name: "..".into(),
+            },
+        ];
+        for entry in fs::read_dir(self.real(&rel)).map_err(errno)? {
+            let entry = entry.map_err(errno)?;
+            let name = entry.file_name();
+            let kind = entry
+                .file_type()
+                .ok()
+                .and_then(FileType::from_std)
+                .unwrap_or(FileType::RegularFile);
+            let ino = self
+                .by_path
+                .get(&rel.join(&name))
+                .copied()
+                .unwrap_or_else(|| entry.ino());
+            listing.push(Listed { ino, kind, name });
+        }
+        let fh = self.next_listing;
+        self.next_listing += 1;
+        self.listings.insert(fh, listing);
+        Ok(fh)
+    }
+
+    /// The entries of open directory `fh` from index `offset` on.
+    pub(crate) fn readdir(&self, fh: u64, offset: u64) -> Result<Vec<Listed>, Errno> {
+        let listing = self.listings.get(&fh).ok_or(Errno::EBADF)?;
+        Ok(listing
+            .iter()
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .cloned()
+            .collect())
+    }
+
+    pub(crate) fn releasedir(&mut self, fh: u64) {
+        self.listings.remove(&fh);
+    }
+
+    /// The backing filesystem's numbers, or no free block at all once full.
+    pub(crate) fn statfs(&self) -> Result<Space, Errno> {
+        let st = nix::sys::statvfs::statvfs(&self.backing).map_err(nix_errno)?;
+        let (bfree, bavail) = if self.full {
+            (0, 0)
+        } else {
+            (st.blocks_free(), st.blocks_available())
+        };
+        Ok(Space {
+            blocks: st.blocks(),
+            bfree,
+            bavail,
+            files: st.files(),
+            ffree: st.files_free(),
+            bsize: st.block_size() as u32,
+            namelen: st.name_max() as u32,
+            frsize: st.fragment_size() as u32,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ME: Caller = Caller { uid: 0, gid: 0 };
+
+    fn state() -> (tempfile::TempDir, State) {
+        let dir = tempfile::tempdir().unwrap();
+        let state = State::new(dir.path().to_path_buf());
+        (dir, state)
+    }
+
+    fn read_all(state: &State, ino: u64) -> Vec<u8> {
+        state.read(ino, 0, 1 << 20).unwrap()
+    }
+
+    #[test]
+    fn unsynced_writes_are_read_back_and_lost_in_a_cut() {
+        let (dir, mut s) = state();
+        let ino = s.create(ROOT, "f".as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.write(ino, 0, b"hello").unwrap();
+        assert_eq!(read_all(&s, ino), b"hello");
+        assert_eq!(s.attr(ino).unwrap().size, 5);
+        assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"");
+        assert_eq!(s.unsynced_bytes(), 5);
+        let cut = s.power_cut();
+        assert_eq!((cut.files, cut.writes, cut.bytes), (1, 1, 5));
+        assert_eq!(read_all(&s, ino), b"");
+        assert_eq!(s.attr(ino).unwrap().size, 0);
+    }
+
+    #[test]
+    fn fsync_lands_the_writes_and_a_cut_keeps_them() {
+        let (dir, mut s) = state();
+        let ino = s.create(ROOT, "f".as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.write(ino, 0, b"durable").unwrap();
+        s.fsync(ino, true).unwrap();
+        s.write(ino, 7, b" not").unwrap();
+        assert_eq!(s.power_cut().bytes, 4);
+        assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"durable");
+        assert_eq!(read_all(&s, ino), b"durable");
+    }
+
+    #[test]
+    fn pending_changes_follow_the_inode_through_a_rename_and_die_with_an_unlink() {
+        let (dir, mut s) = state();
+        fs::create_dir(dir.path().join("d")).unwrap();
+        let d = s.lookup(ROOT, "d".as_ref()).unwrap().ino.0;
+        let ino = s.create(d, "tmp".as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.write(ino, 0, b"x").unwrap();
+        s.release(ino);
+        s.rename(ROOT, "d".as_ref(), ROOT, "e".as_ref(), 0).unwrap();
+        s.rename(d, "tmp".as_ref(), d, "final".as_ref(), 0).unwrap();
+        assert_eq!(s.lookup(d, "final".as_ref()).unwrap().ino.0, ino);
+        // Closed, so fsync reaches the file by its new path.
+        s.fsync(ino, true).unwrap();
+        assert_eq!(fs::read(dir.path().join("e/final")).unwrap(), b"x");
+        s.open(ino).unwrap();
+        s.write(ino, 1, b"y").unwrap();
+        s.unlink(d, "final".as_ref()).unwrap();
+        assert_eq!(s.unsynced_bytes(), 0);
+    }
+
+    #[test]
+    fn a_rename_moves_the_path_itself_and_everything_below_it() {
+        let (a, b) = (Path::new("a"), Path::new("b/c"));
+        assert_eq!(moved(Path::new("a"), a, b), Some(PathBuf::from("b/c")));
+        assert_eq!(
+            moved(Path::new("a/x/y"), a, b),
+            Some(PathBuf::from("b/c/x/y"))
+        );
+        assert_eq!(moved(Path::new("ab"), a, b), None);
+        assert_eq!(moved(Path::new(""), a, b), None);
+    }
+
+    #[test]
+    fn a_full_disk_refuses_growth_but_not_overwrites() {
+        let (_dir, mut s) = state();
+        let ino = s.create(ROOT, "f".as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.write(ino, 0, b"abcd").unwrap();
+        s.set_full(true);
+        assert_eq!(s.statfs().unwrap().bavail, 0);
+        assert_eq!(s.write(ino, 4, b"e"), Err(Errno::ENOSPC));
+        assert_eq!(s.write(ino, 2, b"XYZ"), Ok(2));
+        assert_eq!(s.write(ino, 0, b"A"), Ok(1));
+        assert_eq!(read_all(&s, ino), b"AbXY");
+        s.set_full(false);
+        assert_eq!(s.write(ino, 4, b"e"), Ok(1));
+    }
+}

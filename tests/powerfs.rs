@@ -1,0 +1,478 @@
+//! The power-cut filesystem on a real FUSE mount: real files, real fsync, real processes.
+//! A write is visible at once and gone after a cut unless fsync or fdatasync made it durable;
+//! a process started after the cut sees only the synced bytes; renames, readdir and unlink pass
+//! through; a filled disk refuses growth with ENOSPC and recovers; unmount never leaves a mount.
+//! Needs /dev/fuse and root: under `CI` their absence fails the test; elsewhere the test says
+//! so and skips.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use drill::powerfs::{CutReport, PowerFs};
+
+/// A mounted power-cut filesystem over a fresh backing directory. Fields drop in order: the
+/// mount goes before the directories under it.
+struct Rig {
+    fs: PowerFs,
+    mnt: tempfile::TempDir,
+    backing: tempfile::TempDir,
+}
+
+impl Rig {
+    fn mnt(&self, name: &str) -> PathBuf {
+        self.mnt.path().join(name)
+    }
+
+    fn backing(&self, name: &str) -> PathBuf {
+        self.backing.path().join(name)
+    }
+}
+
+/// Mounts a rig, or explains why it cannot: a failure under CI, a skip elsewhere.
+fn rig() -> Option<Rig> {
+    let unavailable = |why: String| {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the power-cut filesystem cannot mount under CI: {why}; CI must run as root with \
+             /dev/fuse"
+        );
+        eprintln!("skipped: {why}; run as root with /dev/fuse (CI does)");
+        None
+    };
+    if !Path::new("/dev/fuse").exists() {
+        return unavailable("/dev/fuse does not exist".into());
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return unavailable("not running as root".into());
+    }
+    let backing = tempfile::tempdir().unwrap();
+    let mnt = tempfile::tempdir().unwrap();
+    match PowerFs::mount(backing.path(), mnt.path()) {
+        Ok(fs) => Some(Rig { fs, mnt, backing }),
+        Err(why) => unavailable(why),
+    }
+}
+
+macro_rules! rig_or_skip {
+    () => {
+        match rig() {
+            Some(rig) => rig,
+            None => return,
+        }
+    };
+}
+
+fn mounted(at: &Path) -> bool {
+    let at = at.to_str().unwrap();
+    fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .any(|line| line.split(' ').nth(1) == Some(at))
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// What a fresh process reads: `cat` for the content, `stat` for the size.
+fn read_by_new_process(path: &Path) -> (Vec<u8>, u64) {
+    let cat = Command::new("cat").arg(path).output().unwrap();
+    assert!(cat.status.success(), "cat {}: {:?}", path.display(), cat);
+    let stat = Command::new("stat")
+        .args(["-c", "%s"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let size = String::from_utf8(stat.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    (cat.stdout, size)
+}
+
+#[test]
+fn unsynced_writes_are_read_back_then_lost_in_a_power_cut() {
+    let rig = rig_or_skip!();
+    let path = rig.mnt("segment-0001.log");
+    let mut f = File::create(&path).unwrap();
+    f.write_all(b"synced\n").unwrap();
+    f.sync_data().unwrap();
+    f.write_all(b"lost one\n").unwrap();
+    f.write_all(b"lost two\n").unwrap();
+
+    // Read-your-writes, through another handle and through stat.
+    assert_eq!(fs::read(&path).unwrap(), b"synced\nlost one\nlost two\n");
+    assert_eq!(fs::metadata(&path).unwrap().len(), 25);
+    assert_eq!(rig.fs.unsynced_bytes(), 18);
+    assert_eq!(
+        fs::read(rig.backing("segment-0001.log")).unwrap(),
+        b"synced\n"
+    );
+    drop(f);
+
+    let cut = rig.fs.power_cut();
+    assert_eq!(
+        cut,
+        CutReport {
+            files: 1,
+            writes: 2,
+            bytes: 18
+        }
+    );
+    assert_eq!(fs::read(&path).unwrap(), b"synced\n");
+    assert_eq!(fs::metadata(&path).unwrap().len(), 7);
+    assert_eq!(rig.fs.unsynced_bytes(), 0);
+    assert_eq!(rig.fs.power_cut(), CutReport::default());
+}
+
+#[test]
+fn fdatasync_makes_a_write_survive_and_a_later_append_does_not() {
+    let rig = rig_or_skip!();
+    let path = rig.mnt("journal.jsonl");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap();
+    let acked = b"{\"id\":1}\n".repeat(100);
+    f.write_all(&acked).unwrap();
+    f.sync_data().unwrap();
+    f.write_all(b"{\"id\":2}\n").unwrap();
+    assert_eq!(fs::read(rig.backing("journal.jsonl")).unwrap(), acked);
+    assert_eq!(fs::metadata(&path).unwrap().len(), acked.len() as u64 + 9);
+
+    let cut = rig.fs.power_cut();
+    assert_eq!((cut.files, cut.writes, cut.bytes), (1, 1, 9));
+    assert_eq!(fs::read(&path).unwrap(), acked);
+    assert_eq!(fs::read(rig.backing("journal.jsonl")).unwrap(), acked);
+
+    // A truncate is held like a write: synced it stays, unsynced it is undone.
+    f.set_len(9).unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().len(), 9);
+    rig.fs.power_cut();
+    assert_eq!(fs::read(&path).unwrap(), acked);
+    f.set_len(9).unwrap();
+    f.sync_all().unwrap();
+    rig.fs.power_cut();
+    assert_eq!(fs::read(&path).unwrap(), b"{\"id\":1}\n");
+}
+
+#[test]
+fn a_killed_writer_loses_its_unsynced_tail_and_a_new_process_sees_only_synced_bytes() {
+    let rig = rig_or_skip!();
+    let path = rig.mnt("records.log");
+    let script = "import os, sys, time\n\
+                  fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)\n\
+                  os.write(fd, b'acked 1\\n')\n\
+                  os.fsync(fd)\n\
+                  os.write(fd, b'not acked 2\\n')\n\
+                  print('ready', flush=True)\n\
+                  time.sleep(60)\n";
+    let mut writer = Command::new("python3")
+        .args(["-c", script])
+        .arg(&path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 on PATH");
+    let mut line = String::new();
+    BufReader::new(writer.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    writer.kill().unwrap(); // SIGKILL
+    writer.wait().unwrap();
+
+    // A kill alone loses nothing: the data is where the page cache would have kept it.
+    let (content, size) = read_by_new_process(&path);
+    assert_eq!(content, b"acked 1\nnot acked 2\n");
+    assert_eq!(size, 20);
+
+    let cut = rig.fs.power_cut();
+    assert_eq!((cut.files, cut.bytes), (1, 12));
+    let (content, size) = read_by_new_process(&path);
+    assert_eq!(content, b"acked 1\n");
+    assert_eq!(size, 8);
+    assert_eq!(fs::read(rig.backing("records.log")).unwrap(), b"acked 1\n");
+
+    // And the next writer appends after the synced bytes, not after the lost ones.
+    let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all(b"acked 3\n").unwrap();
+    f.sync_data().unwrap();
+    assert_eq!(read_by_new_process(&path).0, b"acked 1\nacked 3\n");
+}
+
+#[test]
+fn atomic_replace_readdir_mkdir_and_unlink_pass_through() {
+    let rig = rig_or_skip!();
+    let state = rig.mnt("state.json");
+    fs::write(&state, b"{\"v\":1}").unwrap();
+    File::open(&state).unwrap().sync_all().unwrap();
+
+    // The atomic-replace pattern: write a temp file, fsync it, rename it over.
+    let tmp = rig.mnt("state.json.tmp");
+    let mut f = File::create(&tmp).unwrap();
+    f.write_all(b"{\"v\":2}").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(names(rig.mnt.path()), ["state.json", "state.json.tmp"]);
+    fs::rename(&tmp, &state).unwrap();
+    assert_eq!(names(rig.mnt.path()), ["state.json"]);
+    assert_eq!(rig.fs.power_cut(), CutReport::default());
+    assert_eq!(fs::read(&state).unwrap(), b"{\"v\":2}");
+    assert_eq!(fs::read(rig.backing("state.json")).unwrap(), b"{\"v\":2}");
+
+    // Without the fsync the rename survives and the content does not (the ext4 lesson).
+    fs::write(&tmp, b"{\"v\":3}").unwrap();
+    fs::rename(&tmp, &state).unwrap();
+    assert_eq!(fs::read(&state).unwrap(), b"{\"v\":3}");
+    assert_eq!(rig.fs.power_cut().bytes, 7);
+    assert_eq!(fs::read(&state).unwrap(), b"");
+
+    // Directories: made, renamed with their files, listed, removed.
+    fs::create_dir(rig.mnt("spool")).unwrap();
+    fs::write(rig.mnt("spool/a"), b"aaa").unwrap();
+    File::open(rig.mnt("spool/a")).unwrap().sync_data().unwrap();
+    fs::rename(rig.mnt("spool"), rig.mnt("spool.old")).unwrap();
+    assert_eq!(fs::read(rig.mnt("spool.old/a")).unwrap(), b"aaa");
+    assert_eq!(names(rig.mnt.path()), ["spool.old", "state.json"]);
+    assert_eq!(names(&rig.backing("spool.old")), ["a"]);
+
+    // Unlink drops the file and its unsynced writes.
+    fs::write(rig.mnt("spool.old/b"), b"bbbb").unwrap();
+    assert_eq!(rig.fs.unsynced_bytes(), 4);
+    fs::remove_file(rig.mnt("spool.old/b")).unwrap();
+    assert_eq!(rig.fs.unsynced_bytes(), 0);
+    fs::remove_file(rig.mnt("spool.old/a")).unwrap();
+    fs::remove_dir(rig.mnt("spool.old")).unwrap();
+    assert_eq!(names(rig.mnt.path()), ["state.json"]);
+    assert_eq!(names(rig.backing.path()), ["state.json"]);
+}
+
+#[test]
+fn a_filled_disk_refuses_growth_with_enospc_until_released() {
+    let rig = rig_or_skip!();
+    let path = rig.mnt("segment.log");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(b"0123456789").unwrap();
+    f.sync_data().unwrap();
+
+    rig.fs.fill();
+    let full = nix::sys::statvfs::statvfs(rig.mnt.path()).unwrap();
+    assert_eq!(full.blocks_available(), 0);
+    assert_eq!(full.blocks_free(), 0);
+    let refused = f.write_all(b"more").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(28), "{refused}");
+    // An overwrite inside the file's size still succeeds.
+    let inside = OpenOptions::new().write(true).open(&path).unwrap();
+    inside.write_all_at(b"AB", 0).unwrap();
+    inside.sync_data().unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"AB23456789");
+    // A new file can be made, but not given a byte.
+    let refused = fs::write(rig.mnt("new.log"), b"x").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(28), "{refused}");
+
+    rig.fs.release();
+    let real = nix::sys::statvfs::statvfs(rig.backing.path()).unwrap();
+    let back = nix::sys::statvfs::statvfs(rig.mnt.path()).unwrap();
+    assert!(back.blocks_available() > 0);
+    assert_eq!(back.blocks(), real.blocks());
+    f.write_all(b"more").unwrap();
+    f.sync_data().unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"AB23456789more");
+}
+
+#[test]
+fn unmount_leaves_no_mount_even_with_files_held_open() {
+    // Plain unmount.
+    let rig = rig_or_skip!();
+    let at = rig.mnt.path().to_path_buf();
+    assert!(mounted(&at));
+    fs::write(rig.mnt("f"), b"x").unwrap();
+    let Rig { fs, mnt, backing } = rig;
+    fs.unmount();
+    assert!(!mounted(&at), "still mounted after unmount");
+    assert!(
+        names(mnt.path()).is_empty(),
+        "the mountpoint shows its own empty dir again"
+    );
+    drop((mnt, backing));
+
+    // A writer killed while it held a file open.
+    let rig = rig_or_skip!();
+    let at = rig.mnt.path().to_path_buf();
+    let mut holder = hold_open(&rig.mnt("held"));
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let Rig { fs, mnt, backing } = rig;
+    fs.unmount();
+    assert!(!mounted(&at), "still mounted after unmount (killed holder)");
+    drop((mnt, backing));
+
+    // A process still alive and holding a file: the mount is detached at once.
+    let rig = rig_or_skip!();
+    let at = rig.mnt.path().to_path_buf();
+    let mut holder = hold_open(&rig.mnt("held"));
+    let Rig { fs, mnt, backing } = rig;
+    let started = Instant::now();
+    fs.unmount();
+    assert!(!mounted(&at), "still mounted after unmount (live holder)");
+    eprintln!("unmount with a live holder took {:?}", started.elapsed());
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    drop((mnt, backing));
+
+    // Drop unmounts too.
+    let rig = rig_or_skip!();
+    let at = rig.mnt.path().to_path_buf();
+    let Rig { fs, mnt, backing } = rig;
+    drop(fs);
+    assert!(!mounted(&at), "still mounted after drop");
+    drop((mnt, backing));
+}
+
+/// The environment variable that turns [`helper_mounts_and_waits_to_be_killed`] into a mount
+/// held by a process the test can SIGKILL.
+const HELPER_AT: &str = "DRILL_POWERFS_HELPER_AT";
+
+/// Not a test of its own: with `DRILL_POWERFS_HELPER_AT=backing:mountpoint` it mounts there,
+/// says so and sleeps, to be SIGKILLed like a drill that died. Without it, it does nothing.
+#[test]
+fn helper_mounts_and_waits_to_be_killed() {
+    let Some(at) = std::env::var_os(HELPER_AT) else {
+        return;
+    };
+    let at = at.into_string().unwrap();
+    let (backing, mountpoint) = at.split_once(':').unwrap();
+    let fs = PowerFs::mount(Path::new(backing), Path::new(mountpoint)).unwrap();
+    println!("mounted");
+    std::thread::sleep(std::time::Duration::from_secs(60));
+    drop(fs);
+}
+
+#[test]
+fn a_mount_left_dead_by_a_killed_drill_is_cleared_by_the_next_mount() {
+    // The rig only proves FUSE works here; the dead mount is made by a child process.
+    let Some(rig) = rig() else {
+        return;
+    };
+    let Rig { fs, mnt, backing } = rig;
+    fs.unmount();
+    let _leave_no_mount = LazyUnmount(mnt.path().to_path_buf());
+    let mut drill = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "helper_mounts_and_waits_to_be_killed",
+            "--nocapture",
+        ])
+        .env(
+            HELPER_AT,
+            format!("{}:{}", backing.path().display(), mnt.path().display()),
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(drill.stdout.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "mounted" {
+        line.clear();
+        assert_ne!(
+            out.read_line(&mut line).unwrap(),
+            0,
+            "the helper never mounted"
+        );
+    }
+    drill.kill().unwrap();
+    drill.wait().unwrap();
+    let dead = fs::metadata(mnt.path()).unwrap_err();
+    assert_eq!(dead.raw_os_error(), Some(107), "ENOTCONN expected: {dead}");
+
+    let fs = PowerFs::mount(backing.path(), mnt.path()).unwrap();
+    fs::write(mnt.path().join("alive"), b"yes").unwrap();
+    assert_eq!(fs::read(mnt.path().join("alive")).unwrap(), b"yes");
+    fs.unmount();
+    assert!(
+        !mounted(mnt.path()),
+        "a mount is left at {}",
+        mnt.path().display()
+    );
+}
+
+/// Should the test fail half way, the dead mount it made does not outlive it.
+struct LazyUnmount(PathBuf);
+
+impl Drop for LazyUnmount {
+    fn drop(&mut self) {
+        if mounted(&self.0) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+/// A shell holding `path` open for append, ready when it said so.
+fn hold_open(path: &Path) -> std::process::Child {
+    let mut holder = Command::new("sh")
+        .arg("-c")
+        .arg("exec 3>>\"$1\"; printf unsynced >&3; echo ready; exec sleep 60")
+        .arg("sh")
+        .arg(path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    holder
+}
+
+#[test]
+fn the_mount_refuses_a_mountpoint_inside_the_backing_directory() {
+    let backing = tempfile::tempdir().unwrap();
+    fs::create_dir(backing.path().join("mnt")).unwrap();
+    let err = PowerFs::mount(backing.path(), &backing.path().join("mnt"))
+        .expect_err("nested directories are refused");
+    assert!(err.contains("inside each other"), "{err}");
+    let err = PowerFs::mount(&backing.path().join("missing"), backing.path())
+        .expect_err("a missing backing directory is refused");
+    assert!(err.contains("create it first"), "{err}");
+}
+
+#[test]
+fn ten_megabytes_in_4k_writes_with_a_sync_every_64k_completes() {
+    let rig = rig_or_skip!();
+    let path = rig.mnt("bulk.log");
+    let chunk: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    let started = Instant::now();
+    let mut f = File::create(&path).unwrap();
+    for i in 0..2560 {
+        f.write_all(&chunk).unwrap();
+        if (i + 1) % 16 == 0 {
+            f.sync_data().unwrap();
+        }
+    }
+    let took = started.elapsed();
+    eprintln!("10 MiB in 4 KiB writes, fdatasync every 64 KiB: {took:?}");
+    assert_eq!(rig.fs.unsynced_bytes(), 0);
+    assert_eq!(
+        fs::metadata(rig.backing("bulk.log")).unwrap().len(),
+        10 * 1024 * 1024
+    );
+    let back = fs::read(&path).unwrap();
+    assert!(back.chunks(4096).all(|c| c == chunk.as_slice()));
+}
