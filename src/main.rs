@@ -66,6 +66,9 @@ enum Command {
         /// Only this mutant (repeatable).
         #[arg(long = "mutant")]
         mutants: Vec<String>,
+        /// Only the correct engine (the false-alarm check; any build).
+        #[arg(long, conflicts_with = "mutants")]
+        no_mutants: bool,
         /// Override every scenario's seed.
         #[arg(long)]
         seed: Option<u64>,
@@ -222,6 +225,7 @@ async fn dispatch(command: Command) -> u8 {
             jobs,
             full,
             mutants,
+            no_mutants,
             seed,
         } => {
             let flags = cli::selftest::Flags {
@@ -231,6 +235,7 @@ async fn dispatch(command: Command) -> u8 {
                 jobs,
                 full,
                 mutants,
+                no_mutants,
                 seed,
             };
             cli::selftest::run(flags, cancel).await

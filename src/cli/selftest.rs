@@ -30,6 +30,8 @@ pub struct Flags {
     pub full: bool,
     /// Only these mutants (all when empty).
     pub mutants: Vec<String>,
+    /// Only the correct engine's row: the catalogue's false-alarm check.
+    pub no_mutants: bool,
     pub seed: Option<u64>,
 }
 
@@ -77,8 +79,13 @@ pub struct Selftest {
 }
 
 pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
-    let Some(mutants) = mutants(&flags.mutants) else {
-        return INVALID;
+    let mutants = if flags.no_mutants {
+        Vec::new()
+    } else {
+        let Some(mutants) = mutants(&flags.mutants) else {
+            return INVALID;
+        };
+        mutants
     };
     let plans = match super::run::plans(&flags.paths, &flags.tags) {
         Ok(p) => p,
@@ -524,6 +531,16 @@ fn summary_lines(result: &Selftest) -> Vec<String> {
         .map(|(i, s)| format!("  D{} = {s}", i + 1))
         .collect();
     let caught = result.rows.len().saturating_sub(1) - result.missed.len();
+    let passed = result.rows.first().map_or(0, |r| {
+        r.cells
+            .iter()
+            .filter(|c| c.outcome == CellOutcome::Pass)
+            .count()
+    });
+    lines.push(format!(
+        "  the correct engine: {passed} of {} drills passed",
+        result.scenarios.len()
+    ));
     lines.push(format!(
         "drill selftest: {} — {caught} of {} mutants caught; the correct engine {}; {:.0} s",
         if result.ok { "PASS" } else { "FAIL" },

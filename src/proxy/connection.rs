@@ -289,12 +289,11 @@ impl Pump {
             let Some(from) = self.from.as_mut().filter(|_| !self.at_eof) else {
                 // The broker → client pump may still wait for a far side that will never be
                 // dialled now; it ends when the client → broker pump does.
-                match &mut self.far {
-                    Far::Await(Some(pending)) => tokio::select! {
+                if let Far::Await(Some(pending)) = &mut self.far {
+                    tokio::select! {
                         _ = pending => {}
                         _ = self.conn.abort.cancelled() => return self.reset(),
-                    },
-                    _ => {}
+                    }
                 }
                 break;
             };

@@ -110,7 +110,9 @@ pub async fn run(
     let mut rig = match Rig::provision(plan, runtime, &work, &run_id, seed, &cancel).await {
         Ok(rig) => rig,
         Err(e) => {
-            disk.map(PowerFs::unmount);
+            if let Some(fs) = disk {
+                fs.unmount();
+            }
             return Err(e);
         }
     };
@@ -131,7 +133,9 @@ pub async fn run(
         }
         Err(e) => Err(e),
     };
-    disk.map(PowerFs::unmount);
+    if let Some(fs) = disk {
+        fs.unmount();
+    }
     rig.teardown().await;
     outcome
 }
