@@ -393,6 +393,7 @@ async fn drive(
         system,
         faults,
         crashes,
+        power_cuts,
         notes: mut drill_notes,
         ..
     } = drill;
@@ -469,7 +470,16 @@ async fn drive(
         &samples.lock().map(|s| s.clone()).unwrap_or_default(),
         &received,
     );
-    let excuses = excuses(&sent, possibly_sent_keys.as_ref(), &crashes, &faults);
+    let excuses = excuses(
+        &sent,
+        &received,
+        possibly_sent_keys.as_ref(),
+        Crashes {
+            all: &crashes,
+            power_cuts: &power_cuts,
+        },
+        &faults,
+    );
     let allowance = report::oracle::allowance(plan.engine.promise, &sent, &received, &excuses);
     let end_ms = ms(t0.elapsed());
     let mut inconclusive = report::oracle::unbitten(&faults, &sent, &received, end_ms);
@@ -522,11 +532,11 @@ async fn drive(
 /// engine crash.
 fn excuses<'a>(
     sent: &'a Sent,
+    received: &verify::Received,
     possibly_sent: Option<&HashSet<String>>,
-    crashes: &[Duration],
+    crashes: Crashes<'_>,
     faults: &[report::FaultRecord],
 ) -> report::oracle::Excuses<'a> {
-    let last_crash = crashes.last().copied();
     let last_fault_end = match possibly_sent {
         Some(_) => None,
         None => faults
@@ -535,6 +545,12 @@ fn excuses<'a>(
             .map(|f| Duration::from_millis(f.until_ms.unwrap_or(u64::MAX)))
             .max(),
     };
+    let mut first: std::collections::HashMap<&str, Duration> = std::collections::HashMap::new();
+    for a in &received.arrivals {
+        if let Some(id) = a.id.as_deref() {
+            first.entry(id).or_insert(a.at);
+        }
+    }
     let mut e = report::oracle::Excuses::default();
     for (r, key, at) in sent.accepted() {
         if last_fault_end.is_some_and(|end| at <= end)
@@ -544,11 +560,38 @@ fn excuses<'a>(
         {
             e.possibly_sent.insert(r.id.as_str());
         }
-        if last_crash.is_some_and(|c| at <= c) {
+        let arrived = first.get(r.id.as_str()).copied();
+        if crashes.excuse(at, arrived) {
             e.crashed.insert(r.id.as_str());
         }
     }
     e
+}
+
+/// How long before a SIGKILL or SIGTERM the destination's confirmation of a record must have
+/// come for the engine to be expected to have noted it: a record first delivered earlier than
+/// this before a kill, sent again after it, is a duplicate the crash does not excuse (an
+/// engine that forgets its delivery marks on restart). A power cut excuses every record
+/// accepted before it: unsynced marks are lost with it.
+const NOTED_WITHIN: Duration = Duration::from_secs(5);
+
+/// The drill's engine crashes (kill, stop, power cut), and which were power cuts.
+#[derive(Clone, Copy)]
+struct Crashes<'a> {
+    all: &'a [Duration],
+    power_cuts: &'a [Duration],
+}
+
+impl Crashes<'_> {
+    /// Whether a crash excuses a second copy of a record accepted at `at` and first delivered
+    /// at `arrived`: it was accepted before the crash, and the crash could have left its
+    /// delivery unnoted.
+    fn excuse(&self, at: Duration, arrived: Option<Duration>) -> bool {
+        self.all.iter().any(|c| {
+            at <= *c
+                && (self.power_cuts.contains(c) || arrived.is_none_or(|d| d + NOTED_WITHIN > *c))
+        })
+    }
 }
 
 /// `tcp_lines` has no acknowledgement: records written in the second before an engine was
@@ -626,4 +669,31 @@ fn series(samples: &[Sample], received: &verify::Received) -> Vec<report::Series
             waiting,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kill_excuses_copies_of_what_it_could_have_left_unnoted_a_power_cut_everything_before_it() {
+        let s = Duration::from_secs;
+        let kill = Crashes {
+            all: &[s(20)],
+            power_cuts: &[],
+        };
+        // Accepted after the crash: nothing to excuse.
+        assert!(!kill.excuse(s(21), None));
+        // Never delivered before it, or confirmed within 5 s of it: the crash may have lost
+        // the answer or the mark.
+        assert!(kill.excuse(s(10), None));
+        assert!(kill.excuse(s(10), Some(s(16))));
+        // Confirmed 10 s before a SIGKILL: sending it again is forgetting, not crashing.
+        assert!(!kill.excuse(s(5), Some(s(10))));
+        let cut = Crashes {
+            all: &[s(20)],
+            power_cuts: &[s(20)],
+        };
+        assert!(cut.excuse(s(5), Some(s(10))));
+    }
 }

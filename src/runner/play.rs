@@ -33,6 +33,8 @@ pub struct Drill<'a> {
     pub faults: Vec<FaultRecord>,
     /// When the engine was killed or stopped: records accepted before one may come twice.
     pub crashes: Vec<Duration>,
+    /// Which of those were power cuts (unsynced writes lost, delivery marks too).
+    pub power_cuts: Vec<Duration>,
     /// Notes for the report (a step that could not be carried out, and why).
     pub notes: Vec<String>,
     /// The broker node (or container) halted by the last broker fault, until restarted.
@@ -67,6 +69,7 @@ impl<'a> Drill<'a> {
             t0,
             faults: Vec::new(),
             crashes: Vec::new(),
+            power_cuts: Vec::new(),
             notes: Vec::new(),
             killed_node: None,
             paused: false,
@@ -182,6 +185,7 @@ impl<'a> Drill<'a> {
                     ProcessAction::PowerCut => {
                         self.system.kill().await;
                         self.crashes.push(now);
+                        self.power_cuts.push(now);
                         let cut = self.disk.map(PowerFs::power_cut).unwrap_or_default();
                         format!(
                             "power cut (SIGKILL; {} unsynced writes, {} bytes in {} files thrown away)",
