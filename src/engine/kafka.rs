@@ -260,3 +260,41 @@ pub(super) async fn drive_kafka(
     journal.sync();
     publish_stats(&shared, index, &out, false);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::OutputKind;
+
+    /// The settings that keep DESIGN.md §1 with librdkafka, pinned: change one and this fails.
+    #[test]
+    fn the_producer_keeps_the_rules() {
+        let cfg = OutputConfig {
+            kind: OutputKind::Kafka,
+            ..OutputConfig::mqtt("k", "127.0.0.1:19092".parse().unwrap(), "t")
+        };
+        let config = producer_config(&cfg, "drill-engine-k");
+        let get = |key: &str| config.get(key);
+        // §1.1: no age limit, not even in the client library.
+        assert_eq!(get("message.timeout.ms"), Some("0"));
+        // A retried batch is dropped by the broker, not stored twice; and it is stored only
+        // once every in-sync replica has it.
+        assert_eq!(get("enable.idempotence"), Some("true"));
+        assert_eq!(get("acks"), Some("all"));
+        // Only through the link in front of the broker.
+        assert_eq!(get("bootstrap.servers"), Some("127.0.0.1:19092"));
+        // Nothing that bounds retries or delivery time, or lets batches overtake each other,
+        // under another name (librdkafka's aliases): its defaults under idempotence keep the
+        // rules (unbounded retries, at most 5 requests in flight, in order).
+        for key in [
+            "delivery.timeout.ms",
+            "request.required.acks",
+            "retries",
+            "message.send.max.retries",
+            "max.in.flight",
+            "max.in.flight.requests.per.connection",
+        ] {
+            assert_eq!(get(key), None, "{key} is set");
+        }
+    }
+}
