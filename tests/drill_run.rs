@@ -461,9 +461,10 @@ fn the_kafka_half_open_scenario_ten_times_shorter_loses_nothing_and_copies_nothi
 }
 
 /// The check is real: the same (shortened) half-open drill against a deliberately naive Kafka
-/// output — no idempotence, librdkafka's default delivery timeout, a resend on a timer — must
-/// fail, with the copies counted. Only in test builds (`--features naive-engine`).
-#[cfg(feature = "naive-engine")]
+/// output — the mutant `resend-on-timer`: no idempotence, an unanswered record put on the wire
+/// again every second — must fail, with the copies counted. Only in test builds
+/// (`--features mutants`).
+#[cfg(feature = "mutants")]
 #[test]
 fn a_naive_engine_fails_the_kafka_half_open_drill_with_extra_copies() {
     let dir = tempfile::tempdir().unwrap();
@@ -476,7 +477,7 @@ fn a_naive_engine_fails_the_kafka_half_open_drill_with_extra_copies() {
         &file,
         "kafka-half-open",
         &[],
-        &[("DRILL_NAIVE_ENGINE", "1")],
+        &[("DRILL_MUTANT", "resend-on-timer")],
     );
     let (o, r) = (&ran.output, &ran.report);
     let l = &r["ledger"];

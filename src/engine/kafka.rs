@@ -33,20 +33,8 @@ use super::log::StoredRecord;
 use super::output::{Answer, Output};
 use super::{Journal, OutputConfig, OutputSide, Shared, ToOutput, publish_stats};
 
-/// Test builds only (cargo feature `naive-engine`, never in a release binary): with
-/// `DRILL_NAIVE_ENGINE` set, the output behaves the way field forwarders that lose or copy
-/// records do — no idempotence, librdkafka's default delivery timeout, and a resend on a timer
-/// of every record whose answer is late. The tests run a drill against it to show the drill
-/// fails it.
-#[cfg(feature = "naive-engine")]
-fn naive() -> bool {
-    std::env::var_os("DRILL_NAIVE_ENGINE").is_some()
-}
-
-#[cfg(not(feature = "naive-engine"))]
-fn naive() -> bool {
-    false
-}
+#[cfg(feature = "mutants")]
+use super::mutant::{self, Mutant};
 
 /// The producer settings the rules above need.
 fn producer_config(cfg: &OutputConfig, name: &str) -> ClientConfig {
@@ -54,13 +42,15 @@ fn producer_config(cfg: &OutputConfig, name: &str) -> ClientConfig {
     config
         .set("bootstrap.servers", cfg.address.to_string())
         .set("client.id", name);
-    if naive() {
+    config
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("message.timeout.ms", "0");
+    #[cfg(feature = "mutants")]
+    if mutant::is(Mutant::ResendOnTimer) {
+        // MUTANT: the broker no longer drops a batch librdkafka retries (and the timer's
+        // resends, made by the state machine, are new messages anyway).
         config.set("enable.idempotence", "false");
-    } else {
-        config
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("message.timeout.ms", "0");
     }
     config
         .set("socket.keepalive.enable", "true")
@@ -179,16 +169,8 @@ pub(super) async fn drive_kafka(
         publish_stats(&shared, index, &out, true);
         let mut in_flight = FuturesUnordered::new();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
-        // Naive builds only: when each open attempt was last put on the wire.
-        let mut naive_sent: std::collections::HashMap<
-            u16,
-            (std::time::Instant, Arc<StoredRecord>),
-        > = std::collections::HashMap::new();
         let lost: String = 'session: loop {
             for (tag, record) in out.next_attempts(std::time::Instant::now()) {
-                if naive() {
-                    naive_sent.insert(tag, (std::time::Instant::now(), record.clone()));
-                }
                 match producer.send_result(produce(&cfg.topic, &record)) {
                     Ok(delivery) => in_flight.push(
                         async move {
@@ -218,7 +200,6 @@ pub(super) async fn drive_kafka(
                 Some((tag, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
                     match outcome {
                         Outcome::Answer(answer) => {
-                            naive_sent.remove(&tag);
                             journal.record(out.on_answer(tag, answer, std::time::Instant::now()));
                             journal.write_marks();
                         }
@@ -231,14 +212,6 @@ pub(super) async fn drive_kafka(
                 },
                 _ = async { if let Some(d) = due { tokio::time::sleep_until(d).await } }, if due.is_some() => {}
                 _ = tick.tick() => {
-                    for (sent, record) in naive_sent.values_mut() {
-                        if sent.elapsed() > cfg.answer_timeout.0 {
-                            // The naive resend: the same record again, while the first may
-                            // still land.
-                            let _ = producer.send_result(produce(&cfg.topic, record));
-                            *sent = std::time::Instant::now();
-                        }
-                    }
                     journal.housekeeping(&out, &shared, index);
                 }
             }
@@ -259,4 +232,42 @@ pub(super) async fn drive_kafka(
     }
     journal.sync();
     publish_stats(&shared, index, &out, false);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::OutputKind;
+
+    /// The settings that keep DESIGN.md §1 with librdkafka, pinned: change one and this fails.
+    #[test]
+    fn the_producer_keeps_the_rules() {
+        let cfg = OutputConfig {
+            kind: OutputKind::Kafka,
+            ..OutputConfig::mqtt("k", "127.0.0.1:19092".parse().unwrap(), "t")
+        };
+        let config = producer_config(&cfg, "drill-engine-k");
+        let get = |key: &str| config.get(key);
+        // §1.1: no age limit, not even in the client library.
+        assert_eq!(get("message.timeout.ms"), Some("0"));
+        // A retried batch is dropped by the broker, not stored twice; and it is stored only
+        // once every in-sync replica has it.
+        assert_eq!(get("enable.idempotence"), Some("true"));
+        assert_eq!(get("acks"), Some("all"));
+        // Only through the link in front of the broker.
+        assert_eq!(get("bootstrap.servers"), Some("127.0.0.1:19092"));
+        // Nothing that bounds retries or delivery time, or lets batches overtake each other,
+        // under another name (librdkafka's aliases): its defaults under idempotence keep the
+        // rules (unbounded retries, at most 5 requests in flight, in order).
+        for key in [
+            "delivery.timeout.ms",
+            "request.required.acks",
+            "retries",
+            "message.send.max.retries",
+            "max.in.flight",
+            "max.in.flight.requests.per.connection",
+        ] {
+            assert_eq!(get(key), None, "{key} is set");
+        }
+    }
 }

@@ -53,6 +53,9 @@ use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+#[cfg(feature = "mutants")]
+use super::mutant::{self, Mutant};
+
 const HEADER: usize = 8;
 /// A frame larger than this is treated as garbage (a torn length field), not allocated.
 const MAX_FRAME: u32 = 64 * 1024 * 1024;
@@ -261,6 +264,12 @@ impl RecordLog {
         segment_bytes: u64,
     ) -> Result<(RecordLog, Vec<Arc<StoredRecord>>, Recovery), LogError> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        #[cfg(feature = "mutants")]
+        if mutant::is(Mutant::MemoryOnly) {
+            // MUTANT: the buffer is as good as memory: what the last run stored is gone
+            // (DESIGN.md §1.8).
+            mutant::forget_last_run(dir);
+        }
         let key_prefix = format!("{}-", engine_id(dir)?);
         let mut firsts = list_segments(dir)?;
         if firsts.is_empty() {
@@ -415,10 +424,15 @@ impl RecordLog {
             stored.push(Arc::new(record));
             seq += 1;
         }
-        let written = self
-            .file
-            .write_all(&buf)
-            .and_then(|_| self.file.sync_data());
+        let written = self.file.write_all(&buf).and_then(|_| {
+            #[cfg(feature = "mutants")]
+            if mutant::is(Mutant::AckBeforeFdatasync) {
+                // MUTANT: acknowledged from the page cache; the writer thread syncs every
+                // couple of seconds (DESIGN.md §1.8).
+                return Ok(());
+            }
+            self.file.sync_data()
+        });
         let len = buf.len() as u64;
         if buf.capacity() <= 16 << 20 {
             self.buf = buf;
@@ -434,6 +448,18 @@ impl RecordLog {
         self.next_seq = seq;
         self.synced_len += len;
         Ok(stored)
+    }
+
+    /// `ack-before-write`: the write key the record with sequence `seq` will get.
+    #[cfg(feature = "mutants")]
+    pub(super) fn key_for(&self, seq: u64) -> String {
+        write_key(&self.key_prefix, seq)
+    }
+
+    /// `ack-before-fdatasync`: the sync that `append` left out.
+    #[cfg(feature = "mutants")]
+    pub(super) fn sync_late(&mut self) -> io::Result<()> {
+        self.file.sync_data()
     }
 
     /// Closes the active segment (it is synced) and starts the next one at `next_seq`.

@@ -13,6 +13,8 @@
 pub mod failed;
 mod kafka;
 pub mod log;
+#[cfg(feature = "mutants")]
+pub mod mutant;
 mod nats;
 pub mod output;
 
@@ -40,6 +42,9 @@ use crate::scenario::{Dur, Order, Promise};
 use failed::FailedStore;
 use log::{DeliveryMarks, RecordLog, StoredRecord};
 use output::{AttemptCounts, Effect, Output, RefusalPolicy};
+
+#[cfg(feature = "mutants")]
+use mutant::Mutant;
 
 /// `engine.yaml`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -213,6 +218,26 @@ pub enum EngineError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// `DRILL_MUTANT` names no mutant, or this binary has none (see [`refuse_unbuilt_mutant`]).
+    #[error("{0}")]
+    Mutant(String),
+}
+
+/// The variable that asks for a deliberately broken engine (test builds with the cargo feature
+/// `mutants` only: `src/engine/mutant.rs`).
+pub const MUTANT_ENV: &str = "DRILL_MUTANT";
+
+/// A binary built without the `mutants` feature has no broken engine to offer: asked for one,
+/// it refuses to start rather than run the correct engine under a name that says otherwise.
+#[cfg(not(feature = "mutants"))]
+fn refuse_unbuilt_mutant() -> Result<(), EngineError> {
+    match std::env::var_os(MUTANT_ENV) {
+        None => Ok(()),
+        Some(name) => Err(EngineError::Mutant(format!(
+            "{MUTANT_ENV}={:?} is set, but this drill binary was built without the `mutants` feature (deliberately broken engines exist only in test builds); unset it",
+            name.to_string_lossy()
+        ))),
+    }
 }
 
 impl EngineConfig {
@@ -421,6 +446,9 @@ pub enum ToOutput {
         key: Option<String>,
         reply: oneshot::Sender<Vec<String>>,
     },
+    /// `evict-oldest-when-full` only: drop this many of the oldest waiting records.
+    #[cfg(feature = "mutants")]
+    Evict(usize),
 }
 
 impl Journal {
@@ -431,6 +459,14 @@ impl Journal {
         errors: Arc<AtomicU64>,
     ) -> Result<(Journal, JournalStart), EngineError> {
         let (marks, delivered) = DeliveryMarks::open(dir, output, first_seq)?;
+        #[cfg(feature = "mutants")]
+        let delivered = if mutant::is(Mutant::ForgetDeliveryMarks) {
+            // MUTANT: what the destination confirmed is forgotten; every record still in the
+            // log goes again as a fresh attempt.
+            HashSet::new()
+        } else {
+            delivered
+        };
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| EngineError::Log(log::LogError::Io { path, source })
@@ -548,6 +584,12 @@ impl Journal {
                 let keys = self.replay(dir, out, key.as_deref());
                 let _ = reply.send(keys);
             }
+            #[cfg(feature = "mutants")]
+            ToOutput::Evict(n) => {
+                let evicted = out.evict_oldest(n);
+                self.record(evicted);
+                self.write_marks();
+            }
         }
     }
 
@@ -599,6 +641,10 @@ fn disk_free(dir: &Path) -> u64 {
 
 /// Runs the engine until `cancel` fires. Prints `listening on ADDR` once ready.
 pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), EngineError> {
+    #[cfg(not(feature = "mutants"))]
+    refuse_unbuilt_mutant()?;
+    #[cfg(feature = "mutants")]
+    mutant::announce()?;
     let (mut log, records, recovery) =
         RecordLog::open(&config.data_dir, config.disk.segment_bytes)?;
     say_recovery(&recovery);
@@ -674,6 +720,10 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     // each commit (and once a second) it deletes the segments every output is past.
     let held = shared.held.clone();
     let writer = std::thread::spawn(move || {
+        #[cfg(feature = "mutants")]
+        let mut late = mutant::LateWrites::default();
+        #[cfg(feature = "mutants")]
+        let mut synced_at = Instant::now();
         while let Some(first) = ingest_rx.blocking_recv() {
             let mut jobs = Vec::new();
             let mut next = Some(first);
@@ -683,11 +733,28 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
                 }
                 next = ingest_rx.try_recv().ok();
             }
+            #[cfg(feature = "mutants")]
+            if mutant::is(Mutant::AckBeforeWrite) {
+                // MUTANT: the answer goes first; the batch is written a second later (the
+                // ticker wakes this thread every second).
+                late.answer_now(&log, std::mem::take(&mut jobs));
+                late.write_due(&mut log, &held, &to_outputs, false);
+            }
             if !jobs.is_empty() {
                 commit(&mut log, jobs, &held, &to_outputs);
             }
+            #[cfg(feature = "mutants")]
+            if mutant::is(Mutant::AckBeforeFdatasync) && synced_at.elapsed() >= mutant::SYNC_EVERY {
+                // MUTANT: the fdatasync that `append` skipped, long after the answers.
+                if let Err(e) = log.sync_late() {
+                    eprintln!("drill engine: MUTANT ack-before-fdatasync: late sync failed: {e}");
+                }
+                synced_at = Instant::now();
+            }
             release(&mut log, &log_state);
         }
+        #[cfg(feature = "mutants")]
+        late.write_due(&mut log, &held, &to_outputs, true);
     });
     let ticker = {
         let tx = ingest_tx;
@@ -964,7 +1031,17 @@ async fn ingest(
         )
             .into_response();
     }
-    if let Some(refusal) = disk_check(&shared) {
+    'room: {
+        let Some(refusal) = disk_check(&shared) else {
+            break 'room;
+        };
+        #[cfg(feature = "mutants")]
+        if mutant::is(Mutant::EvictOldestWhenFull) {
+            // MUTANT: room is made by dropping the oldest waiting records, and the batch is
+            // taken (DESIGN.md §1.10: never evict).
+            mutant::evict_oldest(&shared, lines.len());
+            break 'room;
+        }
         return refusal;
     }
     let (reply, answer) = oneshot::channel();
@@ -1111,6 +1188,11 @@ pub async fn probe(cfg: &OutputConfig) -> Result<(), String> {
 
 /// Connects and probes: CONNECT/CONNACK, then a PINGREQ/PINGRESP round trip. Writes no data.
 async fn connect_and_probe(cfg: &OutputConfig, client_id: &str) -> Result<mqtt::Session, String> {
+    #[cfg(feature = "mutants")]
+    if mutant::is(Mutant::LocalConnectedFlag) {
+        // MUTANT: "connected" once TCP connects: no CONNACK, no PINGRESP round trip.
+        return mutant::connect_without_answer(cfg, client_id).await;
+    }
     let limit = cfg.answer_timeout.0;
     let mut session = mqtt::connect(cfg.address, client_id, cfg.keepalive.0, limit)
         .await
@@ -1179,6 +1261,14 @@ impl OutputSide<'_> {
                     return Some(connected);
                 }
                 Err(why) => {
+                    #[cfg(feature = "mutants")]
+                    if mutant::is(Mutant::OutageSpendsAttempts) {
+                        // MUTANT: a failed connect is taken for a refusal of every waiting
+                        // record (DESIGN.md §1.1: an outage never spends an attempt).
+                        self.journal.record(self.out.outage_as_refusal(&why));
+                        self.journal.flush();
+                        publish_stats(self.shared, self.index, self.out, false);
+                    }
                     if !*said_down {
                         eprintln!("drill engine: output {name}: destination unreachable: {why}");
                         *said_down = true;
@@ -1224,6 +1314,10 @@ async fn drive_mqtt(
     let mut said_down = false;
     publish_stats(&shared, index, &out, false);
     loop {
+        #[cfg(feature = "mutants")]
+        let oldest = out.oldest_waiting();
+        #[cfg(feature = "mutants")]
+        let oldest = oldest.as_deref();
         let mut side = OutputSide {
             out: &mut out,
             index,
@@ -1231,9 +1325,18 @@ async fn drive_mqtt(
             journal: &mut journal,
             shared: &shared,
         };
+        let (c, id) = (&cfg, client_id.as_str());
         let Some(session) = side
-            .connect(&cfg.name, &mut said_down, &cancel, || {
-                connect_and_probe(&cfg, &client_id)
+            .connect(&cfg.name, &mut said_down, &cancel, || async move {
+                #[cfg(feature = "mutants")]
+                if mutant::is(Mutant::ProbeWithOldestRecord)
+                    && let Some(record) = oldest
+                {
+                    // MUTANT: the probe writes data: the oldest waiting record, QoS 0, no
+                    // write key (DESIGN.md §1.5).
+                    return mutant::probe_with_record(c, id, record).await;
+                }
+                connect_and_probe(c, id).await
             })
             .await
         else {
@@ -1296,6 +1399,21 @@ async fn drive_mqtt(
                 },
                 _ = async { if let Some(d) = due { tokio::time::sleep_until(d).await } }, if due.is_some() => {}
                 _ = tick.tick() => {
+                    #[cfg(feature = "mutants")]
+                    if mutant::is(Mutant::NoKeepalive) {
+                        // MUTANT: no PINGREQ, no answer timeout: only a TCP error ends this
+                        // session.
+                        journal.housekeeping(&out, &shared, index);
+                        continue 'conn;
+                    }
+                    #[cfg(feature = "mutants")]
+                    if mutant::is(Mutant::LocalConnectedFlag) {
+                        // MUTANT: the flag says connected, so nothing is probed, and an attempt
+                        // unanswered for the answer timeout is a refusal (DESIGN.md §1.2).
+                        journal.record(out.unanswered_as_refused(answer_timeout, Instant::now()));
+                        journal.housekeeping(&out, &shared, index);
+                        continue 'conn;
+                    }
                     let now = Instant::now();
                     if let Some(sent) = ping_out {
                         if now.duration_since(sent) > answer_timeout {

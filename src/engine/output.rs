@@ -20,6 +20,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use super::log::StoredRecord;
+#[cfg(feature = "mutants")]
+use super::mutant::{self, Mutant};
 use crate::mqtt::{Ack, Packet};
 use crate::scenario::Order;
 
@@ -112,12 +114,17 @@ struct Entry {
     attempts: u32,
     refusals: u32,
     first_attempt_ms: Option<u64>,
+    /// When this output was given the record (`expire-by-age`).
+    #[cfg(feature = "mutants")]
+    given: Instant,
 }
 
 #[derive(Debug)]
 struct Open {
     entry: Entry,
     opened_ms: u64,
+    #[cfg(feature = "mutants")]
+    marks: mutant::OpenMarks,
 }
 
 /// Attempts by outcome, for `/stats`.
@@ -215,6 +222,8 @@ impl Output {
                     attempts: 0,
                     refusals: 0,
                     first_attempt_ms: None,
+                    #[cfg(feature = "mutants")]
+                    given: Instant::now(),
                 },
             );
         }
@@ -265,10 +274,26 @@ impl Output {
                 self.ready.insert(seq, entry);
             }
         }
+        #[cfg(feature = "mutants")]
+        if mutant::is(Mutant::ExpireByAge) {
+            // MUTANT: old records are dropped and counted delivered (DESIGN.md §1.1: no age
+            // limit anywhere).
+            self.expire(now);
+        }
         let mut sends = Vec::new();
         while self.open.len() < self.window {
             let Some((&seq, _)) = self.ready.first_key_value() else {
                 break;
+            };
+            #[cfg(feature = "mutants")]
+            let seq = match self.ready.last_key_value() {
+                // MUTANT: a backlog goes newest first (DESIGN.md §1.9).
+                Some((&newest, _))
+                    if mutant::is(Mutant::ResendOutOfOrder) && self.ready.len() > self.window =>
+                {
+                    newest
+                }
+                _ => seq,
             };
             if self.order == Order::InOrder
                 && self
@@ -287,7 +312,26 @@ impl Output {
             let opened_ms = wall_ms();
             entry.first_attempt_ms.get_or_insert(opened_ms);
             sends.push((pkid, entry.record.clone()));
-            self.open.insert(pkid, Open { entry, opened_ms });
+            self.open.insert(
+                pkid,
+                Open {
+                    entry,
+                    opened_ms,
+                    #[cfg(feature = "mutants")]
+                    marks: mutant::OpenMarks::new(now),
+                },
+            );
+        }
+        #[cfg(feature = "mutants")]
+        if mutant::is(Mutant::ResendOnTimer) {
+            // MUTANT: an unanswered attempt's record goes on the wire again, on a timer
+            // (DESIGN.md §1.4 and §1.6: never resent on a timer).
+            sends.extend(self.resend_on_timer(now));
+        }
+        #[cfg(feature = "mutants")]
+        if mutant::is(Mutant::SecondAttemptWhileOpen) {
+            // MUTANT: a second open attempt for the same write key (DESIGN.md §1.4).
+            sends.extend(self.open_second_attempts(now));
         }
         sends
     }
@@ -349,6 +393,20 @@ impl Output {
         let closed = Effect::Closed(attempt(Outcome::Refused, Some(error.clone())));
         entry.refusals += 1;
         if entry.refusals >= self.refusals.max {
+            #[cfg(feature = "mutants")]
+            if mutant::is(Mutant::DropRefusedSilently) {
+                // MUTANT: not set aside in Failed messages: gone, and counted done (DESIGN.md
+                // §1.2).
+                eprintln!(
+                    "drill engine: MUTANT drop-refused-silently: dropped {} after {} refusals",
+                    entry.record.key, entry.refusals
+                );
+                self.delivered += 1;
+                return vec![
+                    closed,
+                    Effect::Delivered(entry.record.segment, entry.record.seq),
+                ];
+            }
             self.failed += 1;
             let failed = FailedRecord {
                 output: self.name.clone(),
@@ -395,6 +453,191 @@ impl Output {
     /// The age of the oldest open attempt.
     pub fn oldest_open_ms(&self) -> Option<u64> {
         self.open.values().map(|o| o.opened_ms).min()
+    }
+}
+
+/// What the mutants (`src/engine/mutant.rs`, test builds only) do to the state machine. Each
+/// is called from one `mutant::is` switch; none is reachable in a correct engine.
+#[cfg(feature = "mutants")]
+impl Output {
+    /// `expire-by-age`: waiting records (no open attempt) given more than [`mutant::MAX_AGE`]
+    /// ago are dropped and counted delivered. No attempt is journalled: none was made.
+    fn expire(&mut self, now: Instant) {
+        let old = |e: &Entry| now.saturating_duration_since(e.given) > mutant::MAX_AGE;
+        let before = self.ready.len() + self.delayed.len();
+        self.ready.retain(|_, e| !old(e));
+        self.delayed.retain(|_, (_, e)| !old(e));
+        let expired = before - self.ready.len() - self.delayed.len();
+        if expired > 0 {
+            self.delivered += expired as u64;
+            eprintln!(
+                "drill engine: MUTANT expire-by-age: output {}: dropped {expired} records older than {:?}, counted delivered",
+                self.name,
+                mutant::MAX_AGE
+            );
+        }
+    }
+
+    /// `resend-on-timer`: every open attempt unanswered for [`mutant::RESEND_AFTER`] since its
+    /// record last went on the wire, again, under the same tag.
+    fn resend_on_timer(&mut self, now: Instant) -> Vec<(u16, Arc<StoredRecord>)> {
+        let mut again = Vec::new();
+        for (tag, open) in &mut self.open {
+            if now.saturating_duration_since(open.marks.on_wire) >= mutant::RESEND_AFTER {
+                open.marks.on_wire = now;
+                again.push((*tag, open.entry.record.clone()));
+            }
+        }
+        again.sort_by_key(|(_, r)| r.seq);
+        again
+    }
+
+    /// `second-attempt-while-open`: beside every attempt open for
+    /// [`mutant::SECOND_ATTEMPT_AFTER`], a second one for the same record, under a new tag; the
+    /// first stays open. Each is journalled when it closes.
+    fn open_second_attempts(&mut self, now: Instant) -> Vec<(u16, Arc<StoredRecord>)> {
+        let late: Vec<u16> = self
+            .open
+            .iter()
+            .filter(|(_, o)| {
+                !o.marks.twinned
+                    && now.saturating_duration_since(o.marks.on_wire)
+                        >= mutant::SECOND_ATTEMPT_AFTER
+            })
+            .map(|(tag, _)| *tag)
+            .collect();
+        let mut sends = Vec::new();
+        for tag in late {
+            let Some(first) = self.open.get_mut(&tag) else {
+                continue;
+            };
+            first.marks.twinned = true;
+            let mut entry = first.entry.clone();
+            entry.attempts += 1;
+            let pkid = self.free_pkid();
+            sends.push((pkid, entry.record.clone()));
+            let mut marks = mutant::OpenMarks::new(now);
+            marks.twinned = true;
+            self.open.insert(
+                pkid,
+                Open {
+                    entry,
+                    opened_ms: wall_ms(),
+                    marks,
+                },
+            );
+        }
+        sends.sort_by_key(|(_, r)| r.seq);
+        sends
+    }
+
+    /// `outage-spends-attempts`: a failed connect taken for one refused attempt of every
+    /// waiting record; after [`mutant::OUTAGE_REFUSALS`] the record is set aside as failed with
+    /// the connect error as "the destination's words". Journalled as refused attempts, which is
+    /// what this engine believes they were.
+    pub fn outage_as_refusal(&mut self, why: &str) -> Vec<Effect> {
+        let now_ms = wall_ms();
+        let error = format!("connect failed, counted as a refusal: {why}");
+        let mut entries: Vec<Entry> = std::mem::take(&mut self.ready).into_values().collect();
+        entries.extend(
+            std::mem::take(&mut self.delayed)
+                .into_values()
+                .map(|(_, e)| e),
+        );
+        let mut effects = Vec::new();
+        for mut entry in entries {
+            entry.attempts += 1;
+            entry.refusals += 1;
+            entry.first_attempt_ms.get_or_insert(now_ms);
+            self.attempts.refused += 1;
+            effects.push(Effect::Closed(AttemptRecord {
+                output: self.name.clone(),
+                key: entry.record.key.clone(),
+                seq: entry.record.seq,
+                attempt: entry.attempts,
+                opened_ms: now_ms,
+                closed_ms: now_ms,
+                outcome: Outcome::Refused,
+                error: Some(error.clone()),
+            }));
+            if entry.refusals >= mutant::OUTAGE_REFUSALS {
+                self.failed += 1;
+                effects.push(Effect::Failed(FailedRecord {
+                    output: self.name.clone(),
+                    key: entry.record.key.clone(),
+                    seq: entry.record.seq,
+                    data: entry.record.data.clone(),
+                    error: error.clone(),
+                    refusals: entry.refusals,
+                    first_attempt_ms: entry.first_attempt_ms.unwrap_or(now_ms),
+                    last_attempt_ms: now_ms,
+                }));
+            } else {
+                self.ready.insert(entry.record.seq, entry);
+            }
+        }
+        effects
+    }
+
+    /// `local-connected-flag`: every attempt open longer than `limit` is closed as refused
+    /// ("the destination is up, so no answer means no").
+    pub fn unanswered_as_refused(&mut self, limit: Duration, now: Instant) -> Vec<Effect> {
+        let cutoff = wall_ms().saturating_sub(limit.as_millis() as u64);
+        let mut late: Vec<(u64, u16)> = self
+            .open
+            .iter()
+            .filter(|(_, o)| o.opened_ms < cutoff)
+            .map(|(tag, o)| (o.entry.record.seq, *tag))
+            .collect();
+        late.sort();
+        let mut effects = Vec::new();
+        for (_, tag) in late {
+            let answer = Answer::Refused(format!(
+                "no answer within {limit:?} while connected, counted as a refusal"
+            ));
+            effects.extend(self.on_answer(tag, answer, now));
+        }
+        effects
+    }
+
+    /// `evict-oldest-when-full`: the `n` oldest waiting records without an open attempt are
+    /// dropped and counted done (marked, so that a restart does not bring them back). No
+    /// attempt is journalled: none was made.
+    pub fn evict_oldest(&mut self, n: usize) -> Vec<Effect> {
+        let mut evicted = Vec::new();
+        while evicted.len() < n {
+            let oldest_ready = self.ready.first_key_value().map(|(s, _)| *s);
+            let oldest_delayed = self.delayed.first_key_value().map(|(s, _)| *s);
+            let entry = match (oldest_ready, oldest_delayed) {
+                (Some(r), Some(d)) if d < r => self.delayed.remove(&d).map(|(_, e)| e),
+                (Some(r), _) => self.ready.remove(&r),
+                (None, Some(d)) => self.delayed.remove(&d).map(|(_, e)| e),
+                (None, None) => None,
+            };
+            let Some(entry) = entry else { break };
+            self.delivered += 1;
+            evicted.push(Effect::Delivered(entry.record.segment, entry.record.seq));
+        }
+        if !evicted.is_empty() {
+            eprintln!(
+                "drill engine: MUTANT evict-oldest-when-full: output {}: evicted the {} oldest waiting records to make room",
+                self.name,
+                evicted.len()
+            );
+        }
+        evicted
+    }
+
+    /// `probe-with-oldest-record`: the oldest record waiting (open or not).
+    pub fn oldest_waiting(&self) -> Option<Arc<StoredRecord>> {
+        let open = self.open.values().map(|o| &o.entry);
+        let delayed = self.delayed.values().map(|(_, e)| e);
+        self.ready
+            .values()
+            .chain(delayed)
+            .chain(open)
+            .min_by_key(|e| e.record.seq)
+            .map(|e| e.record.clone())
     }
 }
 
@@ -564,5 +807,178 @@ mod tests {
         assert_eq!(p.backoff(1), Duration::from_secs(1));
         assert_eq!(p.backoff(2), Duration::from_secs(2));
         assert_eq!(p.backoff(7), Duration::from_secs(60));
+    }
+
+    /// The mutants break the rules the tests above check, each at its switch.
+    #[cfg(feature = "mutants")]
+    mod mutants {
+        use super::*;
+        use crate::engine::mutant::{self, Mutant};
+
+        /// `m` is active on this thread until the guard drops.
+        struct Active;
+        fn active(m: Mutant) -> Active {
+            mutant::set_for_this_thread(Some(m));
+            Active
+        }
+        impl Drop for Active {
+            fn drop(&mut self) {
+                mutant::set_for_this_thread(None);
+            }
+        }
+
+        fn keys(packets: &[Packet]) -> Vec<String> {
+            packets
+                .iter()
+                .map(|p| match p {
+                    Packet::Publish(p) => crate::mqtt::write_key_of(p).unwrap(),
+                    _ => String::new(),
+                })
+                .collect()
+        }
+
+        #[test]
+        fn resend_on_timer_puts_an_unanswered_record_on_the_wire_again() {
+            let _m = active(Mutant::ResendOnTimer);
+            let mut out = Output::new("o", "t", Order::InOrder, policy(), 8);
+            out.ingest(records(2));
+            let t0 = Instant::now();
+            let first = out.next_sends(t0);
+            assert_eq!(pkids(&first), vec![1, 2]);
+            assert!(out.next_sends(t0 + Duration::from_millis(500)).is_empty());
+            let again = out.next_sends(t0 + mutant::RESEND_AFTER);
+            assert_eq!(
+                pkids(&again),
+                vec![1, 2],
+                "the same attempts, on the wire again"
+            );
+            assert_eq!(keys(&again), vec!["k-0", "k-1"]);
+            // Both copies answered: one attempt, delivered once; the second answer is ignored.
+            let effects = out.on_ack(&ack(1, SUCCESS), t0);
+            assert!(matches!(&effects[0], Effect::Closed(a) if a.outcome == Outcome::Delivered));
+            assert!(out.on_ack(&ack(1, SUCCESS), t0).is_empty());
+            assert_eq!((out.delivered, out.attempts.possibly_sent), (1, 0));
+        }
+
+        #[test]
+        fn second_attempt_while_open_opens_two_attempts_for_one_key() {
+            let _m = active(Mutant::SecondAttemptWhileOpen);
+            let mut out = Output::new("o", "t", Order::InOrder, policy(), 8);
+            out.ingest(records(1));
+            let t0 = Instant::now();
+            out.next_sends(t0);
+            assert!(out.open_keys_unique());
+            let second = out.next_sends(t0 + mutant::SECOND_ATTEMPT_AFTER);
+            assert_eq!(keys(&second), vec!["k-0"]);
+            assert!(!out.open_keys_unique(), "two open attempts for k-0");
+            assert!(
+                out.next_sends(t0 + 3 * mutant::SECOND_ATTEMPT_AFTER)
+                    .is_empty()
+            );
+            // Both answered delivered: two delivered attempts, counted twice.
+            let tags = [1, pkids(&second)[0]];
+            for (n, tag) in tags.into_iter().enumerate() {
+                let effects = out.on_ack(&ack(tag, SUCCESS), t0);
+                assert!(matches!(&effects[0],
+                    Effect::Closed(a) if a.outcome == Outcome::Delivered && a.attempt == n as u32 + 1));
+            }
+            assert_eq!(out.delivered, 2);
+        }
+
+        #[test]
+        fn outage_spends_attempts_fails_waiting_records_after_three_connect_errors() {
+            let _m = active(Mutant::OutageSpendsAttempts);
+            let mut out = Output::new("o", "t", Order::InOrder, RefusalPolicy::default(), 8);
+            out.ingest(records(2));
+            for n in 1..=mutant::OUTAGE_REFUSALS {
+                let effects = out.outage_as_refusal("connection refused");
+                let failed = effects
+                    .iter()
+                    .filter(|e| matches!(e, Effect::Failed(_)))
+                    .count();
+                assert_eq!(failed, if n == mutant::OUTAGE_REFUSALS { 2 } else { 0 });
+            }
+            assert_eq!((out.failed, out.waiting(), out.attempts.refused), (2, 0, 6));
+        }
+
+        #[test]
+        fn expire_by_age_drops_old_waiting_records_and_counts_them_delivered() {
+            let _m = active(Mutant::ExpireByAge);
+            let mut out = Output::new("o", "t", Order::InOrder, policy(), 8);
+            out.ingest(records(3));
+            let later = Instant::now() + mutant::MAX_AGE + Duration::from_millis(1);
+            assert!(out.next_sends(later).is_empty(), "nothing left to send");
+            assert_eq!((out.delivered, out.waiting()), (3, 0));
+        }
+
+        #[test]
+        fn drop_refused_silently_sets_nothing_aside() {
+            let _m = active(Mutant::DropRefusedSilently);
+            let mut out = Output::new("o", "t", Order::Any, policy(), 8);
+            out.ingest(records(1));
+            let mut now = Instant::now();
+            for _ in 0..policy().max {
+                let sent = pkids(&out.next_sends(now));
+                let effects = out.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
+                assert!(!effects.iter().any(|e| matches!(e, Effect::Failed(_))));
+                now = out.next_due().unwrap_or(now);
+            }
+            assert_eq!(
+                (out.failed, out.delivered, out.waiting()),
+                (0, 1, 0),
+                "gone"
+            );
+        }
+
+        #[test]
+        fn resend_out_of_order_sends_a_backlog_newest_first() {
+            let _m = active(Mutant::ResendOutOfOrder);
+            let mut out = Output::new("o", "t", Order::InOrder, policy(), 2);
+            out.ingest(records(5));
+            assert_eq!(keys(&out.next_sends(Instant::now())), vec!["k-4", "k-3"]);
+            // No backlog (no more waiting than the window): oldest first again.
+            let mut small = Output::new("o", "t", Order::InOrder, policy(), 2);
+            small.ingest(records(2));
+            assert_eq!(keys(&small.next_sends(Instant::now())), vec!["k-0", "k-1"]);
+        }
+
+        #[test]
+        fn local_connected_flag_counts_a_silence_as_a_refusal() {
+            let mut out = Output::new("o", "t", Order::Any, policy(), 8);
+            out.ingest(records(1));
+            let mut now = Instant::now();
+            let mut failed = None;
+            for _ in 0..policy().max {
+                out.next_sends(now);
+                std::thread::sleep(Duration::from_millis(3));
+                let effects = out.unanswered_as_refused(Duration::from_millis(1), now);
+                assert!(matches!(&effects[0], Effect::Closed(a) if a.outcome == Outcome::Refused));
+                failed = effects.into_iter().find_map(|e| match e {
+                    Effect::Failed(f) => Some(f),
+                    _ => None,
+                });
+                now = out.next_due().unwrap_or(now);
+            }
+            let failed = failed.expect("a silent destination failed a good record");
+            assert!(
+                failed.error.contains("no answer within"),
+                "{}",
+                failed.error
+            );
+            assert_eq!(out.attempts.possibly_sent, 0);
+        }
+
+        #[test]
+        fn evict_oldest_drops_the_oldest_waiting_records() {
+            let mut out = Output::new("o", "t", Order::InOrder, policy(), 1);
+            out.ingest(records(4));
+            let now = Instant::now();
+            out.next_sends(now); // k-0 open: not evicted
+            assert_eq!(out.evict_oldest(2).len(), 2);
+            assert_eq!((out.waiting(), out.delivered), (2, 2));
+            assert_eq!(out.oldest_waiting().unwrap().seq, 0);
+            out.on_ack(&ack(1, SUCCESS), now);
+            assert_eq!(keys(&out.next_sends(now)), vec!["k-3"]);
+        }
     }
 }

@@ -1,0 +1,520 @@
+//! Deliberately broken engines ("mutants") for `drill selftest`: test builds only.
+//!
+//! Compiled only with the cargo feature `mutants` (CI builds with `--all-features`; a release
+//! binary never has it, and a binary without it refuses to start when `DRILL_MUTANT` is set).
+//! `DRILL_MUTANT=<name>` is read once, when the engine starts (`drill engine` is spawned by the
+//! drill runner and inherits the variable); an unknown name refuses to start and lists the
+//! known ones. A mutant engine says so on stderr in its first line:
+//!
+//! ```text
+//! drill engine: MUTANT ack-before-write: answers the ingest … (a deliberately broken engine for drill selftest)
+//! ```
+//!
+//! Each mutant breaks one rule of DESIGN.md §1 at the one place where the correct engine keeps
+//! it, behind `#[cfg(feature = "mutants")] if mutant::is(Mutant::X)` (grep `Mutant::` to find
+//! them all). The breakage is meant to be plain, so that a drill with the right fault fails it;
+//! the attempt journal records what the mutant really did (only `forget-delivery-marks`
+//! forgets, by design, what its journals said). Where each is caught, and by what count, is
+//! [`MUTANTS`]' second column and the doc of each [`Mutant`] variant.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use futures::SinkExt;
+
+use super::log::{RecordLog, StoredRecord};
+use super::{EngineError, IngestJob, OutputConfig, Shared, ToOutput};
+use crate::mqtt::{self, Packet};
+
+/// The environment variable that names the mutant.
+pub const ENV: &str = "DRILL_MUTANT";
+
+/// Every mutant: name, and what it does wrong (one line). In the order of [`Mutant::ALL`].
+pub const MUTANTS: &[(&str, &str)] = &[
+    (
+        "ack-before-write",
+        "answers the ingest 200 at once and writes the batch to the log about a second later: a SIGKILL in between loses acknowledged records",
+    ),
+    (
+        "ack-before-fdatasync",
+        "writes the batch and answers before fdatasync, which runs every 2 s: survives a SIGKILL (page cache), not a power cut",
+    ),
+    (
+        "memory-only",
+        "keeps its buffer as if only in memory: on start it discards the last run's record log, delivery marks and failed messages, so a restart forgets everything not delivered",
+    ),
+    (
+        "resend-on-timer",
+        "puts an attempt's record on the wire again every second while the attempt is unanswered (and Kafka without idempotence): a slow link makes extra copies with no possibly_sent attempt",
+    ),
+    (
+        "outage-spends-attempts",
+        "counts every failed connect as a refusal of every waiting record and sets a record aside after 3: a long outage fails good records",
+    ),
+    (
+        "expire-by-age",
+        "drops waiting records accepted more than 5 s ago, counting them delivered: an outage longer than that loses them",
+    ),
+    (
+        "probe-with-oldest-record",
+        "asks \"is the MQTT destination back?\" by publishing the oldest waiting record at QoS 0 without its write key instead of a PINGREQ: an extra copy after every outage",
+    ),
+    (
+        "local-connected-flag",
+        "MQTT: calls itself connected once TCP connects (no CONNACK or PINGRESP awaited), never probes, and counts an attempt unanswered for the answer timeout as a refusal: a hung link fails good records",
+    ),
+    (
+        "second-attempt-while-open",
+        "opens a second attempt for a write key whose attempt has been open 1.5 s without closing the first: both answered delivered on a slow link, copies with no possibly_sent attempt",
+    ),
+    (
+        "drop-refused-silently",
+        "drops a record after its last counted refusal instead of setting it aside in Failed messages: lost, not failed",
+    ),
+    (
+        "evict-oldest-when-full",
+        "when the disk is full, evicts the oldest waiting records (counted done) to take the new ones instead of refusing ingest",
+    ),
+    (
+        "forget-delivery-marks",
+        "ignores its delivery marks on start and sends every record still in the log again, as fresh attempts",
+    ),
+    (
+        "resend-out-of-order",
+        "sends a backlog (more records waiting than the window) newest first: records reordered per key after an outage",
+    ),
+    (
+        "no-keepalive",
+        "MQTT: no PINGREQ and no answer timeout in a session; it sees a dead link only when TCP reports an error, so a link gone silent stalls it for good",
+    ),
+];
+
+/// One deliberately broken behaviour. How a drill catches each is said per variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutant {
+    /// Writer thread ([`super::run`]). Caught by an engine `kill` while records flow: `lost`
+    /// (acknowledged, never written) and the ledger does not close.
+    AckBeforeWrite,
+    /// [`RecordLog::append`]. Caught by a power cut only (not built yet): `lost`.
+    AckBeforeFdatasync,
+    /// [`RecordLog::open`]. Caught by an engine `kill` while records wait (an outage): `lost`, and
+    /// the engine's `held` disagrees with the source's.
+    MemoryOnly,
+    /// [`super::output::Output::next_attempts`] (MQTT, Kafka; NATS dedups by message id).
+    /// Caught by a `delay` whose round trip exceeds a second but not the answer timeout:
+    /// `duplicates` beyond `at_least_once`.
+    ResendOnTimer,
+    /// `OutputSide::connect` (every output kind). Caught by a `refuse` outage of a few seconds:
+    /// `failed` above the poison count.
+    OutageSpendsAttempts,
+    /// [`super::output::Output::next_attempts`] (every output kind). Caught by any outage over
+    /// 5 s with traffic: `lost`.
+    ExpireByAge,
+    /// MQTT `drive_mqtt`'s probe. Caught by an outage that leaves records waiting: `duplicates`
+    /// (a copy without the write key, unless its record's attempt ended `possibly_sent`) and
+    /// `max_copies`.
+    ProbeWithOldestRecord,
+    /// MQTT `connect_and_probe` and `drive_mqtt`'s tick. Caught by a `hang` longer than the
+    /// refusals × (answer timeout + backoff): `failed` above the poison count.
+    LocalConnectedFlag,
+    /// [`super::output::Output::next_attempts`] (every output kind). Caught by a `delay` whose
+    /// round trip exceeds 1.5 s: `duplicates` beyond `at_least_once`, and the engine's account
+    /// counts deliveries twice (the ledger does not close).
+    SecondAttemptWhileOpen,
+    /// [`super::output::Output::on_answer`] (every output kind). Caught by a poison record:
+    /// `failed` 0 instead of 1, `lost` 1.
+    DropRefusedSilently,
+    /// The ingest handler's disk check. Caught by a full disk (`fill_disk`, not built yet):
+    /// `lost`.
+    EvictOldestWhenFull,
+    /// [`super::Journal::open`]. After an engine restart every record still in the log is sent
+    /// again: copies with the write key, journalled as fresh attempts with no `possibly_sent`.
+    /// drill excuses copies of records accepted before a crash, so only `max_copies` or the
+    /// total of duplicates shows them (see the module doc of the selftest).
+    ForgetDeliveryMarks,
+    /// [`super::output::Output::next_attempts`] (every output kind). Caught by an outage that
+    /// builds a backlog: `reordered`.
+    ResendOutOfOrder,
+    /// MQTT `drive_mqtt`'s tick. Caught by a `strand` fault (not built yet): the drain times out
+    /// with records waiting; `recovery_within`, `drain_within`.
+    NoKeepalive,
+}
+
+impl Mutant {
+    /// In the order of [`MUTANTS`].
+    pub const ALL: [Mutant; 14] = [
+        Mutant::AckBeforeWrite,
+        Mutant::AckBeforeFdatasync,
+        Mutant::MemoryOnly,
+        Mutant::ResendOnTimer,
+        Mutant::OutageSpendsAttempts,
+        Mutant::ExpireByAge,
+        Mutant::ProbeWithOldestRecord,
+        Mutant::LocalConnectedFlag,
+        Mutant::SecondAttemptWhileOpen,
+        Mutant::DropRefusedSilently,
+        Mutant::EvictOldestWhenFull,
+        Mutant::ForgetDeliveryMarks,
+        Mutant::ResendOutOfOrder,
+        Mutant::NoKeepalive,
+    ];
+
+    fn index(self) -> usize {
+        Mutant::ALL.iter().position(|m| *m == self).unwrap_or(0)
+    }
+
+    pub fn name(self) -> &'static str {
+        MUTANTS[self.index()].0
+    }
+
+    pub fn about(self) -> &'static str {
+        MUTANTS[self.index()].1
+    }
+
+    /// The mutant called `name`, or an error that lists every known name.
+    pub fn parse(name: &str) -> Result<Mutant, String> {
+        MUTANTS
+            .iter()
+            .position(|(n, _)| *n == name)
+            .map(|i| Mutant::ALL[i])
+            .ok_or_else(|| {
+                let known: Vec<&str> = MUTANTS.iter().map(|(n, _)| *n).collect();
+                format!(
+                    "{ENV}={name:?} names no mutant; known: {}",
+                    known.join(", ")
+                )
+            })
+    }
+}
+
+/// How long `ack-before-write` keeps an acknowledged batch before writing it.
+pub const WRITE_AFTER: Duration = Duration::from_secs(1);
+/// How often `ack-before-fdatasync` syncs what it acknowledged.
+pub const SYNC_EVERY: Duration = Duration::from_secs(2);
+/// How long an attempt stays unanswered before `resend-on-timer` puts it on the wire again.
+pub const RESEND_AFTER: Duration = Duration::from_secs(1);
+/// Failed connects after which `outage-spends-attempts` sets a waiting record aside.
+pub const OUTAGE_REFUSALS: u32 = 3;
+/// The age at which `expire-by-age` drops a waiting record.
+pub const MAX_AGE: Duration = Duration::from_secs(5);
+/// How long an attempt stays open before `second-attempt-while-open` opens another (half the
+/// default answer timeout).
+pub const SECOND_ATTEMPT_AFTER: Duration = Duration::from_millis(1500);
+
+/// The mutant named by [`ENV`], if set: what `run` checks before anything starts.
+pub fn from_env() -> Result<Option<Mutant>, String> {
+    match std::env::var_os(ENV) {
+        None => Ok(None),
+        Some(name) => Mutant::parse(&name.to_string_lossy()).map(Some),
+    }
+}
+
+static ACTIVE: OnceLock<Option<Mutant>> = OnceLock::new();
+
+#[cfg(test)]
+thread_local! {
+    static THIS_THREAD: std::cell::Cell<Option<Mutant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Unit tests only: make `m` the active mutant on this thread (the state machine's tests are
+/// synchronous), so tests in parallel do not see each other's.
+#[cfg(test)]
+pub fn set_for_this_thread(m: Option<Mutant>) {
+    THIS_THREAD.with(|t| t.set(m));
+}
+
+/// The active mutant: [`ENV`], read once.
+pub fn active() -> Option<Mutant> {
+    #[cfg(test)]
+    if let Some(m) = THIS_THREAD.with(|t| t.get()) {
+        return Some(m);
+    }
+    *ACTIVE.get_or_init(|| from_env().ok().flatten())
+}
+
+/// Is `m` the active mutant?
+pub fn is(m: Mutant) -> bool {
+    active() == Some(m)
+}
+
+/// At start: refuses an unknown name, and says which mutant runs.
+pub(super) fn announce() -> Result<(), EngineError> {
+    let chosen = from_env().map_err(EngineError::Mutant)?;
+    if let Some(m) = chosen {
+        eprintln!(
+            "drill engine: MUTANT {}: {} (a deliberately broken engine for drill selftest)",
+            m.name(),
+            m.about()
+        );
+    }
+    Ok(())
+}
+
+/// Per open attempt, what the mutants that put a record on the wire again need to know.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenMarks {
+    /// When the record was last put on the wire for this attempt (`resend-on-timer`).
+    pub on_wire: Instant,
+    /// A second attempt was opened beside this one (`second-attempt-while-open`).
+    pub twinned: bool,
+}
+
+impl OpenMarks {
+    pub fn new(now: Instant) -> OpenMarks {
+        OpenMarks {
+            on_wire: now,
+            twinned: false,
+        }
+    }
+}
+
+/// `ack-before-write`: batches answered already and written [`WRITE_AFTER`] later.
+#[derive(Default)]
+pub(super) struct LateWrites {
+    batches: Vec<(Instant, Vec<String>)>,
+    lines: u64,
+}
+
+impl LateWrites {
+    /// Answers every job now, with the write keys the log will mint for its lines once they
+    /// are written, and keeps the lines.
+    pub(super) fn answer_now(&mut self, log: &RecordLog, jobs: Vec<IngestJob>) {
+        let now = Instant::now();
+        for job in jobs {
+            let first = log.next_seq() + self.lines;
+            let keys = (first..first + job.lines.len() as u64)
+                .map(|seq| log.key_for(seq))
+                .collect();
+            self.lines += job.lines.len() as u64;
+            let _ = job.reply.send(Ok(keys));
+            self.batches.push((now, job.lines));
+        }
+    }
+
+    /// Writes (and syncs) the batches answered at least [`WRITE_AFTER`] ago, or all of them.
+    pub(super) fn write_due(
+        &mut self,
+        log: &mut RecordLog,
+        held: &std::sync::atomic::AtomicU64,
+        to_outputs: &[tokio::sync::mpsc::UnboundedSender<ToOutput>],
+        all: bool,
+    ) {
+        let due = self
+            .batches
+            .iter()
+            .take_while(|(at, _)| all || at.elapsed() >= WRITE_AFTER)
+            .count();
+        for (_, lines) in self.batches.drain(..due) {
+            self.lines -= lines.len() as u64;
+            // Nobody waits for this answer: it was given a second ago.
+            let (reply, _) = tokio::sync::oneshot::channel();
+            super::commit(log, vec![IngestJob { lines, reply }], held, to_outputs);
+        }
+    }
+}
+
+/// `memory-only`: forgets what the last run left in `dir` (record log, delivery marks, failed
+/// messages, the engine's identity, so write keys stay unique); the attempt journal stays.
+pub(super) fn forget_last_run(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut gone = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let forget = name == "engine.id"
+            || name.starts_with("records-")
+            || name.starts_with("delivered-")
+            || name.starts_with("failed-");
+        if forget && std::fs::remove_file(entry.path()).is_ok() {
+            gone += 1;
+        }
+    }
+    if gone > 0 {
+        eprintln!(
+            "drill engine: MUTANT memory-only: forgot the last run ({gone} files of {})",
+            dir.display()
+        );
+    }
+}
+
+/// `evict-oldest-when-full`: every output drops its `n` oldest waiting records.
+pub(super) fn evict_oldest(shared: &Shared, n: usize) {
+    if let Ok(outputs) = shared.to_outputs.lock() {
+        for tx in outputs.iter() {
+            let _ = tx.send(ToOutput::Evict(n));
+        }
+    }
+}
+
+/// `probe-with-oldest-record`: CONNECT/CONNACK, then the oldest waiting record published at
+/// QoS 0 without its write key as the "probe" (no answer is awaited: the publish went out).
+pub(super) async fn probe_with_record(
+    cfg: &OutputConfig,
+    client_id: &str,
+    record: &StoredRecord,
+) -> Result<mqtt::Session, String> {
+    let limit = cfg.answer_timeout.0;
+    let mut session = mqtt::connect(cfg.address, client_id, cfg.keepalive.0, limit)
+        .await
+        .map_err(|e| e.to_string())?;
+    let publish = mqtt::Publish::new(
+        &cfg.topic,
+        mqtt::QoS::AtMostOnce,
+        bytes::Bytes::from(record.data.clone().into_bytes()),
+        None,
+    );
+    tokio::time::timeout(limit, session.framed.send(Packet::Publish(publish)))
+        .await
+        .map_err(|_| format!("probe publish blocked for {limit:?}"))?
+        .map_err(|e| e.to_string())?;
+    Ok(session)
+}
+
+/// `local-connected-flag`: TCP connect and CONNECT sent, and "connected" at once: no CONNACK
+/// is awaited (it arrives later, as any packet, and is ignored).
+pub(super) async fn connect_without_answer(
+    cfg: &OutputConfig,
+    client_id: &str,
+) -> Result<mqtt::Session, String> {
+    let addr = cfg.address;
+    let limit = cfg.answer_timeout.0;
+    let socket = tokio::time::timeout(limit, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| format!("no TCP connection within {limit:?}"))?
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let _ = socket.set_nodelay(true);
+    let mut framed = tokio_util::codec::Framed::new(socket, mqtt::DrillCodec);
+    let connect = mqtt::Connect {
+        keep_alive: cfg.keepalive.0.as_secs().clamp(1, u16::MAX as u64) as u16,
+        client_id: client_id.to_string(),
+        clean_start: true,
+        properties: Some(mqtt::ConnectProperties {
+            session_expiry_interval: Some(0),
+            receive_maximum: Some(u16::MAX),
+            ..mqtt::ConnectProperties::new()
+        }),
+    };
+    tokio::time::timeout(limit, framed.send(Packet::Connect(connect, None, None)))
+        .await
+        .map_err(|_| format!("CONNECT blocked for {limit:?}"))?
+        .map_err(|e| e.to_string())?;
+    Ok(mqtt::Session {
+        addr,
+        framed,
+        // What the flag believes, not what the broker said.
+        connack: mqtt::ConnAck {
+            session_present: false,
+            code: mqtt::ConnectReturnCode::Success,
+            properties: None,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_mutant_has_a_name_and_a_description_and_parses_back() {
+        assert_eq!(MUTANTS.len(), Mutant::ALL.len());
+        for m in Mutant::ALL {
+            assert_eq!(Mutant::parse(m.name()), Ok(m));
+            assert!(!m.about().is_empty() && !m.about().contains('\n'));
+        }
+        let mut names: Vec<&str> = MUTANTS.iter().map(|(n, _)| *n).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), MUTANTS.len(), "names are unique");
+    }
+
+    #[test]
+    fn an_unknown_name_is_refused_with_every_known_name_listed() {
+        let e = Mutant::parse("ack-before-wrte").unwrap_err();
+        assert!(
+            e.contains("DRILL_MUTANT=\"ack-before-wrte\" names no mutant"),
+            "{e}"
+        );
+        for (name, _) in MUTANTS {
+            assert!(e.contains(name), "{name} missing from: {e}");
+        }
+        assert!(Mutant::parse("").is_err());
+    }
+
+    #[test]
+    fn ack_before_write_answers_before_the_log_has_the_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _, _) = RecordLog::open(dir.path(), 1 << 20).unwrap();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let mut late = LateWrites::default();
+        let lines = vec!["{\"a\":1}".to_string(), "{\"a\":2}".to_string()];
+        late.answer_now(&log, vec![IngestJob { lines, reply }]);
+        let keys = answer.blocking_recv().unwrap().unwrap();
+        assert_eq!(
+            (keys.len(), log.next_seq()),
+            (2, 0),
+            "answered, not written"
+        );
+        let held = std::sync::atomic::AtomicU64::new(0);
+        late.write_due(&mut log, &held, &[], false);
+        assert_eq!(log.next_seq(), 0, "not due for a second");
+        late.write_due(&mut log, &held, &[], true);
+        assert_eq!(log.next_seq(), 2);
+        drop(log);
+        let (_, records, _) = RecordLog::open(dir.path(), 1 << 20).unwrap();
+        let stored: Vec<String> = records.iter().map(|r| r.key.clone()).collect();
+        assert_eq!(
+            stored, keys,
+            "the keys answered are the keys the log minted"
+        );
+    }
+
+    #[test]
+    fn memory_only_forgets_the_last_run_on_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut log, _, _) = RecordLog::open(dir.path(), 1 << 20).unwrap();
+        let before = log.append(vec!["{}".to_string()]).unwrap()[0].key.clone();
+        drop(log);
+        set_for_this_thread(Some(Mutant::MemoryOnly));
+        let (log, records, _) = RecordLog::open(dir.path(), 1 << 20).unwrap();
+        set_for_this_thread(None);
+        assert!(records.is_empty());
+        assert_eq!(log.next_seq(), 0);
+        assert_ne!(
+            log.key_for(0),
+            before,
+            "a new identity: write keys are never reused"
+        );
+    }
+
+    #[test]
+    fn forget_delivery_marks_reads_no_marks_on_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut marks, _) = super::super::log::DeliveryMarks::open(dir.path(), "o", 0).unwrap();
+        marks.mark(&[(0, 0), (0, 1)]).unwrap();
+        drop(marks);
+        let errors = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (_, start) = super::super::Journal::open(dir.path(), "o", 0, errors.clone()).unwrap();
+        assert_eq!(start.delivered.len(), 2);
+        set_for_this_thread(Some(Mutant::ForgetDeliveryMarks));
+        let (_, start) = super::super::Journal::open(dir.path(), "o", 0, errors).unwrap();
+        set_for_this_thread(None);
+        assert!(start.delivered.is_empty());
+    }
+
+    #[test]
+    fn the_override_is_per_thread() {
+        set_for_this_thread(Some(Mutant::ExpireByAge));
+        assert!(is(Mutant::ExpireByAge));
+        let other = std::thread::spawn(|| is(Mutant::ExpireByAge))
+            .join()
+            .unwrap();
+        assert!(
+            !other,
+            "another thread sees no mutant (DRILL_MUTANT is not set in tests)"
+        );
+        set_for_this_thread(None);
+        assert!(!is(Mutant::ExpireByAge));
+    }
+}
