@@ -14,8 +14,8 @@
 //! it, behind `#[cfg(feature = "mutants")] if mutant::is(Mutant::X)` (grep `Mutant::` to find
 //! them all). The breakage is meant to be plain, so that a drill with the right fault fails it;
 //! the attempt journal records what the mutant really did (only `forget-delivery-marks`
-//! forgets, by design, what its journals said). Where each is caught, and by what count, is
-//! [`MUTANTS`]' second column and the doc of each [`Mutant`] variant.
+//! forgets, by design, what its journals said). Where each switch is, and which fault and count
+//! catch it, is said on each [`Mutant`] variant.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -27,7 +27,7 @@ use super::{EngineError, IngestJob, OutputConfig, Shared, ToOutput};
 use crate::mqtt::{self, Packet};
 
 /// The environment variable that names the mutant.
-pub const ENV: &str = "DRILL_MUTANT";
+pub const ENV: &str = super::MUTANT_ENV;
 
 /// Every mutant: name, and what it does wrong (one line). In the order of [`Mutant::ALL`].
 pub const MUTANTS: &[(&str, &str)] = &[
@@ -89,54 +89,61 @@ pub const MUTANTS: &[(&str, &str)] = &[
     ),
 ];
 
-/// One deliberately broken behaviour. How a drill catches each is said per variant.
+/// One deliberately broken behaviour. Each variant says where its switch is and how a drill
+/// catches it (measured with throwaway scenarios at 200 records/s on MQTT unless said).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mutant {
-    /// Writer thread ([`super::run`]). Caught by an engine `kill` while records flow: `lost`
-    /// (acknowledged, never written) and the ledger does not close.
+    /// The writer thread in [`super::run`]. Caught by an engine `kill` while records flow
+    /// (`engine-crash.yaml`: 202 lost, the ledger does not close).
     AckBeforeWrite,
-    /// [`RecordLog::append`]. Caught by a power cut only (not built yet): `lost`.
+    /// [`RecordLog::append`] skips the sync; the writer thread syncs every [`SYNC_EVERY`].
+    /// Survives a SIGKILL; only a power cut (not built yet) loses records: `lost`.
     AckBeforeFdatasync,
-    /// [`RecordLog::open`]. Caught by an engine `kill` while records wait (an outage): `lost`, and
-    /// the engine's `held` disagrees with the source's.
+    /// [`RecordLog::open`]. Caught by an engine `kill` while records wait (`engine-crash.yaml`:
+    /// 800 lost; the engine's `held` disagrees with the source's).
     MemoryOnly,
-    /// [`super::output::Output::next_attempts`] (MQTT, Kafka; NATS dedups by message id).
-    /// Caught by a `delay` whose round trip exceeds a second but not the answer timeout:
-    /// `duplicates` beyond `at_least_once`.
+    /// [`super::output::Output::next_attempts`] (every output kind; NATS drops the copies by
+    /// message id) and, for Kafka, `producer_config`. Caught by a `delay` whose round trip
+    /// exceeds a second but not the answer timeout (1 s each way for 15 s: 792 duplicates
+    /// beyond `at_least_once`) and by the shortened Kafka half-open drill (`tests/drill_run.rs`).
+    /// Its journal has one attempt per record however often the record went on the wire: to
+    /// this engine the copies are that one attempt.
     ResendOnTimer,
-    /// `OutputSide::connect` (every output kind). Caught by a `refuse` outage of a few seconds:
-    /// `failed` above the poison count.
+    /// `OutputSide::connect` (every output kind). Caught by a `refuse` outage (20 s: 3446
+    /// failed, expected 0; NATS, 12 s: 1789).
     OutageSpendsAttempts,
-    /// [`super::output::Output::next_attempts`] (every output kind). Caught by any outage over
-    /// 5 s with traffic: `lost`.
+    /// [`super::output::Output::next_attempts`] (every output kind). Caught by an outage over
+    /// [`MAX_AGE`] (`refuse` 20 s: 3108 lost; NATS, 12 s: 1524).
     ExpireByAge,
-    /// MQTT `drive_mqtt`'s probe. Caught by an outage that leaves records waiting: `duplicates`
-    /// (a copy without the write key, unless its record's attempt ended `possibly_sent`) and
-    /// `max_copies`.
+    /// MQTT: `drive_mqtt`'s connect closure. Caught by `refuse` outages: a copy without the
+    /// write key per outage, beyond `at_least_once` (five 2 s outages: 5). A keyless copy that
+    /// arrives first, of a record whose attempt ended `possibly_sent`, passes for the original.
     ProbeWithOldestRecord,
-    /// MQTT `connect_and_probe` and `drive_mqtt`'s tick. Caught by a `hang` longer than the
-    /// refusals × (answer timeout + backoff): `failed` above the poison count.
+    /// MQTT: `connect_and_probe` and the tick of `drive_mqtt`. Caught by a `hang` longer than
+    /// refusals × (answer timeout + backoff) (20 s with `refusals: { max: 3, backoff: [200ms,
+    /// 1s] }`: 104 failed, expected 0).
     LocalConnectedFlag,
     /// [`super::output::Output::next_attempts`] (every output kind). Caught by a `delay` whose
-    /// round trip exceeds 1.5 s: `duplicates` beyond `at_least_once`, and the engine's account
-    /// counts deliveries twice (the ledger does not close).
+    /// round trip exceeds [`SECOND_ATTEMPT_AFTER`] (1 s each way: 256 duplicates beyond
+    /// `at_least_once`, and the engine counts them delivered twice: the ledger does not close).
     SecondAttemptWhileOpen,
-    /// [`super::output::Output::on_answer`] (every output kind). Caught by a poison record:
-    /// `failed` 0 instead of 1, `lost` 1.
+    /// [`super::output::Output::on_answer`] (every output kind). Caught by a poison record
+    /// (`poison-record.yaml`: failed 0, expected 1; 1 lost).
     DropRefusedSilently,
-    /// The ingest handler's disk check. Caught by a full disk (`fill_disk`, not built yet):
-    /// `lost`.
+    /// The ingest handler's disk check, and [`super::output::Output::evict_oldest`]. Caught by a
+    /// full disk (`fill_disk`, not built yet): `lost`.
     EvictOldestWhenFull,
-    /// [`super::Journal::open`]. After an engine restart every record still in the log is sent
-    /// again: copies with the write key, journalled as fresh attempts with no `possibly_sent`.
-    /// drill excuses copies of records accepted before a crash, so only `max_copies` or the
-    /// total of duplicates shows them (see the module doc of the selftest).
+    /// [`super::Journal::open`]. After an engine restart every record still in the log goes
+    /// again, journalled as fresh attempts with no `possibly_sent`. drill excuses every extra
+    /// copy (with the write key) of a record accepted before a crash, so `duplicates` stays 0
+    /// (a kill after a 5 s `refuse`: 4000 copies, all excused); `max_copies: 2` catches it (3).
     ForgetDeliveryMarks,
     /// [`super::output::Output::next_attempts`] (every output kind). Caught by an outage that
-    /// builds a backlog: `reordered`.
+    /// builds a backlog (`refuse` 20 s: 4107 reordered; NATS, 12 s: 2526).
     ResendOutOfOrder,
-    /// MQTT `drive_mqtt`'s tick. Caught by a `strand` fault (not built yet): the drain times out
-    /// with records waiting; `recovery_within`, `drain_within`.
+    /// MQTT: the tick of `drive_mqtt`. Sits through a `hang` or `swallow` until the heal ends
+    /// the connection, so those pass it; caught by a `strand` (not built yet): the drain times
+    /// out with records waiting.
     NoKeepalive,
 }
 
