@@ -16,5 +16,5 @@ bash ci/images.sh
 actionlint ci/github/drill.yml
 cargo fmt --check
 cargo clippy --all-targets --all-features --locked -- -D warnings
-# --all-features builds the naive engine the tests must catch; release builds never have it.
+# --all-features builds the engine mutants the tests must catch; release builds never have it.
 cargo test --all-targets --all-features --locked
