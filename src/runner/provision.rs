@@ -110,11 +110,7 @@ impl Rig {
                     .unwrap_or(Duration::from_secs(120));
                 brokers::create_stream(c.addr, STREAM, &plan.destination.topic, window, limit, 1)
                     .await?;
-                notes.push(format!(
-                    "JetStream stream {STREAM} on subject `{}`: 1 replica, duplicate window {} s (at least the longest outage plus the longest backoff)",
-                    plan.destination.topic,
-                    window.as_secs()
-                ));
+                notes.push(stream_note(plan, 1, window));
                 let broker = container_broker(&c);
                 containers.push(c);
                 links.push(link.clone());
@@ -162,11 +158,7 @@ impl Rig {
                     replicas,
                 )
                 .await?;
-                notes.push(format!(
-                    "JetStream stream {STREAM} on subject `{}`: {replicas} replica(s), duplicate window {} s (at least the longest outage plus the longest backoff)",
-                    plan.destination.topic,
-                    window.as_secs()
-                ));
+                notes.push(stream_note(plan, replicas, window));
                 (broker, links[0].clone())
             }
             (DestinationKind::Kafka, Some((docker, image, image_id))) => {
@@ -393,4 +385,25 @@ fn container_broker(c: &container::ContainerBroker) -> brokers::Broker {
         .take(12)
         .collect();
     brokers::Broker::without_process(c.addr, "container", format!("{} (image {short})", c.image))
+}
+
+/// What the report says of the drill's JetStream stream, and whether its duplicate window is
+/// long enough: shorter than the longest outage plus the longest backoff, a record resent after
+/// the outage is stored again (the finding `nats-short-duplicate-window` shows).
+fn stream_note(plan: &Plan, replicas: usize, window: Duration) -> String {
+    let needed = crate::scenario::longest_outage(&plan.faults, plan.workload.duration)
+        + plan.engine.refusals.2;
+    let verdict = if window >= needed {
+        "at least the longest outage plus the longest backoff".to_string()
+    } else {
+        format!(
+            "SHORTER than the longest outage plus the longest backoff ({} s): a write resent after it is stored again, a duplicate the stream cannot catch",
+            needed.as_secs()
+        )
+    };
+    format!(
+        "JetStream stream {STREAM} on subject `{}`: {replicas} replica(s), duplicate window {} s ({verdict})",
+        plan.destination.topic,
+        window.as_secs()
+    )
 }
