@@ -139,6 +139,8 @@ pub struct Ledger {
     pub unexpected: u64,
     pub ingest_unknown: u64,
     pub recovered: u64,
+    /// Records the engine refused at ingest (a full disk): the source keeps them.
+    pub ingest_refused: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -171,6 +173,8 @@ pub struct Report {
     pub link: LinkStatus,
     pub versions: BTreeMap<String, String>,
     pub missing_examples: Vec<String>,
+    /// The engine's first answer when it refused ingest (e.g. disk full).
+    pub ingest_refused_example: Option<String>,
     pub duplicate_examples: Vec<String>,
     /// Messages at the destination that carried no harness id (shortened).
     pub unexpected_examples: Vec<String>,
@@ -315,6 +319,7 @@ pub fn judge(facts: &Facts) -> Report {
         unexpected: r.unexpected,
         ingest_unknown: r.ingest_unknown,
         recovered: r.recovered,
+        ingest_refused: r.ingest_refused,
     };
     let engine_account = facts.engine.as_ref().map(|s| EngineAccount {
         held: s.held,
@@ -472,6 +477,7 @@ pub fn judge(facts: &Facts) -> Report {
         link: facts.link.clone(),
         versions: facts.versions.clone(),
         missing_examples: r.missing_examples.clone(),
+        ingest_refused_example: r.ingest_refused_example.clone(),
         duplicate_examples: r.duplicate_examples.clone(),
         unexpected_examples: facts.unexpected_examples.clone(),
         series: facts.series.clone(),
@@ -644,6 +650,19 @@ pub fn markdown(report: &Report) -> String {
         l.ingest_unknown,
         l.recovered
     );
+    if l.ingest_refused > 0 {
+        let _ = writeln!(md);
+        let _ = writeln!(
+            md,
+            "Ingest refused by the engine: {} records (not part of `held`; the source keeps them){}.",
+            l.ingest_refused,
+            report
+                .ingest_refused_example
+                .as_deref()
+                .map(|w| format!(". Its answer: \"{}\"", w.trim()))
+                .unwrap_or_default()
+        );
+    }
     let _ = writeln!(md);
     if !report.inconclusive.is_empty() {
         let _ = writeln!(md, "## Inconclusive");

@@ -286,6 +286,11 @@ pub struct Reconciliation {
     pub recovered: u64,
     /// … of which not found (the engine did not take them).
     pub not_accepted: u64,
+    /// Records the engine answered no to (e.g. its disk was full): the source keeps them;
+    /// not part of `held`.
+    pub ingest_refused: u64,
+    /// The engine's first such answer, for the report.
+    pub ingest_refused_example: Option<String>,
     /// The most copies of any one record at the destination (0 when nothing arrived).
     pub max_copies: u64,
     /// Ids of the first missing records, for the report.
@@ -381,7 +386,11 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
                     None => rec.not_accepted += 1,
                 }
             }
-            Ingested::NotAccepted { .. } => {
+            Ingested::NotAccepted { why, .. } => {
+                rec.ingest_refused += 1;
+                if rec.ingest_refused_example.is_none() {
+                    rec.ingest_refused_example = Some(why.clone());
+                }
                 // The source was told no: a copy at the destination is unexpected.
                 if let Some(c) = found {
                     rec.unexpected += c.len() as u64;

@@ -148,10 +148,18 @@ async fn post(client: &reqwest::Client, url: &str, lines: &[String]) -> Vec<Inge
                 None => all(IngestAnswer::Accepted(None)),
             }
         }
-        Ok(response) => all(IngestAnswer::NotAccepted(format!(
-            "HTTP {}",
-            response.status()
-        ))),
+        Ok(response) => {
+            let status = response.status();
+            // The engine's own words, first line, when it gave any.
+            let body = response.text().await.unwrap_or_default();
+            let said = body.lines().next().unwrap_or("").trim();
+            let said: String = said.chars().take(300).collect();
+            all(IngestAnswer::NotAccepted(if said.is_empty() {
+                format!("HTTP {status}")
+            } else {
+                format!("HTTP {status}: {said}")
+            }))
+        }
         // Connection refused: the request never reached an engine.
         Err(e) if e.is_connect() => all(IngestAnswer::NotAccepted(format!("connect: {e}"))),
         // Sent, then the answer was lost (engine killed mid-request, timeout).
