@@ -1,5 +1,7 @@
 //! `drill run` end to end, through the real binary: a real broker (mosquitto when installed,
 //! else the embedded one), the real proxy, the engine as a child process, the real verifier.
+//! The catalogue's `ci` drills themselves (engine-crash, mqtt-flapping, nats-cluster-node-loss,
+//! …) run in tests/catalogue.rs, as the correct engine's row of `drill selftest --tag ci`.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -310,35 +312,6 @@ fn the_kafka_half_open_drill_runs_in_a_container() {
 }
 
 #[test]
-fn a_flapping_link_and_a_proxy_restart_lose_nothing() {
-    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/mqtt-flapping.yaml");
-    let ran = run_drill(scenario, "mqtt-flapping", &[]);
-    let (o, r) = (&ran.output, &ran.report);
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
-    assert_eq!(r["ledger"]["held"], 3600);
-    assert_eq!(r["ledger"]["lost"], 0);
-    assert_eq!(r["closes"], true);
-    let faults = r["faults"].as_array().unwrap();
-    assert_eq!(faults.len(), 7, "5 flaps, a restart, a delay: {faults:#?}");
-    assert!(
-        faults.iter().all(|f| f["until_ms"].is_u64()),
-        "every fault healed"
-    );
-    assert_eq!(r["recovery"].as_array().unwrap().len(), 7);
-}
-
-#[test]
-fn the_engine_crash_scenario_loses_nothing() {
-    let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/engine-crash.yaml");
-    let ran = run_drill(scenario, "engine-crash", &[]);
-    let (o, r) = (&ran.output, &ran.report);
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
-    assert_eq!(r["ledger"]["lost"], 0);
-    assert_eq!(r["ledger"]["duplicates_other_key"], 0);
-    assert_eq!(r["closes"], true);
-}
-
-#[test]
 fn the_nats_half_open_scenario_leaves_one_copy_of_each_record() {
     let scenario = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/nats-half-open.yaml");
     let ran = run_drill(scenario, "nats-half-open", &[]);
@@ -354,23 +327,6 @@ fn the_nats_half_open_scenario_leaves_one_copy_of_each_record() {
         let first = rec["first_delivery_ms"].as_u64().unwrap_or(u64::MAX);
         assert!(first.saturating_sub(heal) <= 5000, "{rec}");
     }
-}
-
-#[test]
-fn the_nats_cluster_survives_losing_its_stream_leader() {
-    let scenario = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/scenarios/nats-cluster-node-loss.yaml"
-    );
-    let ran = run_drill(scenario, "nats-cluster-node-loss", &[]);
-    assert_clean_pass(&ran);
-    let faults = ran.report["faults"].as_array().unwrap();
-    assert!(
-        faults
-            .iter()
-            .any(|f| f["target"].as_str().unwrap_or("").starts_with("broker n")),
-        "the leader's node was killed: {faults:?}"
-    );
 }
 
 #[test]
