@@ -14,7 +14,7 @@ use super::provision::Rig;
 use super::timeline::{Step, describe};
 use super::{RunError, ms, say};
 use crate::powerfs::PowerFs;
-use crate::proxy::{Direction, Fault};
+use crate::proxy::{Direction, Fault, FaultSpec};
 use crate::report::FaultRecord;
 use crate::scenario::{BrokerNode, ProcessAction};
 use crate::sut::System;
@@ -94,271 +94,286 @@ impl<'a> Drill<'a> {
     pub async fn apply(&mut self, step: &Step) -> Result<(), RunError> {
         let now = self.t0.elapsed();
         match step {
-            Step::Link {
-                index,
-                link: name,
-                spec,
-            } => {
-                let mut bit = None;
-                if let Some(l) = self.rig.links.iter().find(|l| l.name() == name.as_str()) {
-                    if spec.fault.instantaneous() {
-                        // A strand bites only the connections open at this instant.
-                        bit = Some(l.status().connections_open > 0);
-                    }
-                    l.apply_spec_settled(*spec).await;
-                }
-                let what = describe(spec);
-                say(&format!(
-                    "  {:>4}s  fault: link {name} {what} {}",
-                    now.as_secs(),
-                    spec.direction.name()
-                ));
-                self.faults.push(FaultRecord {
-                    index: *index,
-                    at_ms: ms(now),
-                    target: format!("link {name}"),
-                    fault: what,
-                    direction: Some(spec.direction.name().to_string()),
-                    until_ms: spec.fault.instantaneous().then_some(ms(now)),
-                    bit,
-                });
-            }
-            Step::ProxyDown { index } => {
-                // A proxy restart: every connection dropped, nothing listens.
-                for l in &self.rig.links {
-                    l.apply_settled(Fault::Refuse, Direction::Both).await;
-                }
-                say(&format!(
-                    "  {:>4}s  fault: proxy restart (down)",
-                    now.as_secs()
-                ));
-                self.faults.push(FaultRecord {
-                    index: *index,
-                    at_ms: ms(now),
-                    target: "link proxy".to_string(),
-                    fault: "restart".to_string(),
-                    direction: None,
-                    until_ms: None,
-                    bit: None,
-                });
-            }
-            Step::Heal { index, link: name } => {
-                for l in self
-                    .rig
-                    .links
-                    .iter()
-                    .filter(|l| name == "proxy" || l.name() == name.as_str())
-                {
-                    l.apply_settled(Fault::Heal, Direction::Both).await;
-                }
-                say(&format!("  {:>4}s  heal: link {name}", now.as_secs()));
-                let open = self.faults.iter_mut().rev().find(|f| {
-                    f.until_ms.is_none()
-                        && f.target == format!("link {name}")
-                        && index.is_none_or(|i| f.index == i)
-                });
-                if let Some(f) = open {
-                    f.until_ms = Some(ms(now));
-                }
-            }
+            Step::Link { index, link, spec } => self.link_fault(*index, link, spec, now).await,
+            Step::ProxyDown { index } => self.proxy_down(*index, now).await,
+            Step::Heal { index, link } => self.heal(*index, link, now).await,
             Step::Engine {
                 index,
                 action,
                 wipe_data,
-            } => {
-                let mut what = match action {
-                    ProcessAction::Kill => {
-                        self.system.kill().await;
-                        self.crashes.push(now);
-                        "kill (SIGKILL)".to_string()
-                    }
-                    ProcessAction::Pause => {
-                        self.system.pause(true)?;
-                        self.engine_paused = true;
-                        "pause (SIGSTOP)".to_string()
-                    }
-                    ProcessAction::Stop | ProcessAction::Restart => {
-                        self.system.stop(Duration::from_secs(10)).await;
-                        self.crashes.push(now);
-                        "stop (SIGTERM)".to_string()
-                    }
-                    ProcessAction::PowerCut => {
-                        self.system.kill().await;
-                        self.crashes.push(now);
-                        self.power_cuts.push(now);
-                        let cut = self.disk.map(PowerFs::power_cut).unwrap_or_default();
-                        format!(
-                            "power cut (SIGKILL; {} unsynced writes, {} bytes in {} files thrown away)",
-                            cut.writes, cut.bytes, cut.files
-                        )
-                    }
-                    ProcessAction::FillDisk => {
-                        if let Some(disk) = self.disk {
-                            disk.fill();
-                        }
-                        "disk full (data directory)".to_string()
-                    }
-                };
-                if *wipe_data {
-                    let data = self.system.data_dir().to_path_buf();
-                    empty_dir(&data)?;
-                    what.push_str(", data directory emptied");
-                }
-                say(&format!("  {:>4}s  fault: engine {what}", now.as_secs()));
-                self.faults.push(FaultRecord {
-                    index: *index,
-                    at_ms: ms(now),
-                    target: if *action == ProcessAction::FillDisk {
-                        "engine disk".to_string()
-                    } else {
-                        "engine".to_string()
-                    },
-                    fault: what,
-                    direction: None,
-                    until_ms: None,
-                    bit: None,
-                });
-            }
+            } => self.engine_fault(*index, *action, *wipe_data, now).await?,
+            Step::RestartEngine => self.engine_back(now).await?,
+            Step::DiskBack => self.disk_back(now),
             Step::Broker { index, action, .. } if !self.rig.containers.is_empty() => {
-                // One broker in a container: kill (SIGKILL) or stop it; restart_after
-                // starts it again and the link follows its new host port.
-                let c = &mut self.rig.containers[0];
-                let what = match action {
-                    ProcessAction::Kill => {
-                        c.kill().await;
-                        "kill (SIGKILL)"
-                    }
-                    ProcessAction::Pause => {
-                        c.pause().await;
-                        "pause"
-                    }
-                    _ => {
-                        c.stop().await;
-                        "stop (SIGTERM)"
-                    }
-                };
-                self.killed_node = Some(0);
-                self.paused = *action == ProcessAction::Pause;
-                say(&format!(
-                    "  {:>4}s  fault: broker container {what}",
-                    now.as_secs()
-                ));
-                self.faults.push(FaultRecord {
-                    index: *index,
-                    at_ms: ms(now),
-                    target: "broker container".to_string(),
-                    fault: what.to_string(),
-                    direction: None,
-                    until_ms: None,
-                    bit: None,
-                });
+                self.container_fault(*index, *action, now).await
             }
             Step::RestartBroker if !self.rig.containers.is_empty() => {
-                if self.killed_node.take().is_some() {
-                    if std::mem::take(&mut self.paused) {
-                        self.rig.containers[0].resume().await;
-                        say(&format!(
-                            "  {:>4}s  broker container resumed",
-                            now.as_secs()
-                        ));
-                    } else {
-                        let addr = self.rig.containers[0].restart().await?;
-                        for l in &self.rig.links {
-                            l.set_upstream(addr);
-                        }
-                        say(&format!(
-                            "  {:>4}s  broker container restarted on {addr}",
-                            now.as_secs()
-                        ));
-                    }
-                    self.close_fault("broker container");
-                }
+                self.container_back(now).await?
             }
-            Step::Broker { .. } if self.rig.cluster.is_empty() => {
-                // Checked before the drill started; unreachable in practice.
-            }
+            // Checked before the drill started; unreachable in practice.
+            Step::Broker { .. } if self.rig.cluster.is_empty() => {}
             Step::Broker {
                 index,
                 node,
                 action,
-            } => {
-                let at = match node {
-                    BrokerNode::Number(n) => Some(n - 1),
-                    BrokerNode::Leader => self.rig.stream_leader_node().await,
-                };
-                let kill = *action == ProcessAction::Kill;
-                let what = if kill {
-                    "kill (SIGKILL)"
-                } else {
-                    "stop (SIGTERM)"
-                };
-                match at.and_then(|i| self.rig.cluster.get_mut(i).map(|n| (i, n))) {
-                    Some((i, node)) => {
-                        node.halt(kill).await;
-                        self.killed_node = Some(i);
-                        say(&format!(
-                            "  {:>4}s  fault: broker {} {what}",
-                            now.as_secs(),
-                            node.name
-                        ));
-                        self.faults.push(FaultRecord {
-                            index: *index,
-                            at_ms: ms(now),
-                            target: format!("broker {}", node.name),
-                            fault: what.to_string(),
-                            direction: None,
-                            until_ms: None,
-                            bit: None,
-                        });
-                    }
-                    None => {
-                        let why = "broker fault skipped: no such node, or no stream leader could be found".to_string();
-                        say(&format!("  {:>4}s  {why}", now.as_secs()));
-                        self.notes.push(why);
-                    }
-                }
+            } => self.node_fault(*index, *node, *action, now).await,
+            Step::RestartBroker => self.node_back(now).await?,
+        }
+        Ok(())
+    }
+
+    /// Records a fault as applied now.
+    fn record(&mut self, index: usize, now: Duration, target: String, fault: String) {
+        self.faults.push(FaultRecord {
+            index,
+            at_ms: ms(now),
+            target,
+            fault,
+            direction: None,
+            until_ms: None,
+            bit: None,
+        });
+    }
+
+    async fn link_fault(&mut self, index: usize, name: &str, spec: &FaultSpec, now: Duration) {
+        let mut bit = None;
+        if let Some(l) = self.rig.links.iter().find(|l| l.name() == name) {
+            if spec.fault.instantaneous() {
+                // A strand bites only the connections open at this instant.
+                bit = Some(l.status().connections_open > 0);
             }
-            Step::RestartBroker => {
-                if let Some(i) = self.killed_node.take()
-                    && let Some(node) = self.rig.cluster.get_mut(i)
-                {
-                    node.restart().await?;
-                    say(&format!(
-                        "  {:>4}s  broker {} restarted",
-                        now.as_secs(),
-                        node.name
-                    ));
-                    let target = format!("broker {}", node.name);
-                    self.close_fault(&target);
-                }
+            l.apply_spec_settled(*spec).await;
+        }
+        let what = describe(spec);
+        say(&format!(
+            "  {:>4}s  fault: link {name} {what} {}",
+            now.as_secs(),
+            spec.direction.name()
+        ));
+        self.faults.push(FaultRecord {
+            index,
+            at_ms: ms(now),
+            target: format!("link {name}"),
+            fault: what,
+            direction: Some(spec.direction.name().to_string()),
+            until_ms: spec.fault.instantaneous().then_some(ms(now)),
+            bit,
+        });
+    }
+
+    /// A proxy restart: every connection dropped, nothing listens until the heal.
+    async fn proxy_down(&mut self, index: usize, now: Duration) {
+        for l in &self.rig.links {
+            l.apply_settled(Fault::Refuse, Direction::Both).await;
+        }
+        say(&format!(
+            "  {:>4}s  fault: proxy restart (down)",
+            now.as_secs()
+        ));
+        self.record(index, now, "link proxy".into(), "restart".into());
+    }
+
+    async fn heal(&mut self, index: Option<usize>, name: &str, now: Duration) {
+        for l in self
+            .rig
+            .links
+            .iter()
+            .filter(|l| name == "proxy" || l.name() == name)
+        {
+            l.apply_settled(Fault::Heal, Direction::Both).await;
+        }
+        say(&format!("  {:>4}s  heal: link {name}", now.as_secs()));
+        let target = format!("link {name}");
+        let open = self.faults.iter_mut().rev().find(|f| {
+            f.until_ms.is_none() && f.target == target && index.is_none_or(|i| f.index == i)
+        });
+        if let Some(f) = open {
+            f.until_ms = Some(ms(now));
+        }
+    }
+
+    async fn engine_fault(
+        &mut self,
+        index: usize,
+        action: ProcessAction,
+        wipe_data: bool,
+        now: Duration,
+    ) -> Result<(), RunError> {
+        let mut what = match action {
+            ProcessAction::Kill => {
+                self.system.kill().await;
+                self.crashes.push(now);
+                "kill (SIGKILL)".to_string()
             }
-            Step::RestartEngine if std::mem::take(&mut self.engine_paused) => {
-                self.system.pause(false)?;
-                self.system.note("resumed by the drill").await;
-                say(&format!(
-                    "  {:>4}s  engine resumed (SIGCONT)",
-                    now.as_secs()
-                ));
-                self.close_fault("engine");
+            ProcessAction::Pause => {
+                self.system.pause(true)?;
+                self.engine_paused = true;
+                "pause (SIGSTOP)".to_string()
             }
-            Step::DiskBack => {
+            ProcessAction::Stop | ProcessAction::Restart => {
+                self.system.stop(Duration::from_secs(10)).await;
+                self.crashes.push(now);
+                "stop (SIGTERM)".to_string()
+            }
+            ProcessAction::PowerCut => {
+                // The engine dies first: a process holding a file open across the cut would
+                // keep writing at the size the kernel remembers.
+                self.system.kill().await;
+                self.crashes.push(now);
+                self.power_cuts.push(now);
+                let cut = self.disk.map(PowerFs::power_cut).unwrap_or_default();
+                format!(
+                    "power cut (SIGKILL; {} unsynced writes, {} bytes in {} files thrown away)",
+                    cut.writes, cut.bytes, cut.files
+                )
+            }
+            ProcessAction::FillDisk => {
                 if let Some(disk) = self.disk {
-                    disk.release();
+                    disk.fill();
                 }
+                "disk full (data directory)".to_string()
+            }
+        };
+        if wipe_data {
+            empty_dir(self.system.data_dir())?;
+            what.push_str(", data directory emptied");
+        }
+        say(&format!("  {:>4}s  fault: engine {what}", now.as_secs()));
+        let target = match action {
+            ProcessAction::FillDisk => "engine disk",
+            _ => "engine",
+        };
+        self.record(index, now, target.into(), what);
+        Ok(())
+    }
+
+    /// `restart_after` of an engine fault: resumed if paused, else started again.
+    async fn engine_back(&mut self, now: Duration) -> Result<(), RunError> {
+        if std::mem::take(&mut self.engine_paused) {
+            self.system.pause(false)?;
+            self.system.note("resumed by the drill").await;
+            say(&format!(
+                "  {:>4}s  engine resumed (SIGCONT)",
+                now.as_secs()
+            ));
+        } else {
+            self.system.start().await?;
+            self.system.note("restarted by the drill").await;
+            say(&format!("  {:>4}s  engine restarted", now.as_secs()));
+        }
+        self.close_fault("engine");
+        Ok(())
+    }
+
+    fn disk_back(&mut self, now: Duration) {
+        if let Some(disk) = self.disk {
+            disk.release();
+        }
+        say(&format!(
+            "  {:>4}s  engine disk: space is back",
+            now.as_secs()
+        ));
+        self.close_fault("engine disk");
+    }
+
+    /// One broker in a container: kill (SIGKILL), stop or pause it; its `restart_after`
+    /// starts or resumes it, and the link follows its new host port.
+    async fn container_fault(&mut self, index: usize, action: ProcessAction, now: Duration) {
+        let c = &mut self.rig.containers[0];
+        let what = match action {
+            ProcessAction::Kill => {
+                c.kill().await;
+                "kill (SIGKILL)"
+            }
+            ProcessAction::Pause => {
+                c.pause().await;
+                "pause"
+            }
+            _ => {
+                c.stop().await;
+                "stop (SIGTERM)"
+            }
+        };
+        self.killed_node = Some(0);
+        self.paused = action == ProcessAction::Pause;
+        say(&format!(
+            "  {:>4}s  fault: broker container {what}",
+            now.as_secs()
+        ));
+        self.record(index, now, "broker container".into(), what.into());
+    }
+
+    async fn container_back(&mut self, now: Duration) -> Result<(), RunError> {
+        if self.killed_node.take().is_none() {
+            return Ok(());
+        }
+        if std::mem::take(&mut self.paused) {
+            self.rig.containers[0].resume().await;
+            say(&format!(
+                "  {:>4}s  broker container resumed",
+                now.as_secs()
+            ));
+        } else {
+            let addr = self.rig.containers[0].restart().await?;
+            for l in &self.rig.links {
+                l.set_upstream(addr);
+            }
+            say(&format!(
+                "  {:>4}s  broker container restarted on {addr}",
+                now.as_secs()
+            ));
+        }
+        self.close_fault("broker container");
+        Ok(())
+    }
+
+    /// A NATS cluster node (by number, or where the stream's leader is now): kill or stop.
+    async fn node_fault(
+        &mut self,
+        index: usize,
+        node: BrokerNode,
+        action: ProcessAction,
+        now: Duration,
+    ) {
+        let at = match node {
+            BrokerNode::Number(n) => Some(n - 1),
+            BrokerNode::Leader => self.rig.stream_leader_node().await,
+        };
+        let kill = action == ProcessAction::Kill;
+        let what = if kill {
+            "kill (SIGKILL)"
+        } else {
+            "stop (SIGTERM)"
+        };
+        match at.and_then(|i| self.rig.cluster.get_mut(i).map(|n| (i, n))) {
+            Some((i, node)) => {
+                node.halt(kill).await;
+                self.killed_node = Some(i);
+                let name = node.name.clone();
                 say(&format!(
-                    "  {:>4}s  engine disk: space is back",
+                    "  {:>4}s  fault: broker {name} {what}",
                     now.as_secs()
                 ));
-                self.close_fault("engine disk");
+                self.record(index, now, format!("broker {name}"), what.into());
             }
-            Step::RestartEngine => {
-                self.system.start().await?;
-                self.system.note("restarted by the drill").await;
-                say(&format!("  {:>4}s  engine restarted", now.as_secs()));
-                self.close_fault("engine");
+            None => {
+                let why = "broker fault skipped: no such node, or no stream leader could be found"
+                    .to_string();
+                say(&format!("  {:>4}s  {why}", now.as_secs()));
+                self.notes.push(why);
             }
         }
+    }
 
+    async fn node_back(&mut self, now: Duration) -> Result<(), RunError> {
+        if let Some(i) = self.killed_node.take()
+            && let Some(node) = self.rig.cluster.get_mut(i)
+        {
+            node.restart().await?;
+            let name = node.name.clone();
+            say(&format!("  {:>4}s  broker {name} restarted", now.as_secs()));
+            self.close_fault(&format!("broker {name}"));
+        }
         Ok(())
     }
 }
