@@ -505,3 +505,30 @@ fn broker_faults_without_containers_or_a_cluster_exit_3() {
         "{stderr}"
     );
 }
+
+/// A power cut needs the power-cut filesystem (FUSE). Where it cannot be mounted the drill
+/// exits 3 with one line saying so — never a drill that cut nothing and passed.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_power_cut_without_fuse_exits_3_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "nofuse",
+        "name: nofuse\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 3s }\nfaults:\n  - { at: 1s, target: engine, action: power_cut, restart_after: 1s }\n",
+    );
+    let out = dir.path().join("out");
+    let o = drill_with(
+        &["run", &file, "--out", out.to_str().unwrap()],
+        &[("DRILL_TEST_NO_FUSE", "1")],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("power-cut filesystem (FUSE)"), "{stderr}");
+    assert!(
+        !out.join("nofuse/report.json").exists(),
+        "no verdict without the fault"
+    );
+}

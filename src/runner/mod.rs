@@ -154,6 +154,12 @@ fn mount_data_dir(plan: &Plan, work: &Path) -> Result<Option<PowerFs>, RunError>
             source,
         })?;
     }
+    #[cfg(feature = "test-hooks")]
+    if std::env::var_os("DRILL_TEST_NO_FUSE").is_some() {
+        return Err(RunError::Disk(
+            "a power_cut or fill_disk fault needs the engine's data directory on drill's power-cut filesystem (FUSE), and it could not be mounted: /dev/fuse is missing (DRILL_TEST_NO_FUSE)".to_string(),
+        ));
+    }
     let fs = PowerFs::mount(&backing, &data).map_err(|why| {
         RunError::Disk(format!(
             "a power_cut or fill_disk fault needs the engine's data directory on drill's power-cut filesystem (FUSE), and it could not be mounted: {why}"
