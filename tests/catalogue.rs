@@ -99,21 +99,22 @@ fn the_ci_catalogue_catches_every_mutant_and_passes_the_correct_engine() {
     if !fuse_available() {
         return;
     }
-    let out = tempfile::tempdir().unwrap();
+    // Kept after the run (target/tmp/selftest-ci/selftest/selftest.{md,json}): the matrix CI saw.
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("selftest-ci");
+    let _ = std::fs::remove_dir_all(&out);
     let started = Instant::now();
     let o = Command::new(env!("CARGO_BIN_EXE_drill"))
-        .args(["selftest", "--tag", "ci", "--jobs", "4", "--out"])
-        .arg(out.path())
+        .args(["selftest", "--tag", "ci", "--jobs", "5", "--out"])
+        .arg(&out)
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios"))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
     println!("{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
     println!("selftest took {:?}", started.elapsed());
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out.path().join("selftest/selftest.json")).unwrap(),
-    )
-    .unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("selftest/selftest.json")).unwrap())
+            .unwrap();
     assert_eq!(
         json["missed"],
         serde_json::json!([]),
