@@ -97,7 +97,7 @@ pub enum Mutant {
     /// (`engine-crash.yaml`: 202 lost, the ledger does not close).
     AckBeforeWrite,
     /// [`RecordLog::append`] skips the sync; the writer thread syncs every [`SYNC_EVERY`].
-    /// Survives a SIGKILL; only a power cut (not built yet) loses records: `lost`.
+    /// Survives a SIGKILL; only a power cut loses records (`mqtt-power-cut`: 396 lost).
     AckBeforeFdatasync,
     /// [`RecordLog::open`]. Caught by an engine `kill` while records wait (`engine-crash.yaml`:
     /// 800 lost; the engine's `held` disagrees with the source's).
@@ -131,19 +131,19 @@ pub enum Mutant {
     /// (`poison-record.yaml`: failed 0, expected 1; 1 lost).
     DropRefusedSilently,
     /// The ingest handler's disk check, and [`super::output::Output::evict_oldest`]. Caught by a
-    /// full disk (`fill_disk`, not built yet): `lost`.
+    /// full disk (`mqtt-disk-full`: 400 lost).
     EvictOldestWhenFull,
     /// [`super::Journal::open`]. After an engine restart every record still in the log goes
-    /// again, journalled as fresh attempts with no `possibly_sent`. drill excuses every extra
-    /// copy (with the write key) of a record accepted before a crash, so `duplicates` stays 0
-    /// (a kill after a 5 s `refuse`: 4000 copies, all excused); `max_copies: 2` catches it (3).
+    /// again, journalled as fresh attempts with no `possibly_sent`. A SIGKILL excuses a copy
+    /// only of what it could have left unnoted (not confirmed 5 s or more before it), so
+    /// `engine-crash` catches it: duplicates beyond at_least_once 1398.
     ForgetDeliveryMarks,
     /// [`super::output::Output::next_attempts`] (every output kind). Caught by an outage that
     /// builds a backlog (`refuse` 20 s: 4107 reordered; NATS, 12 s: 2526).
     ResendOutOfOrder,
     /// MQTT: the tick of `drive_mqtt`. Sits through a `hang` or `swallow` until the heal ends
-    /// the connection, so those pass it; caught by a `strand` (not built yet): the drain times
-    /// out with records waiting.
+    /// the connection, so those pass it; caught by a `strand` (`mqtt-strand`): no delivery after it
+    /// (the `recovery` expectation), records left waiting.
     NoKeepalive,
 }
 
