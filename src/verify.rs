@@ -800,6 +800,20 @@ mod tests {
                 (record("b", 0), accepted("w3")),
                 (record("b", 1), Ingested::Unknown { at: Duration::ZERO }),
                 (record("b", 2), Ingested::Unknown { at: Duration::ZERO }),
+                (
+                    record("d", 0),
+                    Ingested::NotAccepted {
+                        at: Duration::ZERO,
+                        why: "HTTP 507: disk full".to_string(),
+                    },
+                ),
+                (
+                    record("d", 1),
+                    Ingested::NotAccepted {
+                        at: Duration::ZERO,
+                        why: "HTTP 507: later".to_string(),
+                    },
+                ),
             ],
         };
         let received = Received {
@@ -823,6 +837,12 @@ mod tests {
         );
         assert_eq!(r.reordered, 1);
         assert_eq!(r.unexpected, 1);
+        // Refused at ingest: counted apart from `held`, with the engine's first answer.
+        assert_eq!(r.ingest_refused, 2);
+        assert_eq!(
+            r.ingest_refused_example.as_deref(),
+            Some("HTTP 507: disk full")
+        );
         assert_eq!((r.ingest_unknown, r.recovered, r.not_accepted), (2, 1, 1));
     }
 

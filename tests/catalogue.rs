@@ -21,12 +21,6 @@ fn catalogue() -> Vec<drill::scenario::Plan> {
     plans
 }
 
-/// How long a drill plays (its workload, or its last fault if later).
-fn length(plan: &drill::scenario::Plan) -> Duration {
-    let last = plan.faults.iter().map(|f| f.at).max().unwrap_or_default();
-    plan.workload.duration.max(last)
-}
-
 #[test]
 fn every_catalogue_drill_says_what_it_reproduces_and_is_tagged_by_cost() {
     let plans = catalogue();
@@ -42,7 +36,7 @@ fn every_catalogue_drill_says_what_it_reproduces_and_is_tagged_by_cost() {
         for t in &plan.tags {
             assert!(TAGS.contains(&t.as_str()), "{}: unknown tag {t}", plan.name);
         }
-        let long = length(plan);
+        let long = plan.plays_for();
         if plan.tags.iter().any(|t| t == "ci") {
             assert!(
                 long <= Duration::from_secs(400),

@@ -105,7 +105,7 @@ pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
     }
     // Shortest drills first: a mutant's row usually ends at its first, cheapest catch.
     let mut plans = plans;
-    plans.sort_by_key(|p| (length(p), p.name.clone()));
+    plans.sort_by_key(|p| (p.plays_for(), p.name.clone()));
     let started = Instant::now();
     println!(
         "drill selftest: {} engines (the correct one and {} mutants) × {} drills, {} at a time{}",
@@ -214,12 +214,6 @@ fn mutants(only: &[String]) -> Option<Vec<(&'static str, &'static str)>> {
     )
 }
 
-/// How long a drill plays (workload or last fault, whichever is later).
-fn length(plan: &Plan) -> Duration {
-    let last_fault = plan.faults.iter().map(|f| f.at).max().unwrap_or_default();
-    plan.workload.duration.max(last_fault)
-}
-
 /// Runs the cells: a pool of `drill run` children.
 struct Jobs<'a> {
     exe: &'a Path,
@@ -250,7 +244,6 @@ impl Jobs<'_> {
                 *next = Some(1);
             }
         }
-        let total_planned = rows.len() * self.plans.len();
         let mut running: Vec<Running> = Vec::new();
         let mut done = 0usize;
         loop {
@@ -286,7 +279,6 @@ impl Jobs<'_> {
                 queue.push_back((r, next));
                 next_for_mutant[r] = Some(next + 1);
             }
-            let _ = total_planned;
         }
     }
 

@@ -290,6 +290,12 @@ pub enum FaultAction {
 }
 
 impl Plan {
+    /// How long the drill plays: its workload, or its last fault if that comes later.
+    pub fn plays_for(&self) -> Duration {
+        let last_fault = self.faults.iter().map(|f| f.at).max().unwrap_or_default();
+        self.workload.duration.max(last_fault)
+    }
+
     /// Whether the engine's data directory must be on drill's power-cut filesystem
     /// (a `power_cut` or `fill_disk` fault).
     pub fn needs_powerfs(&self) -> bool {
