@@ -10,8 +10,9 @@
 //!
 //! Every container carries the labels `drill=1` and `drill.run=<run id>`, publishes its one
 //! port on 127.0.0.1 only, and is removed when its [`ContainerBroker`] is stopped or dropped
-//! (normal end, error, SIGINT, SIGTERM, panic). Brokers advertise the proxy's address, never
-//! their own.
+//! (normal end, error, SIGINT, SIGTERM, panic). A NATS server advertises the proxy's address,
+//! never its own; a Kafka broker advertises its own published address (fixed in advance), which
+//! the Kafka-aware link rewrites in its answers.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -374,6 +375,11 @@ pub async fn start(
     let (name, tag) = split_image(image);
     let port = plan.port.tcp();
     let binding = format!("{}/tcp", plan.port);
+    // A Kafka broker advertises its own published address, so that port is fixed in advance.
+    let host_port = match kind {
+        DestinationKind::Kafka => advertise.port().to_string(),
+        _ => String::new(),
+    };
     let mut request = GenericImage::new(name, tag)
         .with_entrypoint(plan.entrypoint)
         .with_exposed_port(port)
@@ -389,7 +395,7 @@ pub async fn start(
                     binding.clone(),
                     Some(vec![testcontainers::bollard::models::PortBinding {
                         host_ip: Some("127.0.0.1".to_string()),
-                        host_port: Some(String::new()),
+                        host_port: Some(host_port.clone()),
                     }]),
                 )]
                 .into_iter()

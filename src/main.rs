@@ -108,6 +108,12 @@ enum Command {
         /// Links can also be created later through the Toxiproxy-shaped `POST /proxies`.
         #[arg(long = "link")]
         links: Vec<String>,
+        /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable): a Kafka-aware link in front of a Kafka
+        /// bootstrap broker. It rewrites the broker addresses in Metadata, FindCoordinator and
+        /// DescribeCluster answers so every broker is reached through a link of its own,
+        /// NAME-<node id>; a fault on NAME is in force on all of them.
+        #[arg(long = "kafka-link")]
+        kafka_links: Vec<String>,
         /// Where the control API listens.
         #[arg(long, default_value = "127.0.0.1:8474")]
         api: SocketAddr,
@@ -269,7 +275,12 @@ async fn dispatch(command: Command) -> u8 {
             action: Some(EngineAction::Failed { what }),
             ..
         } => failed(what).await,
-        Command::Proxy { links, api, token } => {
+        Command::Proxy {
+            links,
+            kafka_links,
+            api,
+            token,
+        } => {
             let token = match drill::control::token_for(api, token) {
                 Ok(t) => t,
                 Err(e) => {
@@ -277,7 +288,12 @@ async fn dispatch(command: Command) -> u8 {
                     return INVALID;
                 }
             };
-            proxy(links, api, token, cancel).await
+            let specs = links
+                .into_iter()
+                .map(|l| (l, false))
+                .chain(kafka_links.into_iter().map(|l| (l, true)))
+                .collect();
+            proxy(specs, api, token, cancel).await
         }
         Command::Bench {
             what,
@@ -394,13 +410,13 @@ async fn failed(what: FailedAction) -> u8 {
 }
 
 async fn proxy(
-    specs: Vec<String>,
+    specs: Vec<(String, bool)>,
     api: SocketAddr,
     token: Option<String>,
     cancel: CancellationToken,
 ) -> u8 {
     let proxy = Proxy::new(cancel.clone());
-    for spec in &specs {
+    for (spec, kafka_aware) in &specs {
         let parsed = spec.split_once('=').and_then(|(name, addrs)| {
             let (listen, upstream) = addrs.split_once(',')?;
             Some((
@@ -411,11 +427,17 @@ async fn proxy(
         });
         let Some((name, listen, upstream)) = parsed else {
             eprintln!(
-                "drill proxy: --link {spec}: expected NAME=LISTEN_ADDR,UPSTREAM_ADDR, e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883"
+                "drill proxy: --{}link {spec}: expected NAME=LISTEN_ADDR,UPSTREAM_ADDR, e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883",
+                if *kafka_aware { "kafka-" } else { "" }
             );
             return INVALID;
         };
-        match proxy.start_link(&name, listen, upstream).await {
+        let started = if *kafka_aware {
+            proxy.start_kafka_link(&name, listen, upstream).await
+        } else {
+            proxy.start_link(&name, listen, upstream).await
+        };
+        match started {
             Ok(link) => println!("link {name}: {} -> {upstream}", link.listen_addr()),
             Err(e) => {
                 eprintln!("drill proxy: {e}");

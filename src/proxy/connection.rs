@@ -25,6 +25,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::kafka::{self, Family, Pending};
 use super::{Condition, Flow, LinkShared, Side, add};
 
 /// Read buffers start small and double while reads keep filling them, up to `BUF`: a bulk
@@ -74,7 +75,7 @@ pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: Can
     add(&shared.counters.active, 1);
     let (client_read, client_write) = client.into_split();
     let (far_tx, far_rx) = oneshot::channel();
-    let up = Pump::new(
+    let mut up = Pump::new(
         &shared,
         &conn,
         Side::Up,
@@ -82,7 +83,7 @@ pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: Can
         None,
         Far::Dial(Some(far_tx)),
     );
-    let down = Pump::new(
+    let mut down = Pump::new(
         &shared,
         &conn,
         Side::Down,
@@ -90,8 +91,20 @@ pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: Can
         Some(client_write),
         Far::Await(Some(far_rx)),
     );
+    if let Some(family) = shared.kafka.as_ref().and_then(kafka::Role::family) {
+        let pending = Pending::default();
+        up.kafka = Some(Kafka::Requests(kafka::Requests::default(), pending.clone()));
+        down.kafka = Some(Kafka::Answers(kafka::Answers::default(), pending, family));
+    }
     tokio::join!(up.run(), down.run());
     shared.counters.active.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// What a Kafka-aware link's pump does with the bytes it passes: the client → broker side notes
+/// the requests whose answers carry broker addresses, the broker → client side rewrites those.
+enum Kafka {
+    Requests(kafka::Requests, Pending),
+    Answers(kafka::Answers, Pending, Arc<Family>),
 }
 
 /// How a pump gets its far end: the client → broker pump dials the broker and hands the read
@@ -116,6 +129,8 @@ struct Pump {
     at_eof: bool,
     /// `limit_data`: (condition epoch, bytes passed under it).
     limited: (u64, u64),
+    /// A Kafka-aware link's view of the protocol (`None`: bytes only).
+    kafka: Option<Kafka>,
 }
 
 /// Why a pump stopped waiting.
@@ -146,6 +161,30 @@ impl Pump {
             last_due: Instant::now(),
             at_eof: false,
             limited: (0, 0),
+            kafka: None,
+        }
+    }
+
+    /// The bytes to pass on for `bytes` read: the same, except a Kafka-aware link's answers
+    /// with broker addresses (held until whole, then rewritten).
+    fn translate<'b>(&mut self, bytes: &'b [u8]) -> std::borrow::Cow<'b, [u8]> {
+        use std::borrow::Cow;
+        match &mut self.kafka {
+            None => Cow::Borrowed(bytes),
+            Some(Kafka::Requests(requests, pending)) => {
+                requests.observe(bytes, pending);
+                Cow::Borrowed(bytes)
+            }
+            Some(Kafka::Answers(answers, pending, family)) => {
+                if answers.passes(bytes.len()) {
+                    return Cow::Borrowed(bytes);
+                }
+                let mut out = Vec::with_capacity(bytes.len() + 64);
+                answers.feed(bytes, pending, &mut out, |key, version, frame| {
+                    family.rewrite(key, version, frame)
+                });
+                Cow::Owned(out)
+            }
         }
     }
 
@@ -374,29 +413,35 @@ impl Pump {
             n = read => match n {
                 Ok(0) => self.at_eof = true,
                 Ok(n) => {
-                    if n == size && size < BUF {
-                        buf.resize(size * 2, 0);
-                    }
-                    if let Flow::Limit { bytes } = flow {
+                    let data = self.translate(&buf[..n]);
+                    let bytes: &[u8] = &data;
+                    if let Flow::Limit { bytes: limit } = flow {
                         // Pass what the budget allows, then cut the connection.
-                        let allowed = (bytes.saturating_sub(self.limited.1) as usize).min(n);
-                        if allowed > 0 && !self.write(&buf[..allowed]).await {
+                        let allowed = (limit.saturating_sub(self.limited.1) as usize).min(bytes.len());
+                        if allowed > 0 && !self.write(&bytes[..allowed]).await {
                             return false;
                         }
                         self.limited.1 += allowed as u64;
-                        if self.limited.1 >= bytes {
+                        if self.limited.1 >= limit {
                             self.reset();
                             return false;
                         }
-                        return true;
-                    }
-                    if flow == Flow::Pass && self.held.is_empty() {
+                    } else if bytes.is_empty() {
+                        // A Kafka answer being held until whole.
+                    } else if flow == Flow::Pass && self.held.is_empty() {
                         // The fast path: straight from the read buffer, nothing queued.
-                        return self.write(&buf[..n]).await;
+                        if !self.write(bytes).await {
+                            return false;
+                        }
+                    } else {
+                        let due = self.due(flow, bytes.len());
+                        self.held.push_back((due, Bytes::copy_from_slice(bytes)));
+                        self.held_bytes += bytes.len();
                     }
-                    let due = self.due(flow, n);
-                    self.held.push_back((due, Bytes::copy_from_slice(&buf[..n])));
-                    self.held_bytes += n;
+                    drop(data);
+                    if n == size && size < BUF {
+                        buf.resize(size * 2, 0);
+                    }
                 }
                 Err(_) => {
                     self.reset();

@@ -10,6 +10,7 @@
 
 pub mod api;
 mod connection;
+pub mod kafka;
 pub mod toxiproxy;
 
 use std::collections::BTreeMap;
@@ -313,6 +314,13 @@ pub struct LinkStatus {
     /// Connections a `strand` left silent (they stay open until their ends close them).
     #[serde(default)]
     pub connections_stranded: u64,
+    /// A Kafka-aware link's broker links (`kafka-<node id>`, listen → broker), when its counters
+    /// are the whole family's ([`Link::family_status`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub broker_links: Vec<String>,
+    /// A Kafka-aware link's answers with broker addresses rewritten.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub answers_rewritten: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -338,6 +346,8 @@ pub(crate) struct LinkShared {
     pub(crate) tasks: TaskTracker,
     /// Jitter draws, seeded.
     pub(crate) rng: std::sync::Mutex<crate::workload::Seeded>,
+    /// A Kafka-aware link's place in its family (`None`: bytes only).
+    pub(crate) kafka: Option<kafka::Role>,
 }
 
 impl LinkShared {
@@ -364,18 +374,55 @@ impl Link {
         upstream: SocketAddr,
         cancel: CancellationToken,
     ) -> Result<Link, ProxyError> {
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|source| ProxyError::Listen {
-                name: name.to_string(),
-                listen,
-                source,
-            })?;
-        let listen = listener.local_addr().map_err(|source| ProxyError::Listen {
+        Link::bind(name, listen, upstream, cancel, None)
+    }
+
+    /// A Kafka-aware link (see [`kafka`]): it rewrites the broker addresses in the answers that
+    /// carry them, so every broker is reached through a link of its own, `NAME-<node id>`,
+    /// created on first sight. Faults on this link are in force on all of them.
+    pub async fn start_kafka(
+        name: &str,
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        cancel: CancellationToken,
+    ) -> Result<Link, ProxyError> {
+        let family = Arc::new(kafka::Family::new(name, listen.ip(), cancel.child_token()));
+        Link::bind(
+            name,
+            listen,
+            upstream,
+            cancel,
+            Some(kafka::Role::Head(family)),
+        )
+    }
+
+    fn bind(
+        name: &str,
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        cancel: CancellationToken,
+        kafka: Option<kafka::Role>,
+    ) -> Result<Link, ProxyError> {
+        let error = |source| ProxyError::Listen {
             name: name.to_string(),
             listen,
             source,
-        })?;
+        };
+        let listener = listen_reusable(listen).map_err(error)?;
+        Link::from_std(name, listener, upstream, cancel, kafka).map_err(error)
+    }
+
+    /// Starts a link on a bound listener. Must be called inside a Tokio runtime.
+    pub(crate) fn from_std(
+        name: &str,
+        listener: std::net::TcpListener,
+        upstream: SocketAddr,
+        cancel: CancellationToken,
+        kafka: Option<kafka::Role>,
+    ) -> std::io::Result<Link> {
+        listener.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(listener)?;
+        let listen = listener.local_addr()?;
         let (condition, _) = watch::channel(Condition {
             active: None,
             since: Instant::now(),
@@ -392,6 +439,7 @@ impl Link {
             counters: Counters::default(),
             tasks: TaskTracker::new(),
             rng: std::sync::Mutex::new(crate::workload::Seeded::new(0)),
+            kafka,
         });
         let link = Link { shared, cancel };
         let accept = link.clone();
@@ -399,6 +447,70 @@ impl Link {
             .tasks
             .spawn(async move { accept.accept_loop(Some(listener)).await });
         Ok(link)
+    }
+
+    /// The family this link heads, if it is a Kafka-aware bootstrap link.
+    fn family(&self) -> Option<&Arc<kafka::Family>> {
+        match &self.shared.kafka {
+            Some(kafka::Role::Head(f)) => Some(f),
+            _ => None,
+        }
+    }
+
+    /// A Kafka-aware link's broker links so far (empty for any other link).
+    pub fn members(&self) -> Vec<Link> {
+        self.family().map(|f| f.members()).unwrap_or_default()
+    }
+
+    /// Whether this link heads a family of broker links (a Kafka-aware bootstrap link).
+    pub fn is_kafka_aware(&self) -> bool {
+        self.family().is_some()
+    }
+
+    /// The name a member for broker `node_id` has (or will have) in this link's family.
+    pub fn member_name(&self, node_id: i32) -> Option<String> {
+        self.family().map(|f| f.member_name(node_id))
+    }
+
+    /// Puts `spec` on the member called `name` — at once if it exists, or from its creation
+    /// on. False when this link heads no family or `name` is not one of its members' names.
+    pub async fn apply_member(&self, name: &str, spec: FaultSpec) -> bool {
+        let Some(family) = self.family() else {
+            return false;
+        };
+        let Some(node) = name
+            .strip_prefix(&format!("{}-", family.name))
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            return false;
+        };
+        match family.member(&family.member_name(node)) {
+            Some(m) => m.apply_spec_settled(spec).await,
+            None => family.apply_early(name, spec),
+        }
+        true
+    }
+
+    /// [`Link::status`] with the counters of every broker link of the family added in.
+    pub fn family_status(&self) -> LinkStatus {
+        let mut s = self.status();
+        if let Some(f) = self.family() {
+            for m in f.members() {
+                let t = m.status();
+                s.connections_accepted += t.connections_accepted;
+                s.connections_reset += t.connections_reset;
+                s.connections_open += t.connections_open;
+                s.bytes_upstream += t.bytes_upstream;
+                s.bytes_downstream += t.bytes_downstream;
+                s.bytes_swallowed_upstream += t.bytes_swallowed_upstream;
+                s.bytes_swallowed_downstream += t.bytes_swallowed_downstream;
+                s.connections_stranded += t.connections_stranded;
+                s.broker_links
+                    .push(format!("{} ({} → {})", t.name, t.listen, t.upstream));
+            }
+            s.answers_rewritten = f.rewritten.load(Ordering::Relaxed);
+        }
+        s
     }
 
     pub fn name(&self) -> &str {
@@ -435,6 +547,9 @@ impl Link {
                 c.strands += 1;
                 epoch = c.epoch;
             });
+            for m in self.members() {
+                m.apply_spec(spec);
+            }
             return epoch;
         }
         let active = match spec.fault {
@@ -450,6 +565,9 @@ impl Link {
             }
             c.active = active;
         });
+        if let Some(f) = self.family() {
+            f.set_group(active);
+        }
         epoch
     }
 
@@ -457,6 +575,9 @@ impl Link {
     pub fn seed(&self, seed: u64) {
         if let Ok(mut rng) = self.shared.rng.lock() {
             *rng = crate::workload::Seeded::new(seed);
+        }
+        if let Some(f) = self.family() {
+            f.seed(seed);
         }
     }
 
@@ -483,6 +604,11 @@ impl Link {
         let epoch = self.apply_spec(spec);
         if was_refusing || spec.fault == Fault::Refuse {
             self.settled(epoch, Duration::from_secs(2)).await;
+            // The family's broker links follow the head; wait for theirs too.
+            for m in self.members() {
+                let epoch = m.shared.condition.borrow().epoch;
+                m.settled(epoch, Duration::from_secs(2)).await;
+            }
         }
     }
 
@@ -521,11 +647,16 @@ impl Link {
             bytes_swallowed_upstream: get(&n.swallowed_up),
             bytes_swallowed_downstream: get(&n.swallowed_down),
             connections_stranded: get(&n.stranded),
+            broker_links: Vec::new(),
+            answers_rewritten: 0,
         }
     }
 
-    /// Stops listening and resets every connection of the link.
+    /// Stops listening and resets every connection of the link (and of its broker links).
     pub async fn shutdown(&self) {
+        for m in self.members() {
+            Box::pin(m.shutdown()).await;
+        }
         self.cancel.cancel();
         self.shared.tasks.close();
         self.shared.tasks.wait().await;
@@ -591,6 +722,20 @@ impl Link {
     }
 }
 
+/// A listening socket with SO_REUSEADDR (as Tokio's own bind sets it): after a `refuse` the
+/// link listens again on the same port while old connections linger in TIME_WAIT.
+pub(crate) fn listen_reusable(listen: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(listen),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&listen.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
 /// A set of named links, as `drill proxy` and the runner use them. Cheap to clone; links can
 /// be added and removed while it serves (the Toxiproxy-shaped API creates them).
 #[derive(Clone)]
@@ -620,8 +765,35 @@ impl Proxy {
         listen: SocketAddr,
         upstream: SocketAddr,
     ) -> Result<Link, ProxyError> {
+        self.start(name, listen, upstream, false).await
+    }
+
+    /// Starts a Kafka-aware link (see [`kafka`]) on the data runtime and adds it; its broker
+    /// links are listed and faulted by name (`NAME-<node id>`) like any other.
+    pub async fn start_kafka_link(
+        &self,
+        name: &str,
+        listen: SocketAddr,
+        upstream: SocketAddr,
+    ) -> Result<Link, ProxyError> {
+        self.start(name, listen, upstream, true).await
+    }
+
+    async fn start(
+        &self,
+        name: &str,
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        kafka_aware: bool,
+    ) -> Result<Link, ProxyError> {
         let (owned, cancel) = (name.to_string(), self.cancel.child_token());
-        let start = async move { Link::start(&owned, listen, upstream, cancel).await };
+        let start = async move {
+            if kafka_aware {
+                Link::start_kafka(&owned, listen, upstream, cancel).await
+            } else {
+                Link::start(&owned, listen, upstream, cancel).await
+            }
+        };
         let link = match &self.data {
             Some(handle) => handle.spawn(start).await.map_err(|e| ProxyError::Listen {
                 name: name.to_string(),
@@ -648,11 +820,29 @@ impl Proxy {
         self.links.write().ok().and_then(|mut l| l.remove(name))
     }
 
+    /// The link called `name`, a Kafka-aware link's broker links included.
     pub fn link(&self, name: &str) -> Option<Link> {
-        self.links.read().ok().and_then(|l| l.get(name).cloned())
+        let own = self.links.read().ok().and_then(|l| l.get(name).cloned());
+        own.or_else(|| {
+            self.own_links()
+                .iter()
+                .flat_map(Link::members)
+                .find(|m| m.name() == name)
+        })
     }
 
+    /// Every link, each Kafka-aware link followed by its broker links.
     pub fn links(&self) -> Vec<Link> {
+        self.own_links()
+            .into_iter()
+            .flat_map(|l| {
+                let members = l.members();
+                std::iter::once(l).chain(members)
+            })
+            .collect()
+    }
+
+    fn own_links(&self) -> Vec<Link> {
         self.links
             .read()
             .map(|l| l.values().cloned().collect())
@@ -660,7 +850,7 @@ impl Proxy {
     }
 
     pub async fn shutdown(&self) {
-        for link in self.links() {
+        for link in self.own_links() {
             link.shutdown().await;
         }
     }

@@ -363,6 +363,8 @@ mod tests {
                 bytes_downstream: 0,
                 bytes_swallowed_upstream: 0,
                 bytes_swallowed_downstream: 0,
+                broker_links: Vec::new(),
+                answers_rewritten: 0,
                 connections_stranded: 0,
             },
             versions: BTreeMap::new(),

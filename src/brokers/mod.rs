@@ -8,6 +8,8 @@
 //! This module must never point a client at the broker directly except the verifier: the
 //! engine only ever gets the proxy's address.
 
+pub mod external;
+
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
-use crate::scenario::RuntimeChoice;
+use crate::scenario::{RuntimeChoice, Secrets};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -129,7 +131,9 @@ pub async fn start_mqtt(
         return Err(BrokerError::PoisonNeedsMosquitto);
     }
     match choice {
-        RuntimeChoice::Process => start_mosquitto(work, message_limit).await,
+        RuntimeChoice::Process | RuntimeChoice::External => {
+            start_mosquitto(work, message_limit).await
+        }
         RuntimeChoice::Embedded => start_embedded().await,
         RuntimeChoice::Container => Err(BrokerError::ContainerUnavailable(
             "start_mqtt runs local brokers only; the runner places containers".to_string(),
@@ -230,8 +234,9 @@ pub fn tansu_path() -> Option<PathBuf> {
 }
 
 /// Starts a Kafka-protocol broker (`tansu broker`, in-memory storage) as a local process on
-/// `port` (one try) or a free port (up to five tries). It advertises `advertise` (the proxy)
-/// in its metadata, never itself, so no client can bypass a fault.
+/// `port` (one try) or a free port (up to five tries). It advertises `advertise`, or itself
+/// when `None` (a drill's Kafka-aware link rewrites the addresses in its answers, so no client
+/// bypasses a fault either way).
 pub async fn start_kafka(
     work: &Path,
     port: Option<u16>,
@@ -284,8 +289,44 @@ pub async fn start_kafka(
     })
 }
 
+/// A Kafka client's settings for `bootstrap`, with SASL (over plaintext) when `secrets` give a
+/// user name: the Kafka-aware link reads the protocol, so it cannot carry TLS.
+pub fn kafka_config(bootstrap: &str, secrets: &Secrets) -> rdkafka::ClientConfig {
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", bootstrap);
+    if let (Some(user), Some(password)) = (&secrets.username, &secrets.password) {
+        config
+            .set("security.protocol", "SASL_PLAINTEXT")
+            .set(
+                "sasl.mechanism",
+                secrets.sasl_mechanism.as_deref().unwrap_or("PLAIN"),
+            )
+            .set("sasl.username", user)
+            .set("sasl.password", password);
+    }
+    config
+}
+
+/// A NATS client's options with `secrets` (a user name and password).
+pub async fn nats_options(secrets: &Secrets) -> Result<async_nats::ConnectOptions, String> {
+    Ok(match (&secrets.username, &secrets.password) {
+        (Some(u), Some(p)) => {
+            async_nats::ConnectOptions::with_user_and_password(u.clone(), p.clone())
+        }
+        _ => async_nats::ConnectOptions::new(),
+    })
+}
+
+/// An MQTT login from `secrets`, if they give one.
+pub fn mqtt_login(secrets: &Secrets) -> Option<crate::mqtt::Login> {
+    match (&secrets.username, &secrets.password) {
+        (Some(u), Some(p)) => Some(crate::mqtt::Login::new(u.clone(), p.clone())),
+        _ => None,
+    }
+}
+
 /// Creates a Kafka topic with `partitions` partitions, through `bootstrap` (the broker's
-/// advertised address answers the metadata, so this must be reachable: the healed proxy).
+/// advertised address answers the metadata, so that must be reachable from here).
 pub async fn create_topic(
     bootstrap: SocketAddr,
     topic: &str,
