@@ -18,7 +18,7 @@ pub use rumqttc::v5::mqttbytes::Error as CodecError;
 pub use rumqttc::v5::mqttbytes::QoS;
 pub use rumqttc::v5::mqttbytes::v5::{
     ConnAck, Connect, ConnectProperties, ConnectReturnCode, Disconnect, DisconnectReasonCode,
-    Filter, Packet, PingReq, PubAck, PubAckReason, Publish, PublishProperties, Subscribe,
+    Filter, Login, Packet, PingReq, PubAck, PubAckReason, Publish, PublishProperties, Subscribe,
     SubscribeReasonCode,
 };
 
@@ -253,6 +253,17 @@ pub async fn connect(
     keep_alive: Duration,
     limit: Duration,
 ) -> Result<Session, MqttError> {
+    connect_as(addr, client_id, keep_alive, limit, None).await
+}
+
+/// [`connect`] with a user name and password (an external broker's credentials).
+pub async fn connect_as(
+    addr: SocketAddr,
+    client_id: &str,
+    keep_alive: Duration,
+    limit: Duration,
+    login: Option<Login>,
+) -> Result<Session, MqttError> {
     let attempt = async {
         let socket = TcpStream::connect(addr)
             .await
@@ -272,7 +283,7 @@ pub async fn connect(
             properties: Some(properties),
         };
         framed
-            .send(Packet::Connect(connect, None, None))
+            .send(Packet::Connect(connect, None, login))
             .await
             .map_err(|e| MqttError::Protocol {
                 addr,

@@ -18,7 +18,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::mqtt::{self, Packet, PubAck, PubAckReason};
-use crate::scenario::WriteKeyPlace;
+use crate::scenario::{Secrets, WriteKeyPlace};
 use crate::workload::{Ingested, Sent};
 
 /// One copy seen at the destination.
@@ -172,6 +172,17 @@ pub struct Reader {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// How the verifier reaches a broker the user runs: its credentials, and where the drill's
+/// records begin (what was there before is not the drill's and is not read).
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    pub secrets: Secrets,
+    /// NATS: the stream's first sequence of this drill.
+    pub first_sequence: Option<u64>,
+    /// Kafka: each partition's end offset when the drill started.
+    pub offsets: Vec<(i32, i64)>,
+}
+
 impl Reader {
     /// Connects, subscribes to `topic` at QoS 1 and starts recording arrivals relative to `t0`.
     pub async fn start(
@@ -194,9 +205,27 @@ impl Reader {
         t0: Instant,
         cancel: CancellationToken,
     ) -> Result<Reader, mqtt::MqttError> {
+        Reader::start_as(broker, topic, decoder, t0, cancel, None).await
+    }
+
+    /// [`Reader::start_with`], logging in as `login` (an external broker's credentials).
+    pub async fn start_as(
+        broker: SocketAddr,
+        topic: &str,
+        decoder: Decoder,
+        t0: Instant,
+        cancel: CancellationToken,
+        login: Option<mqtt::Login>,
+    ) -> Result<Reader, mqtt::MqttError> {
         let limit = Duration::from_secs(10);
-        let mut session =
-            mqtt::connect(broker, "drill-verifier", Duration::from_secs(60), limit).await?;
+        let mut session = mqtt::connect_as(
+            broker,
+            "drill-verifier",
+            Duration::from_secs(60),
+            limit,
+            login,
+        )
+        .await?;
         session.subscribe(topic, limit).await?;
         let received = Arc::new(Mutex::new(Received::default()));
         let sink = received.clone();
@@ -412,14 +441,16 @@ pub enum ReadBack {
         js: Box<async_nats::jetstream::Context>,
         t0: std::time::SystemTime,
         decoder: Decoder,
+        access: Access,
     },
-    /// A Kafka topic, read whole through `bootstrap` at the end (the broker advertises the
-    /// proxy's address, so that is where every client goes; the runner heals the link first).
+    /// A Kafka topic, read whole from the broker at `bootstrap` at the end (the broker
+    /// advertises itself; only the engine's Kafka-aware link rewrites addresses).
     Topic {
         bootstrap: SocketAddr,
         topic: String,
         t0: std::time::SystemTime,
         decoder: Decoder,
+        access: Access,
     },
 }
 
@@ -430,12 +461,14 @@ impl ReadBack {
         stream: &str,
         t0: std::time::SystemTime,
         decoder: Decoder,
+        access: Access,
     ) -> Result<ReadBack, String> {
         let addrs: Vec<async_nats::ServerAddr> = servers
             .iter()
             .filter_map(|a| format!("nats://{a}").parse().ok())
             .collect();
-        let client = async_nats::ConnectOptions::new()
+        let client = crate::brokers::nats_options(&access.secrets)
+            .await?
             .name("drill-verifier-count")
             .ignore_discovered_servers()
             .connect(addrs)
@@ -447,6 +480,7 @@ impl ReadBack {
             js: Box::new(async_nats::jetstream::new(client)),
             t0,
             decoder,
+            access,
         })
     }
 
@@ -486,6 +520,7 @@ impl ReadBack {
                 stream,
                 t0,
                 decoder,
+                access,
                 ..
             } => {
                 let mut last = Received::default();
@@ -496,6 +531,7 @@ impl ReadBack {
                         Duration::from_secs(120),
                         Some(t0),
                         &decoder,
+                        &access,
                     )
                     .await
                     {
@@ -511,12 +547,14 @@ impl ReadBack {
                 topic,
                 t0,
                 decoder,
+                access,
             } => read_topic_with(
                 bootstrap,
                 &topic,
                 Duration::from_secs(120),
                 Some(t0),
                 decoder,
+                access,
             )
             .await
             .unwrap_or_else(|e| Received {
@@ -546,6 +584,7 @@ pub async fn read_stream(
         limit,
         t0,
         &Decoder::builtin(WriteKeyPlace::NatsMsgId),
+        &Access::default(),
     )
     .await
 }
@@ -557,9 +596,11 @@ pub async fn read_stream_with(
     limit: Duration,
     t0: Option<std::time::SystemTime>,
     decoder: &Decoder,
+    access: &Access,
 ) -> Result<Received, String> {
     use async_nats::jetstream::{self, consumer};
-    let client = async_nats::ConnectOptions::new()
+    let client = crate::brokers::nats_options(&access.secrets)
+        .await?
         .name("drill-verifier")
         .ignore_discovered_servers()
         .connect(server.to_string())
@@ -570,15 +611,25 @@ pub async fn read_stream_with(
         .get_stream(stream)
         .await
         .map_err(|e| format!("verifier: stream {stream}: {e}"))?;
-    let expected = handle
+    let state = handle
         .info()
         .await
         .map_err(|e| format!("verifier: stream {stream} info: {e}"))?
         .state
-        .messages;
+        .clone();
+    // Reading from the drill's first sequence: what the stream holds from there on.
+    let (expected, deliver_policy) = match access.first_sequence {
+        Some(first) if first > 1 => (
+            (state.last_sequence + 1).saturating_sub(first.max(state.first_sequence)),
+            consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: first,
+            },
+        ),
+        _ => (state.messages, consumer::DeliverPolicy::All),
+    };
     let reader: consumer::PullConsumer = handle
         .create_consumer(consumer::pull::Config {
-            deliver_policy: consumer::DeliverPolicy::All,
+            deliver_policy,
             ack_policy: consumer::AckPolicy::None,
             ..Default::default()
         })
@@ -647,7 +698,7 @@ pub async fn read_topic(
     t0: Option<std::time::SystemTime>,
 ) -> Result<Received, String> {
     let decoder = Decoder::builtin(WriteKeyPlace::KafkaHeader("write-key".to_string()));
-    read_topic_with(bootstrap, topic, limit, t0, decoder).await
+    read_topic_with(bootstrap, topic, limit, t0, decoder, Access::default()).await
 }
 
 /// [`read_topic`], finding ids and write keys with `decoder`.
@@ -657,11 +708,14 @@ pub async fn read_topic_with(
     limit: Duration,
     t0: Option<std::time::SystemTime>,
     decoder: Decoder,
+    access: Access,
 ) -> Result<Received, String> {
     let topic = topic.to_string();
-    tokio::task::spawn_blocking(move || read_topic_blocking(bootstrap, &topic, limit, t0, &decoder))
-        .await
-        .map_err(|e| format!("verifier: {e}"))?
+    tokio::task::spawn_blocking(move || {
+        read_topic_blocking(bootstrap, &topic, limit, t0, &decoder, &access)
+    })
+    .await
+    .map_err(|e| format!("verifier: {e}"))?
 }
 
 fn read_topic_blocking(
@@ -670,18 +724,19 @@ fn read_topic_blocking(
     limit: Duration,
     t0: Option<std::time::SystemTime>,
     decoder: &Decoder,
+    access: &Access,
 ) -> Result<Received, String> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::error::KafkaError;
     use rdkafka::message::{Headers, Message};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap.to_string())
-        .set("group.id", format!("drill-verifier-{}", std::process::id()))
-        .set("enable.partition.eof", "true")
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .map_err(|e| format!("verifier: {e}"))?;
+    let consumer: BaseConsumer =
+        crate::brokers::kafka_config(&bootstrap.to_string(), &access.secrets)
+            .set("group.id", format!("drill-verifier-{}", std::process::id()))
+            .set("enable.partition.eof", "true")
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .map_err(|e| format!("verifier: {e}"))?;
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
         .map_err(|e| format!("verifier: metadata of {topic}: {e}"))?;
@@ -695,8 +750,16 @@ fn read_topic_blocking(
     }
     let mut assignment = rdkafka::TopicPartitionList::new();
     for &p in &partitions {
+        // From where the drill started (an existing topic's older records are not its).
+        let from = access
+            .offsets
+            .iter()
+            .find(|(q, _)| *q == p)
+            .map_or(rdkafka::Offset::Beginning, |(_, o)| {
+                rdkafka::Offset::Offset(*o)
+            });
         assignment
-            .add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .add_partition_offset(topic, p, from)
             .map_err(|e| format!("verifier: {e}"))?;
     }
     consumer

@@ -7,6 +7,7 @@
 //! [`verdict`](crate::report::judge).
 
 mod drain;
+mod external;
 mod play;
 pub mod progress;
 mod provision;
@@ -23,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::brokers;
 use crate::engine::{EngineConfig, OutputConfig, OutputKind};
 use crate::powerfs::PowerFs;
-use crate::proxy::{Direction, Fault, Link};
+use crate::proxy::Link;
 use crate::report::{self, Facts};
 use crate::scenario::WriteKeyPlace;
 use crate::scenario::{DestinationKind, Plan, RuntimeChoice};
@@ -35,7 +36,6 @@ use play::{Drill, Played};
 use provision::Rig;
 
 /// The JetStream stream a NATS drill writes to.
-const STREAM: &str = "DRILL";
 /// Partitions of a Kafka drill's topic: one, so that the order records arrive in is the
 /// order they are read back in (reordering is only observable within a partition; the engine
 /// keys records by write key, which would scatter a source's sequence across partitions). The
@@ -64,6 +64,9 @@ pub enum RunError {
     /// The engine's data directory could not be put on drill's power-cut filesystem.
     #[error("{0}")]
     Disk(String),
+    /// An external broker could not be reached or used as the scenario says.
+    #[error("external broker: {0}")]
+    External(String),
     #[error("interrupted")]
     Interrupted,
 }
@@ -296,7 +299,7 @@ async fn start_system(
 }
 
 /// The reader, subscribed (or ready to read) before the first record is sent. It reads from
-/// the broker directly, never through the proxy — except Kafka's, see [`ReadBack::Topic`].
+/// the broker directly, never through the proxy.
 async fn start_reader(
     plan: &Plan,
     rig: &Rig,
@@ -318,23 +321,37 @@ async fn start_reader(
         }),
     };
     let decoder = Decoder::new(run_id, write_key);
+    // An external broker: its credentials, and where this drill's records begin.
+    let access = rig
+        .external
+        .as_ref()
+        .map(|e| e.access.clone())
+        .unwrap_or_default();
     Ok(match plan.destination.kind {
-        DestinationKind::Nats => ReadBack::stream(rig.broker_addrs(), STREAM, t0_wall, decoder)
-            .await
-            .map_err(RunError::Verifier)?,
+        DestinationKind::Nats => ReadBack::stream(
+            rig.broker_addrs(),
+            &plan.destination.stream,
+            t0_wall,
+            decoder,
+            access,
+        )
+        .await
+        .map_err(RunError::Verifier)?,
         DestinationKind::Kafka => ReadBack::Topic {
-            bootstrap: rig.link.listen_addr(),
+            bootstrap: rig.broker_addrs()[0],
             topic: plan.destination.topic.clone(),
             t0: t0_wall,
             decoder,
+            access,
         },
         DestinationKind::Mqtt => ReadBack::Mqtt(
-            Reader::start_with(
+            Reader::start_as(
                 rig.broker.addr,
                 &plan.destination.topic,
                 decoder,
                 t0,
                 cancel,
+                crate::brokers::mqtt_login(&access.secrets),
             )
             .await?,
         ),
@@ -442,18 +459,12 @@ async fn drive(
         notes.push("drill sees no attempts of a user's engine: an extra copy is within at_least_once when it carries the original's write key and its record was accepted before a fault ended (a link, broker or engine fault)".to_string());
     }
     system.stop(Duration::from_secs(10)).await;
-    if matches!(reader, ReadBack::Topic { .. }) && rig.link.status().fault != "pass" {
-        // The Kafka reader goes where the broker's metadata points: the proxy. The engine is
-        // stopped now, so healing the link changes no delivery, only lets the reader in.
-        rig.link.apply_settled(Fault::Heal, Direction::Both).await;
-        notes.push("the link was still faulted at the end; drill healed it (after stopping the engine) to read the topic back".to_string());
-    }
     if let Some(c) = rig.containers.first() {
         reader.point_at(vec![c.addr]);
     }
     let received = reader.stop().await;
     reader_cancel.cancel();
-    let link_status = rig.link.status();
+    let link_status = rig.link.family_status();
 
     let mut sent = match Arc::try_unwrap(sent) {
         Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),

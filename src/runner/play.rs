@@ -139,10 +139,23 @@ impl<'a> Drill<'a> {
         let mut bit = None;
         if let Some(l) = self.rig.links.iter().find(|l| l.name() == name) {
             if spec.fault.instantaneous() {
-                // A strand bites only the connections open at this instant.
-                bit = Some(l.status().connections_open > 0);
+                // A strand bites only the connections open at this instant (on a Kafka-aware
+                // link, on any of its broker links).
+                bit = Some(l.family_status().connections_open > 0);
             }
             l.apply_spec_settled(*spec).await;
+        } else {
+            // A broker link of a Kafka-aware link (`kafka-2`), now or from its creation on.
+            if spec.fault.instantaneous() {
+                bit = Some(
+                    self.rig
+                        .link
+                        .members()
+                        .iter()
+                        .any(|m| m.name() == name && m.status().connections_open > 0),
+                );
+            }
+            self.rig.link.apply_member(name, *spec).await;
         }
         let what = describe(spec);
         say(&format!(
@@ -181,6 +194,12 @@ impl<'a> Drill<'a> {
             .filter(|l| name == "proxy" || l.name() == name)
         {
             l.apply_settled(Fault::Heal, Direction::Both).await;
+        }
+        if !self.rig.links.iter().any(|l| l.name() == name) {
+            self.rig
+                .link
+                .apply_member(name, FaultSpec::new(Fault::Heal, Direction::Both))
+                .await;
         }
         say(&format!("  {:>4}s  heal: link {name}", now.as_secs()));
         let target = format!("link {name}");

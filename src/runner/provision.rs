@@ -1,9 +1,10 @@
 //! Provisioning: the broker (a container, a local process, or the embedded MQTT broker) and
 //! the proxy links in front of it, as one [`Rig`] with one teardown.
 //!
-//! Brokers advertise the proxy's address, never their own: for NATS and Kafka the link is
-//! bound first so the broker can be told where it is. Nothing here knows about the system
-//! under test.
+//! NATS servers advertise the proxy's address, never their own: the link is bound first so the
+//! server can be told where it is. Kafka brokers advertise themselves: their link is
+//! Kafka-aware and rewrites the addresses in the answers (see `proxy::kafka`). Nothing here
+//! knows about the system under test.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{KAFKA_PARTITIONS, RunError, STREAM, say};
+use super::{KAFKA_PARTITIONS, RunError, say};
 use crate::brokers;
 use crate::container;
 use crate::proxy::Link;
@@ -32,8 +33,12 @@ pub struct Rig {
     pub containers: Vec<container::ContainerBroker>,
     /// What the report should say about how the broker was set up.
     pub notes: Vec<String>,
+    /// The JetStream stream of a NATS destination.
+    pub(super) stream: String,
+    /// Brokers the user runs (`runtime: external`): how to reach them, what drill created.
+    pub external: Option<super::external::ExternalRig>,
     /// Cancels every link's tasks.
-    link_cancel: CancellationToken,
+    pub(super) link_cancel: CancellationToken,
 }
 
 impl Rig {
@@ -50,6 +55,9 @@ impl Rig {
             path: work.to_path_buf(),
             source,
         };
+        if let Some(external) = &plan.destination.external {
+            return Rig::external(plan, external, runtime, seed, cancel).await;
+        }
         let limit = (!plan.workload.poison.is_empty()).then(|| plan.workload.message_limit());
         let link_cancel = cancel.child_token();
         let link_name = plan.destination.link_name();
@@ -108,8 +116,15 @@ impl Rig {
                     .destination
                     .duplicate_window
                     .unwrap_or(Duration::from_secs(120));
-                brokers::create_stream(c.addr, STREAM, &plan.destination.topic, window, limit, 1)
-                    .await?;
+                brokers::create_stream(
+                    c.addr,
+                    &plan.destination.stream,
+                    &plan.destination.topic,
+                    window,
+                    limit,
+                    1,
+                )
+                .await?;
                 notes.push(stream_note(plan, 1, window));
                 let broker = container_broker(&c);
                 containers.push(c);
@@ -151,7 +166,7 @@ impl Rig {
                 let replicas = cluster.len().clamp(1, 3);
                 brokers::create_stream(
                     broker.addr,
-                    STREAM,
+                    &plan.destination.stream,
                     &plan.destination.topic,
                     window,
                     limit,
@@ -162,62 +177,45 @@ impl Rig {
                 (broker, links[0].clone())
             }
             (DestinationKind::Kafka, Some((docker, image, image_id))) => {
-                let link = Link::start(
-                    link_name,
-                    SocketAddr::from(([127, 0, 0, 1], 0)),
-                    SocketAddr::from(([127, 0, 0, 1], 9)),
-                    link_cancel.clone(),
-                )
-                .await?;
+                // The broker advertises its own published address; the link rewrites it.
+                let port = brokers::free_port().map_err(io)?;
+                let own = SocketAddr::from(([127, 0, 0, 1], port));
                 let c = container::start(
                     docker,
                     DestinationKind::Kafka,
                     &image,
                     image_id,
                     run_id,
-                    link.listen_addr(),
+                    own,
                     None,
                 )
                 .await?;
-                link.set_upstream(c.addr);
-                brokers::create_topic(
-                    link.listen_addr(),
-                    &plan.destination.topic,
-                    KAFKA_PARTITIONS,
+                let link = Link::start_kafka(
+                    link_name,
+                    SocketAddr::from(([127, 0, 0, 1], 0)),
+                    c.addr,
+                    link_cancel.clone(),
                 )
                 .await?;
-                notes.push(format!(
-                    "Kafka topic `{}`: {KAFKA_PARTITIONS} partitions; the broker advertises the proxy link",
-                    plan.destination.topic
-                ));
+                brokers::create_topic(c.addr, &plan.destination.topic, KAFKA_PARTITIONS).await?;
+                notes.push(kafka_note(plan));
                 let broker = container_broker(&c);
                 containers.push(c);
                 links.push(link.clone());
                 (broker, link)
             }
             (DestinationKind::Kafka, None) => {
-                // The proxy is bound first, so the broker can advertise it (never itself).
-                let port = brokers::free_port().map_err(io)?;
-                let upstream = SocketAddr::from(([127, 0, 0, 1], port));
-                let link = Link::start(
+                let broker = brokers::start_kafka(work, None, None).await?;
+                let link = Link::start_kafka(
                     link_name,
                     SocketAddr::from(([127, 0, 0, 1], 0)),
-                    upstream,
+                    broker.addr,
                     link_cancel.clone(),
                 )
                 .await?;
-                let broker =
-                    brokers::start_kafka(work, Some(port), Some(link.listen_addr())).await?;
-                brokers::create_topic(
-                    link.listen_addr(),
-                    &plan.destination.topic,
-                    KAFKA_PARTITIONS,
-                )
-                .await?;
-                notes.push(format!(
-                    "Kafka topic `{}`: {KAFKA_PARTITIONS} partitions; the broker advertises the proxy link",
-                    plan.destination.topic
-                ));
+                brokers::create_topic(broker.addr, &plan.destination.topic, KAFKA_PARTITIONS)
+                    .await?;
+                notes.push(kafka_note(plan));
                 links.push(link.clone());
                 (broker, link)
             }
@@ -262,17 +260,34 @@ impl Rig {
                 (broker, link)
             }
         };
-        if let Some(note) = &broker.note {
+        let rig = Rig {
+            broker,
+            link,
+            links,
+            cluster,
+            containers,
+            notes,
+            stream: plan.destination.stream.clone(),
+            external: None,
+            link_cancel,
+        };
+        rig.say_provisioned(seed);
+        Ok(rig)
+    }
+
+    /// Says what was started and where every link points.
+    pub(super) fn say_provisioned(&self, seed: u64) {
+        if let Some(note) = &self.broker.note {
             say(&format!("  {note}"));
         }
         say(&format!(
             "  broker: {} ({}) on {}",
-            broker.version, broker.runtime, broker.addr
+            self.broker.version, self.broker.runtime, self.broker.addr
         ));
-        for note in &notes {
+        for note in &self.notes {
             say(&format!("  {note}"));
         }
-        for l in &links {
+        for l in &self.links {
             l.seed(seed);
             say(&format!(
                 "  proxy link {}: {} -> {}",
@@ -281,20 +296,13 @@ impl Rig {
                 l.upstream_addr()
             ));
         }
-        Ok(Rig {
-            broker,
-            link,
-            links,
-            cluster,
-            containers,
-            notes,
-            link_cancel,
-        })
     }
 
     /// Where the verifier reads from: the broker itself, never through the proxy.
     pub fn broker_addrs(&self) -> Vec<SocketAddr> {
-        if let Some(c) = self.containers.first() {
+        if let Some(e) = &self.external {
+            e.servers.clone()
+        } else if let Some(c) = self.containers.first() {
             vec![c.addr]
         } else if self.cluster.is_empty() {
             vec![self.broker.addr]
@@ -307,6 +315,9 @@ impl Rig {
     pub async fn teardown(&mut self) {
         for l in &self.links {
             l.shutdown().await;
+        }
+        if let Some(e) = &self.external {
+            e.clean_up().await;
         }
         self.link_cancel.cancel();
         for c in self.containers.iter_mut() {
@@ -321,7 +332,7 @@ impl Rig {
     /// Which node of the cluster leads the drill's stream now (asked of every live node).
     pub async fn stream_leader_node(&self) -> Option<usize> {
         for node in &self.cluster {
-            if let Some(leader) = brokers::stream_leader(node.addr, STREAM).await {
+            if let Some(leader) = brokers::stream_leader(node.addr, &self.stream).await {
                 return self.cluster.iter().position(|n| n.name == leader);
             }
         }
@@ -343,7 +354,7 @@ async fn place(
         DestinationKind::Kafka => "local tansu",
     };
     match runtime {
-        RuntimeChoice::Process | RuntimeChoice::Embedded => Ok(None),
+        RuntimeChoice::Process | RuntimeChoice::Embedded | RuntimeChoice::External => Ok(None),
         RuntimeChoice::Container => {
             let docker = container::daemon().await.map_err(|why| {
                 brokers::BrokerError::ContainerUnavailable(format!(
@@ -387,10 +398,20 @@ fn container_broker(c: &container::ContainerBroker) -> brokers::Broker {
     brokers::Broker::without_process(c.addr, "container", format!("{} (image {short})", c.image))
 }
 
+/// What the report says of the drill's Kafka topic and how its brokers are reached.
+pub(super) fn kafka_note(plan: &Plan) -> String {
+    format!(
+        "Kafka topic `{}`: {KAFKA_PARTITIONS} partitions; the broker advertises itself and the Kafka-aware link `{}` rewrites every broker address in its answers to a link of its own (`{}-<node id>`)",
+        plan.destination.topic,
+        plan.destination.link_name(),
+        plan.destination.link_name()
+    )
+}
+
 /// What the report says of the drill's JetStream stream, and whether its duplicate window is
 /// long enough: shorter than the longest outage plus the longest backoff, a record resent after
 /// the outage is stored again (the finding `nats-short-duplicate-window` shows).
-fn stream_note(plan: &Plan, replicas: usize, window: Duration) -> String {
+pub(super) fn stream_note(plan: &Plan, replicas: usize, window: Duration) -> String {
     let needed = crate::scenario::longest_outage(&plan.faults, plan.workload.duration)
         + plan.engine.refusals.2;
     let verdict = if window >= needed {
@@ -402,7 +423,8 @@ fn stream_note(plan: &Plan, replicas: usize, window: Duration) -> String {
         )
     };
     format!(
-        "JetStream stream {STREAM} on subject `{}`: {replicas} replica(s), duplicate window {} s ({verdict})",
+        "JetStream stream {} on subject `{}`: {replicas} replica(s), duplicate window {} s ({verdict})",
+        plan.destination.stream,
         plan.destination.topic,
         window.as_secs()
     )

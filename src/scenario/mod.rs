@@ -67,6 +67,9 @@ pub enum RuntimeChoice {
     Container,
     Process,
     Embedded,
+    /// Brokers the user already runs, at the addresses the scenario gives (scenario only).
+    #[value(skip)]
+    External,
 }
 
 /// The order an output keeps (DESIGN.md §1.9).
@@ -184,6 +187,69 @@ pub struct Destination {
     pub topic: String,
     /// NATS: the stream's duplicate window (always set for `nats` once validated).
     pub duplicate_window: Option<Duration>,
+    /// NATS: the JetStream stream that stores `topic`.
+    pub stream: String,
+    /// `runtime: external`: the user's own brokers.
+    pub external: Option<External>,
+}
+
+/// Brokers the user already runs (`runtime: external`): drill starts none, puts its links in
+/// front of them, refuses broker faults, and never deletes what it did not create.
+#[derive(Debug, Clone)]
+pub struct External {
+    /// `host:port` each, as written: Kafka's bootstrap list, NATS's servers, MQTT's address.
+    pub addresses: Vec<String>,
+    /// Create the topic (Kafka) or stream (NATS) when it does not exist.
+    pub create: bool,
+    /// Keep what drill created when the drill ends (else drill removes it).
+    pub keep: bool,
+    pub credentials: Credentials,
+}
+
+/// Where an external broker's credentials are: the names of environment variables, never the
+/// secrets (they reach the engine and the reader through the environment too).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Credentials {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username_env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_env: Option<String>,
+    /// Kafka: the SASL mechanism (with username and password).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl_mechanism: Option<String>,
+}
+
+/// Credentials read from the environment, for one connection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Secrets {
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub sasl_mechanism: Option<String>,
+}
+
+impl Credentials {
+    pub fn is_empty(&self) -> bool {
+        *self == Credentials::default()
+    }
+
+    /// Reads the variables; the error names the first one that is not set.
+    pub fn read(&self) -> Result<Secrets, String> {
+        let get = |field: &str, name: &Option<String>| -> Result<Option<String>, String> {
+            match name {
+                None => Ok(None),
+                Some(n) => std::env::var(n).map(Some).map_err(|_| {
+                    format!(
+                        "environment variable `{n}` (destination.credentials.{field}) is not set; export it before the drill"
+                    )
+                }),
+            }
+        };
+        Ok(Secrets {
+            username: get("username_env", &self.username_env)?,
+            password: get("password_env", &self.password_env)?,
+            sasl_mechanism: self.sasl_mechanism.clone(),
+        })
+    }
 }
 
 impl Destination {

@@ -59,6 +59,46 @@ pub(super) struct RawDestination {
     #[serde(default)]
     #[schemars(with = "Option<usize>")]
     pub(super) nodes: Option<Spanned<usize>>,
+    /// `runtime: external`, Kafka: the brokers to bootstrap from (`host:port` each).
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>")]
+    pub(super) bootstrap: Option<Vec<Spanned<String>>>,
+    /// `runtime: external`, NATS: the servers (`host:port` each; several make a cluster).
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>")]
+    pub(super) servers: Option<Vec<Spanned<String>>>,
+    /// `runtime: external`, MQTT: the broker (`host:port`).
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub(super) address: Option<Spanned<String>>,
+    /// `runtime: external`: create the Kafka topic or the JetStream stream when it does not
+    /// exist (default false: it must exist). What drill created it removes at the end unless
+    /// `keep: true`.
+    #[serde(default)]
+    pub(super) create: Option<bool>,
+    #[serde(default)]
+    pub(super) keep: Option<bool>,
+    /// `runtime: external`, NATS: the JetStream stream that stores the subject (default `DRILL`).
+    #[serde(default)]
+    pub(super) stream: Option<String>,
+    /// `runtime: external`: the names of the environment variables holding the credentials —
+    /// never the credentials themselves.
+    #[serde(default)]
+    #[schemars(with = "Option<RawCredentials>")]
+    pub(super) credentials: Option<Spanned<RawCredentials>>,
+}
+
+/// Where an external broker's credentials are: environment variable names.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCredentials {
+    #[serde(default)]
+    pub(super) username_env: Option<String>,
+    #[serde(default)]
+    pub(super) password_env: Option<String>,
+    /// Kafka: the SASL mechanism (`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`; default `PLAIN`).
+    #[serde(default)]
+    pub(super) sasl_mechanism: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

@@ -19,8 +19,9 @@ use super::raw::{
     RawWorkload,
 };
 use super::{
-    BrokerNode, CommandSpec, Destination, DestinationKind, EngineSpec, Expectations, FaultAction,
-    Plan, ProcessAction, Promise, RuntimeChoice, ScheduledFault, WorkloadSpec, longest_outage,
+    BrokerNode, CommandSpec, Credentials, Destination, DestinationKind, EngineSpec, Expectations,
+    External, FaultAction, Plan, ProcessAction, Promise, RuntimeChoice, ScheduledFault,
+    WorkloadSpec, longest_outage,
 };
 use crate::proxy::{Direction, Fault, FaultSpec};
 
@@ -121,13 +122,183 @@ fn destination(raw: RawDestination) -> Result<Destination, Located> {
         }
         Some(n) => n.value,
     };
+    if let Some(stream) = &raw.stream
+        && kind != DestinationKind::Nats
+    {
+        return Err(at(
+            &raw.kind.referenced,
+            format!(
+                "field `destination.stream` (`{stream}`): only a `nats` destination has a stream"
+            ),
+        ));
+    }
+    let stream = raw.stream.clone().unwrap_or_else(|| "DRILL".to_string());
+    let external = external(&raw, kind, runtime)?;
+    let nodes = match &external {
+        Some(e) if kind == DestinationKind::Nats => {
+            if let Some(n) = &raw.nodes {
+                return Err(at(
+                    &n.referenced,
+                    "field `destination.nodes`: an external NATS cluster has as many nodes as `servers` lists; leave `nodes` out".to_string(),
+                ));
+            }
+            e.addresses.len()
+        }
+        _ => nodes,
+    };
     Ok(Destination {
         kind,
         nodes,
         runtime,
         topic: raw.topic.unwrap_or_else(|| "drill".to_string()),
         duplicate_window: raw.duplicate_window.map(|w| w.value.0),
+        stream,
+        external,
     })
+}
+
+/// `runtime: external`: the addresses the kind takes (`bootstrap` for Kafka, `servers` for
+/// NATS, `address` for MQTT), `create`, `keep` and `credentials`. Without it none of these may
+/// be given.
+fn external(
+    raw: &RawDestination,
+    kind: DestinationKind,
+    runtime: RuntimeChoice,
+) -> Result<Option<External>, Located> {
+    let given: [(&str, Option<&serde_saphyr::Location>); 3] = [
+        (
+            "bootstrap",
+            raw.bootstrap.as_ref().map(|_| &raw.kind.referenced),
+        ),
+        (
+            "servers",
+            raw.servers.as_ref().map(|_| &raw.kind.referenced),
+        ),
+        ("address", raw.address.as_ref().map(|a| &a.referenced)),
+    ];
+    let wanted = match kind {
+        DestinationKind::Kafka => "bootstrap",
+        DestinationKind::Nats => "servers",
+        DestinationKind::Mqtt => "address",
+    };
+    if runtime != RuntimeChoice::External {
+        let extra = given
+            .iter()
+            .map(|(f, l)| (*f, l.is_some()))
+            .chain([
+                ("create", raw.create.is_some()),
+                ("keep", raw.keep.is_some()),
+                ("credentials", raw.credentials.is_some()),
+            ])
+            .find(|(_, g)| *g);
+        if let Some((field, _)) = extra {
+            return Err(at(
+                &raw.kind.referenced,
+                format!(
+                    "field `destination.{field}`: goes with `runtime: external` (brokers you already run); drill starts its own otherwise"
+                ),
+            ));
+        }
+        return Ok(None);
+    }
+    if let Some((field, loc)) = given.iter().find(|(f, l)| l.is_some() && *f != wanted) {
+        return Err(at(
+            loc.unwrap_or(&raw.kind.referenced),
+            format!(
+                "field `destination.{field}`: a `{}` destination takes `{wanted}`",
+                kind.name()
+            ),
+        ));
+    }
+    let addresses: Vec<&Spanned<String>> = match kind {
+        DestinationKind::Kafka => raw.bootstrap.iter().flatten().collect(),
+        DestinationKind::Nats => raw.servers.iter().flatten().collect(),
+        DestinationKind::Mqtt => raw.address.iter().collect(),
+    };
+    if addresses.is_empty() {
+        return Err(at(
+            &raw.kind.referenced,
+            format!(
+                "field `destination.{wanted}`: `runtime: external` needs the broker address(es), e.g. {wanted}: {}",
+                match kind {
+                    DestinationKind::Mqtt => "broker.site.local:1883",
+                    DestinationKind::Nats => "[nats-1:4222, nats-2:4222]",
+                    DestinationKind::Kafka => "[kafka-1:9092, kafka-2:9092]",
+                }
+            ),
+        ));
+    }
+    if kind == DestinationKind::Nats && addresses.len() > 5 {
+        return Err(at(
+            &addresses[5].referenced,
+            "field `destination.servers`: at most 5 servers".to_string(),
+        ));
+    }
+    for a in &addresses {
+        let ok = a.value.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        if !ok {
+            return Err(at(
+                &a.referenced,
+                format!(
+                    "field `destination.{wanted}`: `{}` is not host:port (e.g. kafka-1.staging:9092)",
+                    a.value
+                ),
+            ));
+        }
+    }
+    let credentials = match &raw.credentials {
+        None => Credentials::default(),
+        Some(c) => {
+            let v = &c.value;
+            let kafka = kind == DestinationKind::Kafka;
+            if let Some(m) = &v.sasl_mechanism
+                && (!kafka || !["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"].contains(&m.as_str()))
+            {
+                return Err(at(
+                    &c.referenced,
+                    format!(
+                        "field `destination.credentials.sasl_mechanism`: `{m}`; Kafka only, one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"
+                    ),
+                ));
+            }
+            if v.username_env.is_some() != v.password_env.is_some() {
+                return Err(at(
+                    &c.referenced,
+                    "field `destination.credentials`: `username_env` and `password_env` go together".to_string(),
+                ));
+            }
+            for name in [&v.username_env, &v.password_env].into_iter().flatten() {
+                let usable = !name.is_empty()
+                    && name
+                        .chars()
+                        .all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+                if !usable {
+                    return Err(at(
+                        &c.referenced,
+                        format!(
+                            "field `destination.credentials`: `{name}` is not an environment variable name; give the variable's NAME (the secret itself never goes in the file)"
+                        ),
+                    ));
+                }
+            }
+            Credentials {
+                username_env: v.username_env.clone(),
+                password_env: v.password_env.clone(),
+                sasl_mechanism: v
+                    .sasl_mechanism
+                    .clone()
+                    .or_else(|| (kafka && v.username_env.is_some()).then(|| "PLAIN".to_string())),
+            }
+        }
+    };
+    Ok(Some(External {
+        addresses: addresses.iter().map(|a| a.value.clone()).collect(),
+        create: raw.create.unwrap_or(false),
+        keep: raw.keep.unwrap_or(false),
+        credentials,
+    }))
 }
 
 /// `system:`: the built-in engine with its settings under `builtin`, or a user's engine —
@@ -347,6 +518,12 @@ fn faults(
                 )));
             }
             (Some(link), None) => faults.extend(link_fault(&entry, link, &links)?),
+            (None, Some(target)) if target == "broker" && destination.external.is_some() => {
+                return Err(entry.field(
+                    "target",
+                    "broker faults are refused for external brokers: drill did not start them and will not kill, stop or pause them; use a link fault (link: ...) or a managed runtime",
+                ));
+            }
             (None, Some(target)) => faults.push(process_fault(
                 &entry,
                 target,
@@ -382,6 +559,16 @@ impl FaultEntry<'_> {
     }
 }
 
+/// Whether `link` is one of `links`, or — in front of Kafka, whose link gives every broker a
+/// link of its own — one broker's link, `kafka-<node id>`.
+fn names_a_link(links: &BTreeSet<&str>, link: &str) -> bool {
+    links.contains(link)
+        || (links.contains("kafka")
+            && link
+                .strip_prefix("kafka-")
+                .is_some_and(|n| n.parse::<i32>().is_ok_and(|n| n >= 0)))
+}
+
 /// A link fault: `fault` on `link` (both ways unless `direction` says otherwise) from `at`,
 /// for a while (`for`), flapping (`repeat`, `every`), or until a later `heal`. Which kinds take
 /// `latency`, `jitter`, `bytes_per_s`, `for` and `repeat` is [`LinkSetting::taken_by`]'s to say.
@@ -391,11 +578,16 @@ fn link_fault(
     links: &BTreeSet<&str>,
 ) -> Result<Vec<ScheduledFault>, Located> {
     let f = entry.raw;
-    if !links.contains(link) {
+    if !names_a_link(links, link) {
+        let kafka = if links.contains("kafka") {
+            " (and `kafka-<node id>`, one broker's own link)"
+        } else {
+            ""
+        };
         return Err(entry.field(
             "link",
             format!(
-                "no link named `{link}`; this scenario has: {}",
+                "no link named `{link}`; this scenario has: {}{kafka}",
                 links.iter().copied().collect::<Vec<_>>().join(", ")
             ),
         ));
