@@ -3,66 +3,12 @@
 //! The catalogue's `ci` drills themselves (engine-crash, mqtt-flapping, nats-cluster-node-loss,
 //! …) run in tests/catalogue.rs, as the correct engine's row of `drill selftest --tag ci`.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn drill(args: &[&str]) -> Output {
-    drill_with(args, &[])
-}
-
-fn drill_with(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_drill"))
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .expect("drill runs")
-}
-
-fn scenario(dir: &Path, name: &str, text: &str) -> String {
-    let path = dir.join(format!("{name}.yaml"));
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
-}
-
-/// What one `drill run` left: its output, and the reports it wrote (null / empty if none).
-struct Ran {
-    output: Output,
-    report: serde_json::Value,
-    markdown: String,
-}
-
-/// Runs `drill run FILE --out <temp> EXTRA...` and reads back scenario `name`'s reports.
-fn run_drill(file: &str, name: &str, extra: &[&str]) -> Ran {
-    run_drill_with(file, name, extra, &[])
-}
-
-fn run_drill_with(file: &str, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Ran {
-    let out = tempfile::tempdir().unwrap();
-    let out_arg = out.path().display().to_string();
-    let mut args = vec!["run", file, "--out", &out_arg];
-    args.extend_from_slice(extra);
-    let output = drill_with(&args, env);
-    let dir = out.path().join(name);
-    let report = std::fs::read_to_string(dir.join("report.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(serde_json::Value::Null);
-    let markdown = std::fs::read_to_string(dir.join("report.md")).unwrap_or_default();
-    Ran {
-        output,
-        report,
-        markdown,
-    }
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::run::{Ran, drill, drill_with, run_drill, run_drill_with, scenario, show};
 
 #[test]
 fn a_misspelled_field_exits_2_naming_file_line_column_and_field_and_starts_nothing() {

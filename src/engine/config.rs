@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::EngineError;
 use super::log;
-use crate::scenario::{Dur, Order, Promise};
+use crate::scenario::{Credentials, Dur, Order, Promise};
 
 /// `engine.yaml`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -83,6 +83,10 @@ pub struct OutputConfig {
     pub window: usize,
     #[serde(default)]
     pub refusals: Option<RefusalConfig>,
+    /// Where the destination's credentials are: names of environment variables (read at each
+    /// connect), never the secrets themselves — this file is written to disk.
+    #[serde(default, skip_serializing_if = "Credentials::is_empty")]
+    pub credentials: Credentials,
 }
 
 impl OutputConfig {
@@ -102,6 +106,7 @@ impl OutputConfig {
             answer_timeout: default_answer_timeout(),
             window: default_window(),
             refusals: None,
+            credentials: Credentials::default(),
         }
     }
 }

@@ -40,12 +40,12 @@ use super::stats::publish_stats;
 #[cfg(feature = "mutants")]
 use super::mutant::{self, Mutant};
 
-/// The producer settings the rules above need.
+/// The producer settings the rules above need (SASL from the environment when the output
+/// names credentials; a variable that is not set leaves them out and the broker refuses).
 fn producer_config(cfg: &OutputConfig, name: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", cfg.address.to_string())
-        .set("client.id", name);
+    let secrets = cfg.credentials.read().unwrap_or_default();
+    let mut config = crate::brokers::kafka_config(&cfg.address.to_string(), &secrets);
+    config.set("client.id", name);
     config
         .set("enable.idempotence", "true")
         .set("acks", "all")

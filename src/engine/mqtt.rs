@@ -32,7 +32,9 @@ pub(super) async fn connect_and_probe(
         return mutant::connect_without_answer(cfg, client_id).await;
     }
     let limit = cfg.answer_timeout.0;
-    let mut session = mqtt::connect(cfg.address, client_id, cfg.keepalive.0, limit)
+    let secrets = cfg.credentials.read()?;
+    let login = crate::brokers::mqtt_login(&secrets);
+    let mut session = mqtt::connect_as(cfg.address, client_id, cfg.keepalive.0, limit, login)
         .await
         .map_err(|e| e.to_string())?;
     let probe = async {

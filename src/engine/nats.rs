@@ -37,7 +37,9 @@ pub(super) async fn connect_and_probe(
     name: &str,
 ) -> Result<jetstream::Context, String> {
     let limit = cfg.answer_timeout.0;
-    let options = async_nats::ConnectOptions::new()
+    let secrets = cfg.credentials.read()?;
+    let options = crate::brokers::nats_options(&secrets)
+        .await?
         .name(name)
         .ignore_discovered_servers()
         .ping_interval(cfg.keepalive.0)

@@ -283,6 +283,12 @@ async fn start_system(
                 DestinationKind::Mqtt => OutputKind::Mqtt,
             },
             more_addresses: rig.links.iter().skip(1).map(Link::listen_addr).collect(),
+            credentials: plan
+                .destination
+                .external
+                .as_ref()
+                .map(|e| e.credentials.clone())
+                .unwrap_or_default(),
             ..OutputConfig::mqtt(
                 plan.destination.link_name(),
                 rig.link.listen_addr(),

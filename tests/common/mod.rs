@@ -2,6 +2,8 @@
 //! separate process.
 #![allow(dead_code)]
 
+pub mod run;
+
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::sync::Arc;

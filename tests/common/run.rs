@@ -1,0 +1,62 @@
+//! `drill run` through the real binary, and what it left: shared by the end-to-end tests.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+pub fn drill(args: &[&str]) -> Output {
+    drill_with(args, &[])
+}
+
+pub fn drill_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("drill runs")
+}
+
+pub fn scenario(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// What one `drill run` left: its output, and the reports it wrote (null / empty if none).
+pub struct Ran {
+    pub output: Output,
+    pub report: serde_json::Value,
+    pub markdown: String,
+}
+
+/// Runs `drill run FILE --out <temp> EXTRA...` and reads back scenario `name`'s reports.
+pub fn run_drill(file: &str, name: &str, extra: &[&str]) -> Ran {
+    run_drill_with(file, name, extra, &[])
+}
+
+pub fn run_drill_with(file: &str, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Ran {
+    let out = tempfile::tempdir().unwrap();
+    let out_arg = out.path().display().to_string();
+    let mut args = vec!["run", file, "--out", &out_arg];
+    args.extend_from_slice(extra);
+    let output = drill_with(&args, env);
+    let dir = out.path().join(name);
+    let report = std::fs::read_to_string(dir.join("report.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let markdown = std::fs::read_to_string(dir.join("report.md")).unwrap_or_default();
+    Ran {
+        output,
+        report,
+        markdown,
+    }
+}
+
+pub fn show(o: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
