@@ -7,6 +7,11 @@
 //! - A Kafka-aware link rewrites the broker addresses in the answers: the same refusal holds
 //!   every record (none reaches the broker) until the heal, and then all of them arrive.
 //! - Each broker gets its own link (`kafka-<node id>`), and a fault on `kafka` is in force on it.
+//! - A cluster of three brokers (tansu reports one broker whatever its storage, so a scripted
+//!   bootstrap answers Metadata with three, each an echo server): three member links, each to
+//!   its broker; `kafka` refuses all three, `kafka-2` only its own.
+
+mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -18,6 +23,8 @@ use drill::proxy::{Direction, Fault, Link};
 use drill::scenario::{Order, Promise};
 use drill::sut::EngineProcess;
 use drill::verify;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 const TOPIC: &str = "drill-links";
@@ -185,4 +192,158 @@ async fn a_kafka_aware_link_holds_every_record_until_the_heal() {
         "{:?}",
         r.broker_links
     );
+}
+
+/// A Metadata v12 answer naming `brokers` (node id, port on 127.0.0.1), no topics.
+fn metadata_v12(correlation: i32, brokers: &[(i32, u16)]) -> Vec<u8> {
+    let mut f = correlation.to_be_bytes().to_vec();
+    f.push(0); // header tagged fields
+    f.extend_from_slice(&0i32.to_be_bytes()); // throttle
+    f.push(brokers.len() as u8 + 1);
+    for (node, port) in brokers {
+        f.extend_from_slice(&node.to_be_bytes());
+        f.push(10); // "127.0.0.1": 9 bytes
+        f.extend_from_slice(b"127.0.0.1");
+        f.extend_from_slice(&i32::from(*port).to_be_bytes());
+        f.push(0); // rack: null
+        f.push(0); // tagged fields
+    }
+    f.push(0); // cluster id: null
+    f.extend_from_slice(&brokers[0].0.to_be_bytes()); // controller
+    f.push(1); // no topics
+    f.push(0);
+    f
+}
+
+/// A bootstrap broker that answers every request with the cluster's Metadata.
+async fn scripted_bootstrap(brokers: Vec<(i32, u16)>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let brokers = brokers.clone();
+            tokio::spawn(async move {
+                loop {
+                    let Ok(len) = s.read_i32().await else { return };
+                    let mut req = vec![0u8; len as usize];
+                    if s.read_exact(&mut req).await.is_err() {
+                        return;
+                    }
+                    let corr = i32::from_be_bytes([req[4], req[5], req[6], req[7]]);
+                    let answer = metadata_v12(corr, &brokers);
+                    let _ = s.write_i32(answer.len() as i32).await;
+                    let _ = s.write_all(&answer).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Asks `link` for metadata (v12) and returns the broker addresses in its answer.
+async fn ask_metadata(link: SocketAddr) -> Vec<drill::proxy::kafka::BrokerAddress> {
+    let mut s = TcpStream::connect(link).await.unwrap();
+    let mut req = Vec::new();
+    req.extend_from_slice(&3i16.to_be_bytes());
+    req.extend_from_slice(&12i16.to_be_bytes());
+    req.extend_from_slice(&7i32.to_be_bytes());
+    req.extend_from_slice(&(-1i16).to_be_bytes()); // no client id
+    req.extend_from_slice(&[0, 1, 0, 0, 0]); // tagged, no topics, flags, tagged
+    s.write_i32(req.len() as i32).await.unwrap();
+    s.write_all(&req).await.unwrap();
+    let len = s.read_i32().await.unwrap();
+    let mut answer = vec![0u8; len as usize];
+    s.read_exact(&mut answer).await.unwrap();
+    drill::proxy::kafka::brokers(3, 12, &answer).unwrap()
+}
+
+/// Whether a Kafka frame (an ApiVersions request; the link passes what it does not rewrite)
+/// sent to `addr` comes back whole from the echo server behind it.
+async fn echoes(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect(addr).await else {
+        return false;
+    };
+    let frame = [0, 0, 0, 8, 0, 18, 0, 0, 0, 0, 0, 1];
+    let mut back = [0u8; 12];
+    s.write_all(&frame).await.is_ok()
+        && tokio::time::timeout(Duration::from_secs(2), s.read_exact(&mut back))
+            .await
+            .is_ok_and(|r| r.is_ok())
+        && back == frame
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_broker_of_a_cluster_gets_a_link_and_faults_follow_the_names() {
+    let echoes_ = [
+        common::echo().await,
+        common::echo().await,
+        common::echo().await,
+    ];
+    let cluster: Vec<(i32, u16)> = echoes_
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (i as i32 + 1, e.addr.port()))
+        .collect();
+    let bootstrap = scripted_bootstrap(cluster.clone()).await;
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let link = Link::start_kafka("kafka", any, bootstrap, CancellationToken::new())
+        .await
+        .unwrap();
+
+    let seen = ask_metadata(link.listen_addr()).await;
+    assert_eq!(seen.len(), 3);
+    let members = link.members();
+    assert_eq!(
+        members
+            .iter()
+            .map(|m| m.name().to_string())
+            .collect::<Vec<_>>(),
+        ["kafka-1", "kafka-2", "kafka-3"]
+    );
+    for (b, (m, e)) in seen.iter().zip(members.iter().zip(&echoes_)) {
+        // The answer names the member link; the member goes to the broker.
+        assert_eq!(b.port, i32::from(m.listen_addr().port()));
+        assert_eq!(m.upstream_addr(), e.addr);
+        assert!(echoes(m.listen_addr()).await, "{} passes", m.name());
+    }
+    // Asked again, the same members answer: nothing new is created.
+    assert_eq!(ask_metadata(link.listen_addr()).await, seen);
+    assert_eq!(link.members().len(), 3);
+
+    link.apply_settled(Fault::Refuse, Direction::Both).await;
+    for m in &members {
+        assert!(
+            !echoes(m.listen_addr()).await,
+            "{} refuses with kafka",
+            m.name()
+        );
+    }
+    link.apply_settled(Fault::Heal, Direction::Both).await;
+    assert!(
+        link.apply_member(
+            "kafka-2",
+            drill::proxy::FaultSpec::new(Fault::Refuse, Direction::Both)
+        )
+        .await
+    );
+    let passing: Vec<bool> =
+        futures::future::join_all(members.iter().map(|m| echoes(m.listen_addr()))).await;
+    assert_eq!(passing, [true, false, true]);
+    assert!(
+        !link
+            .apply_member(
+                "nats-2",
+                drill::proxy::FaultSpec::new(Fault::Refuse, Direction::Both)
+            )
+            .await
+    );
+    // A fault for a broker not seen yet waits for it.
+    assert!(
+        link.apply_member(
+            "kafka-9",
+            drill::proxy::FaultSpec::new(Fault::Refuse, Direction::Both)
+        )
+        .await
+    );
+    link.shutdown().await;
 }
