@@ -7,6 +7,8 @@
 //! (p50, p99). The load generator is plain blocking sockets on threads, the same for every
 //! path. This module prints ratios; it asserts nothing — numbers are evidence, not tests.
 
+mod kafka_link;
+
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -29,6 +31,8 @@ pub struct Options {
     pub bytes: u64,
     pub pings: usize,
     pub runs: usize,
+    /// Records per run on the Kafka produce path.
+    pub kafka_records: u64,
 }
 
 /// One path's numbers.
@@ -257,7 +261,10 @@ pub fn proxy(drill_exe: &Path, o: Options) -> Result<String, BenchError> {
     }
     let results = measure(&mut paths, o);
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(render(&results?, o, note))
+    let mut table = render(&results?, o, note);
+    drop(children);
+    table.push_str(&kafka_link::measure(drill_exe, o.kafka_records, o.runs)?);
+    Ok(table)
 }
 
 fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {

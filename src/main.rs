@@ -101,6 +101,9 @@ enum Command {
         /// Bulk runs per path (the median is shown).
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Records per run on the Kafka produce path (`proxy`; needs tansu).
+        #[arg(long, default_value_t = 200_000)]
+        kafka_records: u64,
     },
     /// Run fault-proxy links standalone with an HTTP control API.
     Proxy {
@@ -300,6 +303,7 @@ async fn dispatch(command: Command) -> u8 {
             bytes,
             pings,
             runs,
+            kafka_records,
         } => {
             let Ok(exe) = std::env::current_exe() else {
                 eprintln!("drill bench: cannot find my own executable");
@@ -312,6 +316,7 @@ async fn dispatch(command: Command) -> u8 {
                         bytes,
                         pings: pings.max(10),
                         runs: runs.max(1),
+                        kafka_records,
                     },
                 ),
                 BenchTarget::Engine => {

@@ -268,6 +268,18 @@ fn endpoints(api_key: i16, version: i16, frame: &[u8]) -> Result<Vec<Endpoint>, 
     Ok(found)
 }
 
+/// The broker addresses one answer carries, each with the bytes that encode its host and port.
+pub fn located(
+    api_key: i16,
+    version: i16,
+    frame: &[u8],
+) -> Result<Vec<(BrokerAddress, std::ops::Range<usize>)>, Malformed> {
+    Ok(endpoints(api_key, version, frame)?
+        .into_iter()
+        .map(|e| (e.broker, e.span.0..e.span.1))
+        .collect())
+}
+
 /// The broker addresses one answer carries.
 pub fn brokers(api_key: i16, version: i16, frame: &[u8]) -> Result<Vec<BrokerAddress>, Malformed> {
     Ok(endpoints(api_key, version, frame)?

@@ -1,0 +1,183 @@
+//! `drill bench proxy`, Kafka produce path: what a Kafka-aware link costs a producer, side by
+//! side in one run with a plain link and with no link at all.
+//!
+//! Two tansu brokers with the same settings (in-memory storage): one advertises itself — the
+//! producer reaches it directly, or through the Kafka-aware link, whose rewritten metadata sends
+//! it through that broker's own link `kafka-111` — and one advertises a plain link in front of
+//! it, as drill's brokers did before links could read Kafka. One `drill proxy` process carries
+//! both links, as users run it. The producer is librdkafka with the engine's settings
+//! (idempotent, acks=all, linger 5 ms); every record's delivery report is counted, so nothing
+//! is counted that the broker did not confirm. Paths are interleaved, median of the runs.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientContext;
+use rdkafka::message::DeliveryResult;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+
+use super::BenchError;
+
+const RECORD_BYTES: usize = 200;
+const TOPIC: &str = "bench";
+
+/// Counts delivery reports.
+#[derive(Clone, Default)]
+struct Confirmed {
+    ok: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+}
+
+impl ClientContext for Confirmed {}
+
+impl ProducerContext for Confirmed {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        let counter = if result.is_ok() {
+            &self.ok
+        } else {
+            &self.failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+struct Killed(Vec<Child>);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free() -> std::io::Result<SocketAddr> {
+    TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+fn tansu(bin: &Path, listen: SocketAddr, advertise: SocketAddr) -> std::io::Result<Child> {
+    Command::new(bin)
+        .arg("broker")
+        .arg("--listener-url")
+        .arg(format!("tcp://{listen}"))
+        .arg("--advertised-listener-url")
+        .arg(format!("tcp://{advertise}"))
+        .arg("--storage-engine")
+        .arg("memory://tansu/")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
+fn producer(bootstrap: SocketAddr) -> Result<(BaseProducer<Confirmed>, Confirmed), BenchError> {
+    let confirmed = Confirmed::default();
+    let p = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap.to_string())
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .create_with_context(confirmed.clone())
+        .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))?;
+    Ok((p, confirmed))
+}
+
+/// Creates the topic through `bootstrap` (waits for the broker to answer).
+fn create_topic(bootstrap: SocketAddr) -> Result<(), BenchError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime
+        .block_on(crate::brokers::create_topic(bootstrap, TOPIC, 1))
+        .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))
+}
+
+/// Sends `n` records and waits for every delivery report; records per second.
+fn produce(bootstrap: SocketAddr, n: u64) -> Result<f64, BenchError> {
+    let (p, confirmed) = producer(bootstrap)?;
+    let payload = [b'x'; RECORD_BYTES];
+    // Warm up: metadata, connections, producer id.
+    let _ = p.send(BaseRecord::to(TOPIC).payload(&payload[..]).key("w"));
+    p.flush(Duration::from_secs(30))
+        .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))?;
+    let base = confirmed.ok.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let mut sent = 0;
+    while sent < n {
+        match p.send(BaseRecord::to(TOPIC).payload(&payload[..]).key("k")) {
+            Ok(()) => sent += 1,
+            Err(_) => {
+                p.poll(Duration::from_millis(1));
+            }
+        }
+    }
+    p.flush(Duration::from_secs(120))
+        .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))?;
+    let took = started.elapsed();
+    let got = confirmed.ok.load(Ordering::Relaxed) - base;
+    if got != n {
+        return Err(BenchError::Short { sent: n, got });
+    }
+    Ok(n as f64 / took.as_secs_f64())
+}
+
+/// The Kafka table, or why there is none (tansu not installed).
+pub fn measure(drill_exe: &Path, records: u64, runs: usize) -> Result<String, BenchError> {
+    let Some(bin) = crate::brokers::tansu_path() else {
+        return Ok("\nKafka produce path: tansu is not installed (cargo install tansu --features dynostore,libsql): no Kafka table\n".to_string());
+    };
+    let mut children = Killed(Vec::new());
+    let (own, behind, plain, aware, api) = (free()?, free()?, free()?, free()?, free()?);
+    children.0.push(tansu(&bin, own, own)?);
+    children.0.push(tansu(&bin, behind, plain)?);
+    children.0.push(
+        Command::new(drill_exe)
+            .args(["proxy", "--api", &api.to_string()])
+            .args(["--link", &format!("plain={plain},{behind}")])
+            .args(["--kafka-link", &format!("kafka={aware},{own}")])
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+    for addr in [own, behind, plain, aware] {
+        super::wait_listening("the Kafka bench", addr)?;
+    }
+    create_topic(own)?;
+    create_topic(plain)?;
+    let paths = [
+        ("direct (broker advertises itself)", own),
+        ("plain drill link (broker advertises it)", plain),
+        ("Kafka-aware drill link (rewrites)", aware),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    for _ in 0..runs.max(1) {
+        for (i, (_, bootstrap)) in paths.iter().enumerate() {
+            rates[i].push(produce(*bootstrap, records)?);
+        }
+    }
+    let mut out = format!(
+        "\nKafka produce path: {records} records of {RECORD_BYTES} B per run, librdkafka idempotent, acks=all, linger 5 ms; every delivery confirmed; median of {} runs, paths interleaved\n\n",
+        runs.max(1)
+    );
+    out.push_str(
+        "| path | records/s | MiB/s | vs direct | vs plain link |\n|---|---:|---:|---:|---:|\n",
+    );
+    let median = |r: &mut Vec<f64>| {
+        r.sort_by(f64::total_cmp);
+        r[r.len() / 2]
+    };
+    let medians: Vec<f64> = rates.iter_mut().map(median).collect();
+    for ((name, _), rate) in paths.iter().zip(&medians) {
+        out.push_str(&format!(
+            "| {name} | {rate:.0} | {:.1} | {:.2}× | {:.2}× |\n",
+            rate * RECORD_BYTES as f64 / (1024.0 * 1024.0),
+            rate / medians[0],
+            rate / medians[1],
+        ));
+    }
+    Ok(out)
+}
