@@ -81,11 +81,70 @@ pub async fn kafka_topic(
                 .map_err(|e| format!("end offset of {topic_owned}/{}: {e}", p.id()))?;
             offsets.push((p.id(), high));
         }
+        // A reported end offset can be stale (tansu's are): read on from it to partition EOF,
+        // so the drill begins after the last record really there. With an accurate one this
+        // reads nothing.
+        confirm_ends(&bootstrap, &topic_owned, &secrets, &mut offsets)?;
         Ok::<_, String>(offsets)
     })
     .await
     .map_err(|e| e.to_string())??;
     Ok(KafkaTopic { created, offsets })
+}
+
+/// Reads each partition from its reported end to EOF and moves the end past any record found.
+fn confirm_ends(
+    bootstrap: &SocketAddr,
+    topic: &str,
+    secrets: &Secrets,
+    offsets: &mut [(i32, i64)],
+) -> Result<(), String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::KafkaError;
+    use rdkafka::message::Message;
+    if offsets.is_empty() {
+        return Ok(());
+    }
+    let consumer: BaseConsumer = super::kafka_config(&bootstrap.to_string(), secrets)
+        .set("group.id", format!("drill-start-{}", std::process::id()))
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let mut assignment = rdkafka::TopicPartitionList::new();
+    for (p, o) in offsets.iter() {
+        assignment
+            .add_partition_offset(topic, *p, rdkafka::Offset::Offset(*o))
+            .map_err(|e| e.to_string())?;
+    }
+    consumer.assign(&assignment).map_err(|e| e.to_string())?;
+    // Done when every partition said EOF, or (an end offset that is stale may never produce an
+    // EOF) when nothing more has come for 2 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut at_eof = std::collections::HashSet::new();
+    let mut last_news = std::time::Instant::now();
+    while at_eof.len() < offsets.len() && last_news.elapsed() < Duration::from_secs(2) {
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "could not find where topic {topic} ends within 60 s (records kept coming)"
+            ));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                last_news = std::time::Instant::now();
+                at_eof.remove(&m.partition());
+                if let Some(end) = offsets.iter_mut().find(|(p, _)| *p == m.partition()) {
+                    end.1 = end.1.max(m.offset() + 1);
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_eof.insert(p);
+            }
+            Some(Err(e)) => return Err(format!("reading {topic} to its end: {e}")),
+            None => {}
+        }
+    }
+    Ok(())
 }
 
 /// The partitions `topic` has (empty when it does not exist).
