@@ -759,6 +759,14 @@ pub fn markdown(report: &Report) -> String {
         k.bytes_swallowed_upstream,
         k.bytes_swallowed_downstream
     );
+    if !k.broker_links.is_empty() {
+        let _ = writeln!(
+            md,
+            "Those counts include its broker links (Kafka-aware; {} answers rewritten): {}.",
+            k.answers_rewritten,
+            k.broker_links.join(", ")
+        );
+    }
     if !report.missing_examples.is_empty() {
         let _ = writeln!(md);
         let _ = writeln!(
