@@ -347,3 +347,36 @@ async fn every_broker_of_a_cluster_gets_a_link_and_faults_follow_the_names() {
     );
     link.shutdown().await;
 }
+
+/// `link: kafka-111` (tansu's one broker, node 111) in a scenario: the bootstrap link stays up,
+/// the broker's own link is refused, and the drill holds every record until the heal.
+#[test]
+fn a_drill_can_cut_one_brokers_link_by_name() {
+    use common::run::{run_drill, scenario, show};
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "kafka-one-broker",
+        "name: kafka-one-broker\n\
+         destination: { kind: kafka, runtime: process, topic: one-broker }\n\
+         workload: { rate: 100/s, duration: 12s, keys: 4 }\n\
+         faults:\n  - { at: 3s, link: kafka-111, fault: refuse, for: 5s }\n\
+         expect: { lost: 0, ledger: closes, recovery_within: 5s }\n",
+    );
+    let ran = run_drill(&file, "kafka-one-broker", &[]);
+    assert_eq!(ran.output.status.code(), Some(0), "{}", show(&ran.output));
+    let faults = ran.report["faults"].to_string();
+    assert!(faults.contains("link kafka-111"), "{faults}");
+    // The fault met the engine's traffic: nothing inconclusive about it.
+    assert_eq!(ran.report["inconclusive"].as_array().map(Vec::len), Some(0));
+    assert!(
+        ran.markdown.contains("kafka-111 (127.0.0.1:"),
+        "the link line names the broker link: {}",
+        ran.markdown
+    );
+    let recovery = &ran.report["recovery"][0];
+    println!("one broker's link refused 5 s: {recovery}");
+    assert!(
+        recovery["first_delivery_ms"].as_u64().unwrap() >= recovery["heal_ms"].as_u64().unwrap()
+    );
+}

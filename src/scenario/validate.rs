@@ -1059,6 +1059,53 @@ mod tests {
     }
 
     #[test]
+    fn kafka_broker_links_and_external_destinations() {
+        let kafka = "name: k\ndestination: { kind: kafka }\nworkload: { rate: 10/s, duration: 1m }\nfaults:\n  - { at: 10s, link: kafka-111, fault: refuse, for: 5s }\n";
+        assert!(parse(Path::new("k.yaml"), kafka).is_ok());
+        let e = err(&kafka.replace("kafka-111", "kafka-x"));
+        assert!(e.contains("kafka-<node id>"), "{e}");
+        let e = err(&kafka
+            .replace("kind: kafka", "kind: mqtt")
+            .replace("kafka-111", "mqtt-1"));
+        assert!(
+            e.contains("no link named `mqtt-1`") && !e.contains("node id"),
+            "{e}"
+        );
+
+        let ext = "name: x\ndestination: { kind: nats, runtime: external, servers: [a:4222, b:4222], create: true, credentials: { username_env: NATS_USER, password_env: NATS_PASSWORD } }\nworkload: { rate: 10/s, duration: 1m }\n";
+        let plan = parse(Path::new("x.yaml"), ext).unwrap();
+        let e = plan.destination.external.as_ref().unwrap();
+        assert_eq!(plan.destination.nodes, 2);
+        assert_eq!(plan.destination.link_names(), ["nats-1", "nats-2"]);
+        assert!(e.create && !e.keep);
+        assert_eq!(e.credentials.password_env.as_deref(), Some("NATS_PASSWORD"));
+        let servers = "servers: [a:4222, b:4222]";
+        for (text, says) in [
+            (
+                ext.replace(&format!("{servers}, "), ""),
+                "needs the broker address",
+            ),
+            (ext.replace("a:4222", "a"), "is not host:port"),
+            (ext.replace(servers, "address: a:4222"), "takes `servers`"),
+            (
+                ext.replace(", password_env: NATS_PASSWORD", ""),
+                "go together",
+            ),
+            (
+                ext.replace("NATS_USER", "s3cret!"),
+                "is not an environment variable name",
+            ),
+        ] {
+            let e = err(&text);
+            assert!(e.contains(says), "{says}: {e}");
+        }
+        let e = err(
+            "name: m\ndestination: { kind: mqtt, address: a:1883 }\nworkload: { rate: 10/s, duration: 1m }\n",
+        );
+        assert!(e.contains("goes with `runtime: external`"), "{e}");
+    }
+
+    #[test]
     fn a_flapping_link_and_a_proxy_restart() {
         let text = "name: f\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 2m }\nfaults:\n  - { at: 10s, link: mqtt, fault: refuse, for: 2s, every: 4s, repeat: 30 }\n  - { at: 5s, target: proxy, action: restart, down_for: 3s }\n  - { at: 1s, link: mqtt, fault: delay, direction: downstream, latency: 100ms, jitter: 10ms }\n";
         let plan = parse(Path::new("f.yaml"), text).unwrap();
