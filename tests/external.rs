@@ -347,4 +347,42 @@ async fn an_external_kafka_broker_gets_the_managed_verdict_and_older_records_are
     let (vm, _, lm) = verdict(&managed);
     println!("external kafka: {ve}, {he} held, {le} lost; managed: {vm}, {lm} lost");
     assert_eq!((ve.as_str(), le), (vm.as_str(), lm));
+
+    // A topic drill creates is gone afterwards; the one that existed is still there.
+    let made = scenario(
+        dir.path(),
+        "ext-kafka-made",
+        &drill_text(
+            "ext-kafka-made",
+            &format!(
+                "{{ kind: kafka, runtime: external, bootstrap: [{}], topic: made-by-drill, create: true }}",
+                broker.addr
+            ),
+            "kafka",
+        ),
+    );
+    let ran = run_drill(&made, "ext-kafka-made", &[]);
+    assert_eq!(ran.output.status.code(), Some(0), "{}", show(&ran.output));
+    assert!(!topic_exists(broker.addr, "made-by-drill").await);
+    assert!(topic_exists(broker.addr, "site-data").await);
+}
+
+async fn topic_exists(broker: SocketAddr, topic: &str) -> bool {
+    let topic = topic.to_string();
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", broker.to_string())
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .unwrap();
+        let m = c
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .unwrap();
+        m.topics()
+            .iter()
+            .any(|t| t.error().is_none() && !t.partitions().is_empty())
+    })
+    .await
+    .unwrap()
 }
