@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::run::{Ran, drill, drill_with, run_drill, run_drill_with, scenario, show};
+use common::run::{Ran, drill, run_drill, run_drill_with, scenario, show};
 
 #[test]
 fn a_misspelled_field_exits_2_naming_file_line_column_and_field_and_starts_nothing() {

@@ -10,7 +10,6 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::journal::{Journal, ToOutput};
 use super::output::Output;
-#[cfg(feature = "mutants")]
 use super::stats::publish_stats;
 
 #[cfg(feature = "mutants")]
