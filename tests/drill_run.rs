@@ -464,7 +464,7 @@ fn a_power_cut_without_fuse_exits_3_with_one_line() {
         "name: nofuse\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 3s }\nfaults:\n  - { at: 1s, target: engine, action: power_cut, restart_after: 1s }\n",
     );
     let out = dir.path().join("out");
-    let o = drill_with(
+    let o = common::run::drill_with(
         &["run", &file, "--out", out.to_str().unwrap()],
         &[("DRILL_TEST_NO_FUSE", "1")],
     );
