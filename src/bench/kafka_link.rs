@@ -1,10 +1,10 @@
 //! `drill bench proxy`, Kafka produce path: what a Kafka-aware link costs a producer, side by
 //! side in one run with a plain link and with no link at all.
 //!
-//! Two tansu brokers with the same settings (in-memory storage): one advertises itself — the
-//! producer reaches it directly, or through the Kafka-aware link, whose rewritten metadata sends
-//! it through that broker's own link `kafka-111` — and one advertises a plain link in front of
-//! it, as drill's brokers did before links could read Kafka. One `drill proxy` process carries
+//! Three tansu brokers with the same settings (in-memory storage), one per path: two advertise
+//! themselves — the producer reaches one directly, the other through the Kafka-aware link,
+//! whose rewritten metadata sends it through that broker's own link `kafka-111` — and one
+//! advertises a plain link in front of it, as drill's brokers did before links could read Kafka. One `drill proxy` process carries
 //! both links, as users run it. The producer is librdkafka with the engine's settings
 //! (idempotent, acks=all, linger 5 ms); every record's delivery report is counted, so nothing
 //! is counted that the broker did not confirm. Paths are interleaved, median of the runs.
@@ -132,21 +132,25 @@ pub fn measure(drill_exe: &Path, records: u64, runs: usize) -> Result<String, Be
         return Ok("\nKafka produce path: tansu is not installed (cargo install tansu --features dynostore,libsql): no Kafka table\n".to_string());
     };
     let mut children = Killed(Vec::new());
-    let (own, behind, plain, aware, api) = (free()?, free()?, free()?, free()?, free()?);
+    let (own, behind, plain, api) = (free()?, free()?, free()?, free()?);
+    let (own_too, aware) = (free()?, free()?);
+    // One broker per path, so none carries another path's records.
     children.0.push(tansu(&bin, own, own)?);
+    children.0.push(tansu(&bin, own_too, own_too)?);
     children.0.push(tansu(&bin, behind, plain)?);
     children.0.push(
         Command::new(drill_exe)
             .args(["proxy", "--api", &api.to_string()])
             .args(["--link", &format!("plain={plain},{behind}")])
-            .args(["--kafka-link", &format!("kafka={aware},{own}")])
+            .args(["--kafka-link", &format!("kafka={aware},{own_too}")])
             .stdout(Stdio::null())
             .spawn()?,
     );
-    for addr in [own, behind, plain, aware] {
+    for addr in [own, own_too, behind, plain, aware] {
         super::wait_listening("the Kafka bench", addr)?;
     }
     create_topic(own)?;
+    create_topic(own_too)?;
     create_topic(plain)?;
     let paths = [
         ("direct (broker advertises itself)", own),

@@ -131,6 +131,8 @@ struct Pump {
     limited: (u64, u64),
     /// A Kafka-aware link's view of the protocol (`None`: bytes only).
     kafka: Option<Kafka>,
+    /// Where a Kafka-aware link's answers are assembled (kept, so no read allocates).
+    scratch: Vec<u8>,
 }
 
 /// Why a pump stopped waiting.
@@ -162,6 +164,7 @@ impl Pump {
             at_eof: false,
             limited: (0, 0),
             kafka: None,
+            scratch: Vec::new(),
         }
     }
 
@@ -179,7 +182,8 @@ impl Pump {
                 if answers.passes(bytes.len()) {
                     return Cow::Borrowed(bytes);
                 }
-                let mut out = Vec::with_capacity(bytes.len() + 64);
+                let mut out = std::mem::take(&mut self.scratch);
+                out.clear();
                 answers.feed(bytes, pending, &mut out, |key, version, frame| {
                     family.rewrite(key, version, frame)
                 });
@@ -438,7 +442,9 @@ impl Pump {
                         self.held.push_back((due, Bytes::copy_from_slice(bytes)));
                         self.held_bytes += bytes.len();
                     }
-                    drop(data);
+                    if let std::borrow::Cow::Owned(used) = data {
+                        self.scratch = used;
+                    }
                     if n == size && size < BUF {
                         buf.resize(size * 2, 0);
                     }
