@@ -29,9 +29,13 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::Shared;
+use super::config::OutputConfig;
+use super::journal::{Journal, ToOutput};
 use super::log::StoredRecord;
 use super::output::{Answer, Output};
-use super::{Journal, OutputConfig, OutputSide, Shared, ToOutput, publish_stats};
+use super::session::OutputSide;
+use super::stats::publish_stats;
 
 #[cfg(feature = "mutants")]
 use super::mutant::{self, Mutant};

@@ -22,8 +22,11 @@ use std::time::{Duration, Instant};
 
 use futures::SinkExt;
 
+use super::config::OutputConfig;
+use super::journal::ToOutput;
 use super::log::{RecordLog, StoredRecord};
-use super::{EngineError, IngestJob, OutputConfig, Shared, ToOutput};
+use super::writer::IngestJob;
+use super::{EngineError, Shared};
 use crate::mqtt::{self, Packet};
 
 /// The environment variable that names the mutant.
@@ -315,7 +318,7 @@ impl LateWrites {
             self.lines -= lines.len() as u64;
             // Nobody waits for this answer: it was given a second ago.
             let (reply, _) = tokio::sync::oneshot::channel();
-            super::commit(log, vec![IngestJob { lines, reply }], held, to_outputs);
+            super::writer::commit(log, vec![IngestJob { lines, reply }], held, to_outputs);
         }
     }
 }
@@ -502,10 +505,11 @@ mod tests {
         marks.mark(&[(0, 0), (0, 1)]).unwrap();
         drop(marks);
         let errors = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (_, start) = super::super::Journal::open(dir.path(), "o", 0, errors.clone()).unwrap();
+        let (_, start) =
+            super::super::journal::Journal::open(dir.path(), "o", 0, errors.clone()).unwrap();
         assert_eq!(start.delivered.len(), 2);
         set_for_this_thread(Some(Mutant::ForgetDeliveryMarks));
-        let (_, start) = super::super::Journal::open(dir.path(), "o", 0, errors).unwrap();
+        let (_, start) = super::super::journal::Journal::open(dir.path(), "o", 0, errors).unwrap();
         set_for_this_thread(None);
         assert!(start.delivered.is_empty());
     }

@@ -24,8 +24,12 @@ use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::Shared;
+use super::config::OutputConfig;
+use super::journal::{Journal, ToOutput};
 use super::output::{Answer, Output};
-use super::{Journal, OutputConfig, OutputSide, Shared, ToOutput, publish_stats};
+use super::session::OutputSide;
+use super::stats::publish_stats;
 
 /// Connects and probes: a JetStream account-info request and its answer. Writes no data.
 pub(super) async fn connect_and_probe(
