@@ -281,23 +281,21 @@ impl OpenMarks {
 /// `ack-before-write`: batches answered already and written [`WRITE_AFTER`] later.
 #[derive(Default)]
 pub(super) struct LateWrites {
-    batches: Vec<(Instant, Vec<String>)>,
+    batches: Vec<(Instant, String, Vec<std::ops::Range<usize>>)>,
     lines: u64,
 }
 
 impl LateWrites {
-    /// Answers every job now, with the write keys the log will mint for its lines once they
-    /// are written, and keeps the lines.
+    /// Answers every job now, with the sequences (hence write keys) the log will give its
+    /// lines once they are written, and keeps the lines.
     pub(super) fn answer_now(&mut self, log: &RecordLog, jobs: Vec<IngestJob>) {
         let now = Instant::now();
         for job in jobs {
             let first = log.next_seq() + self.lines;
-            let keys = (first..first + job.lines.len() as u64)
-                .map(|seq| log.key_for(seq))
-                .collect();
-            self.lines += job.lines.len() as u64;
-            let _ = job.reply.send(Ok(keys));
-            self.batches.push((now, job.lines));
+            let n = job.lines.len() as u64;
+            self.lines += n;
+            let _ = job.reply.send(Ok(first..first + n));
+            self.batches.push((now, job.body, job.lines));
         }
     }
 
@@ -312,13 +310,18 @@ impl LateWrites {
         let due = self
             .batches
             .iter()
-            .take_while(|(at, _)| all || at.elapsed() >= WRITE_AFTER)
+            .take_while(|(at, _, _)| all || at.elapsed() >= WRITE_AFTER)
             .count();
-        for (_, lines) in self.batches.drain(..due) {
+        for (_, body, lines) in self.batches.drain(..due) {
             self.lines -= lines.len() as u64;
             // Nobody waits for this answer: it was given a second ago.
             let (reply, _) = tokio::sync::oneshot::channel();
-            super::writer::commit(log, vec![IngestJob { lines, reply }], held, to_outputs);
+            super::writer::commit(
+                log,
+                vec![IngestJob { body, lines, reply }],
+                held,
+                to_outputs,
+            );
         }
     }
 }
@@ -458,9 +461,10 @@ mod tests {
         let (mut log, _, _) = RecordLog::open(dir.path(), 1 << 20).unwrap();
         let (reply, answer) = tokio::sync::oneshot::channel();
         let mut late = LateWrites::default();
-        let lines = vec!["{\"a\":1}".to_string(), "{\"a\":2}".to_string()];
-        late.answer_now(&log, vec![IngestJob { lines, reply }]);
-        let keys = answer.blocking_recv().unwrap().unwrap();
+        let body = "{\"a\":1}\n{\"a\":2}\n".to_string();
+        late.answer_now(&log, vec![IngestJob::unchecked(body, reply)]);
+        let seqs = answer.blocking_recv().unwrap().unwrap();
+        let keys: Vec<String> = seqs.map(|seq| log.key_for(seq)).collect();
         assert_eq!(
             (keys.len(), log.next_seq()),
             (2, 0),
@@ -505,11 +509,14 @@ mod tests {
         marks.mark(&[(0, 0), (0, 1)]).unwrap();
         drop(marks);
         let errors = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (log, _) = RecordLog::recover(dir.path(), 1 << 20).unwrap();
         let (_, start) =
-            super::super::journal::Journal::open(dir.path(), "o", 0, errors.clone()).unwrap();
+            super::super::journal::Journal::open(dir.path(), "o", 0, errors.clone(), log.reader())
+                .unwrap();
         assert_eq!(start.delivered.len(), 2);
         set_for_this_thread(Some(Mutant::ForgetDeliveryMarks));
-        let (_, start) = super::super::journal::Journal::open(dir.path(), "o", 0, errors).unwrap();
+        let (_, start) =
+            super::super::journal::Journal::open(dir.path(), "o", 0, errors, log.reader()).unwrap();
         set_for_this_thread(None);
         assert!(start.delivered.is_empty());
     }

@@ -3,6 +3,7 @@
 //! the deletion of segments every output is past. Owns the append side of the log; never
 //! answers before the disk did.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
@@ -18,33 +19,59 @@ pub(super) enum WriterJob {
     Release,
 }
 
+/// One ingest request: its body as received and where each record (one NDJSON line) lies in
+/// it, so nothing is copied or allocated per record before the log's frame buffer.
 pub(super) struct IngestJob {
-    pub(super) lines: Vec<String>,
-    pub(super) reply: oneshot::Sender<Result<Vec<String>, String>>,
+    pub(super) body: String,
+    pub(super) lines: Vec<Range<usize>>,
+    /// The sequences the batch got (its write keys are `<engine id>-<seq>`), once synced.
+    pub(super) reply: oneshot::Sender<Result<Range<u64>, String>>,
 }
 
-/// Appends the jobs' lines as one batch, and answers each job once it is synced.
+impl IngestJob {
+    /// Every non-blank line of `body` a record (no checks: tests and mutants).
+    #[cfg(all(test, feature = "mutants"))]
+    pub(super) fn unchecked(
+        body: String,
+        reply: oneshot::Sender<Result<Range<u64>, String>>,
+    ) -> IngestJob {
+        let mut lines = Vec::new();
+        let mut at = 0;
+        for line in body.split_inclusive('\n') {
+            let trimmed = line.trim();
+            if !trimmed.is_empty() {
+                let start = at + (line.len() - line.trim_start().len());
+                lines.push(start..start + trimmed.len());
+            }
+            at += line.len();
+        }
+        IngestJob { body, lines, reply }
+    }
+}
+
+/// Appends the jobs' lines as one batch (one fdatasync for all), and answers each job with
+/// its sequences once it is synced. The outputs hear only how far the log now goes.
 pub(super) fn commit(
     log: &mut RecordLog,
-    mut jobs: Vec<IngestJob>,
+    jobs: Vec<IngestJob>,
     held: &AtomicU64,
     to_outputs: &[mpsc::UnboundedSender<ToOutput>],
 ) {
-    let sizes: Vec<usize> = jobs.iter().map(|j| j.lines.len()).collect();
-    let lines: Vec<String> = jobs
-        .iter_mut()
-        .flat_map(|j| std::mem::take(&mut j.lines))
-        .collect();
-    match log.append(lines) {
-        Ok(stored) => {
-            held.fetch_add(stored.len() as u64, Ordering::SeqCst);
+    let count: usize = jobs.iter().map(|j| j.lines.len()).sum();
+    let lines = jobs
+        .iter()
+        .flat_map(|j| j.lines.iter().map(|r| &j.body[r.clone()]));
+    match log.append_batch(count, lines) {
+        Ok(seqs) => {
+            held.fetch_add(count as u64, Ordering::SeqCst);
             for tx in to_outputs {
-                let _ = tx.send(ToOutput::Records(stored.clone()));
+                let _ = tx.send(ToOutput::Committed(seqs.end));
             }
-            let mut keys = stored.iter().map(|r| r.key.clone());
-            for (job, size) in jobs.into_iter().zip(sizes) {
-                let mine: Vec<String> = keys.by_ref().take(size).collect();
-                let _ = job.reply.send(Ok(mine));
+            let mut next = seqs.start;
+            for job in jobs {
+                let n = job.lines.len() as u64;
+                let _ = job.reply.send(Ok(next..next + n));
+                next += n;
             }
         }
         Err(e) => {
