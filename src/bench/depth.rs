@@ -62,11 +62,12 @@ impl EngineChild {
                 dir.join("data").display()
             ),
         )?;
+        let log = std::fs::File::create(dir.join("engine.log"))?;
         let child = Command::new(drill_exe)
             .args(["engine", "--config"])
             .arg(&config)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()?;
         let engine = EngineChild { child, api };
         super::wait_listening("drill engine", api)?;
@@ -241,7 +242,8 @@ pub async fn drain(
     let last = loop {
         let s = stats(&http, engine.api).await?;
         let now = Instant::now();
-        if s.delivered > 0 && first.is_none() {
+        let connected = s.outputs.first().is_some_and(|o| o.connected);
+        if (connected || s.delivered > 0) && first.is_none() {
             first = Some((now, s.delivered));
         }
         if s.delivered >= records {

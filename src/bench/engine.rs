@@ -222,7 +222,7 @@ pub fn engine(drill_exe: &Path, dir: &Path, o: EngineOptions) -> Result<String, 
     }
     if o.runs("drain") {
         out.push_str(&format!(
-            "\nBacklog drain: {} records held behind a refused link, then healed; the same records through the same healed link with the raw client. Rate from the engine's first delivery to its last.\n\n",
+            "\nBacklog drain: {} records held behind a refused link, then healed; the same records through the same healed link with the raw client. Rate from the moment the engine reports its output connected (probe answered) to its last delivery.\n\n",
             o.drain_records
         ));
         out.push_str("| destination | engine | raw client | ratio | in flight | engine reconnect after heal |\n|---|---:|---:|---:|---:|---:|\n");
@@ -285,7 +285,9 @@ pub fn engine(drill_exe: &Path, dir: &Path, o: EngineOptions) -> Result<String, 
             inputs as f64 / 1e6
         ));
     }
-    let _ = std::fs::remove_dir_all(&work);
+    if std::env::var_os("DRILL_BENCH_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&work);
+    }
     Ok(out)
 }
 

@@ -134,7 +134,7 @@ fn answer(prefix: &str, seqs: Range<u64>, all_keys: bool) -> serde_json::Value {
 pub(super) async fn ingest(
     State(shared): State<Arc<Shared>>,
     RawQuery(query): RawQuery,
-    body: Result<String, axum::extract::rejection::StringRejection>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let body = match body {
         Ok(b) => b,
@@ -150,10 +150,22 @@ pub(super) async fn ingest(
             return (status, Json(serde_json::json!({ "error": error }))).into_response();
         }
     };
+    // Checked in place: the body is handed to the writer as received, never copied.
+    let text = match std::str::from_utf8(&body) {
+        Ok(text) => text,
+        Err(e) => {
+            let error = format!("request body is not UTF-8 ({e}); nothing was stored");
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({ "error": error })),
+            )
+                .into_response();
+        }
+    };
     let all_keys = query
         .as_deref()
         .is_some_and(|q| q.split('&').any(|p| p == "write_keys=all"));
-    let lines = match check_lines(&body) {
+    let lines = match check_lines(text) {
         Ok(lines) => lines,
         Err((status, error)) => {
             return (status, Json(serde_json::json!({ "error": error }))).into_response();

@@ -95,7 +95,7 @@ impl Journal {
             .collect();
         Ok((
             Journal {
-                attempts: BufWriter::new(attempts),
+                attempts: BufWriter::with_capacity(256 << 10, attempts),
                 failed,
                 marks,
                 pending_marks: Vec::new(),
@@ -118,14 +118,15 @@ impl Journal {
     pub(super) fn record(&mut self, effects: Vec<Effect>) {
         for effect in effects {
             match effect {
-                Effect::Closed(attempt) => match serde_json::to_string(&attempt) {
-                    Ok(line) => {
-                        if let Err(e) = writeln!(self.attempts, "{line}") {
-                            self.error("attempt journal", e);
-                        }
+                Effect::Closed(attempt) => {
+                    // Straight into the buffered file: no line string per attempt.
+                    let written = serde_json::to_writer(&mut self.attempts, &attempt)
+                        .map_err(std::io::Error::from)
+                        .and_then(|()| self.attempts.write_all(b"\n"));
+                    if let Err(e) = written {
+                        self.error("attempt journal", e);
                     }
-                    Err(e) => self.error("attempt journal", e),
-                },
+                }
                 Effect::Delivered(segment, seq) => {
                     if self.replayed.remove(&seq) {
                         if let Err(e) = self.failed.delivered(seq) {

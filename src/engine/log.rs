@@ -78,10 +78,10 @@ pub struct StoredRecord {
 const END_OF_BATCH: u8 = 1;
 
 /// Appends one frame body: `[seq][flags][data]`.
-fn encode(buf: &mut Vec<u8>, seq: u64, data: &str, end: bool) {
+fn encode(buf: &mut Vec<u8>, seq: u64, data: &[u8], end: bool) {
     buf.extend_from_slice(&seq.to_le_bytes());
     buf.push(if end { END_OF_BATCH } else { 0 });
-    buf.extend_from_slice(data.as_bytes());
+    buf.extend_from_slice(data);
 }
 
 /// A record's write key: the engine's identity and the record's sequence.
@@ -483,10 +483,11 @@ impl RecordLog {
     /// Appends `count` lines as one batch and syncs them; returns their sequences only once
     /// `fdatasync` has returned. Copies each line once, into the reused frame buffer: nothing
     /// is allocated per record.
-    pub fn append_batch<'a>(
+    /// Each line must be UTF-8 (the ingest checked it: every line is JSON).
+    pub fn append_batch<L: AsRef<[u8]>>(
         &mut self,
         count: usize,
-        lines: impl IntoIterator<Item = &'a str>,
+        lines: impl IntoIterator<Item = L>,
     ) -> Result<Range<u64>, LogError> {
         if self.synced_len >= self.segment_bytes {
             self.roll()?;
@@ -497,7 +498,7 @@ impl RecordLog {
         for (i, line) in lines.into_iter().take(count).enumerate() {
             let at = buf.len();
             buf.extend_from_slice(&[0u8; HEADER]);
-            encode(&mut buf, seq, line, i + 1 == count);
+            encode(&mut buf, seq, line.as_ref(), i + 1 == count);
             let body_len = (buf.len() - at - HEADER) as u32;
             let crc = crc32fast::hash(&buf[at + HEADER..]);
             buf[at..at + 4].copy_from_slice(&body_len.to_le_bytes());

@@ -22,7 +22,7 @@ pub(super) enum WriterJob {
 /// One ingest request: its body as received and where each record (one NDJSON line) lies in
 /// it, so nothing is copied or allocated per record before the log's frame buffer.
 pub(super) struct IngestJob {
-    pub(super) body: String,
+    pub(super) body: bytes::Bytes,
     pub(super) lines: Vec<Range<usize>>,
     /// The sequences the batch got (its write keys are `<engine id>-<seq>`), once synced.
     pub(super) reply: oneshot::Sender<Result<Range<u64>, String>>,
@@ -35,12 +35,13 @@ impl IngestJob {
         body: String,
         reply: oneshot::Sender<Result<Range<u64>, String>>,
     ) -> IngestJob {
+        let body = bytes::Bytes::from(body);
         let mut lines = Vec::new();
         let mut at = 0;
-        for line in body.split_inclusive('\n') {
-            let trimmed = line.trim();
+        for line in body.split_inclusive(|b| *b == b'\n') {
+            let trimmed = line.trim_ascii();
             if !trimmed.is_empty() {
-                let start = at + (line.len() - line.trim_start().len());
+                let start = at + (line.len() - line.trim_ascii_start().len());
                 lines.push(start..start + trimmed.len());
             }
             at += line.len();
