@@ -45,6 +45,16 @@
 //! - A delivery mark is written when its confirmation arrives and synced lazily: a killed
 //!   process keeps it (page cache), a power cut may not. A lost mark means the record is sent
 //!   again after restart with the same write key — allowed by `at_least_once`, never a loss.
+//!
+//! # Reading
+//!
+//! The log is the only copy of a held record: nothing of the backlog is kept in memory.
+//! [`RecordLog::recover`] checks every segment on open (one at a time) and returns no records;
+//! each output reads its backlog with its own [`LogReader`], oldest first, a bounded chunk at a
+//! time and only below the sequence the writer has committed (synced and acknowledged), so a
+//! reader never sees a batch still being written. A reader keeps its place between reads; a
+//! segment it is reading cannot be deleted under it (an output's settled mark stays at or
+//! below its cursor).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{File, OpenOptions};

@@ -2,8 +2,15 @@
 //!
 //! [`Output`] is synchronous state (STYLE.md, crucible's `apply`): it decides what to send next,
 //! opens and closes attempts, and classifies outcomes. It never touches a socket, so it is unit
-//! tested without one. [`drive_mqtt`] is the I/O side: it turns the socket, the ingest channel
-//! and timers into calls on `Output`, and persists what `Output` reports.
+//! tested without one. The drivers (`mqtt.rs`, `nats.rs`, `kafka.rs`) are the I/O side: they
+//! turn the socket, the ingest channel and timers into calls on `Output`, and persist what
+//! `Output` reports.
+//!
+//! An output's backlog stays in the record log: `Output` holds a cursor into it and, in
+//! memory, only a read-ahead (ready, backing off or open: at most [`readahead_for`] its window),
+//! refilled from a [`Backlog`] when the window could use more. What it must skip when it gets
+//! there (settled before a restart, lost to damage) is a [`SeqSet`] of ranges. Memory does not
+//! grow with the backlog.
 //!
 //! Rules kept here (DESIGN.md §1): no age limit anywhere; at most one open attempt per write key
 //! (a record with an open attempt is never put on the wire again); every attempt ends
