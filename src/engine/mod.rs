@@ -45,8 +45,6 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-#[cfg(feature = "mutants")]
-use std::time::Instant;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -62,9 +60,6 @@ use journal::Journal;
 use log::RecordLog;
 use output::{Output, RefusalPolicy};
 use writer::WriterJob;
-
-#[cfg(feature = "mutants")]
-use mutant::Mutant;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -144,9 +139,9 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     refuse_unbuilt_mutant()?;
     #[cfg(feature = "mutants")]
     mutant::announce()?;
-    let (mut log, recovery) = RecordLog::recover(&config.data_dir, config.disk.segment_bytes)?;
+    let (log, recovery) = RecordLog::recover(&config.data_dir, config.disk.segment_bytes)?;
     say_recovery(&recovery);
-    let (ingest_tx, mut ingest_rx) = mpsc::channel::<WriterJob>(1024);
+    let (ingest_tx, ingest_rx) = mpsc::channel::<WriterJob>(1024);
     let damaged = recovery.lost_records();
     let log_state = Arc::new(LogState {
         first_seq: AtomicU64::new(log.first_seq()),
@@ -223,46 +218,8 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
         });
     }
 
-    // The writer thread: group commit. Every job waiting when a sync starts shares it. After
-    // each commit (and once a second) it deletes the segments every output is past.
-    let held = shared.held.clone();
-    let writer = std::thread::spawn(move || {
-        #[cfg(feature = "mutants")]
-        let mut late = mutant::LateWrites::default();
-        #[cfg(feature = "mutants")]
-        let mut synced_at = Instant::now();
-        while let Some(first) = ingest_rx.blocking_recv() {
-            let mut jobs = Vec::new();
-            let mut next = Some(first);
-            while let Some(job) = next {
-                if let WriterJob::Ingest(j) = job {
-                    jobs.push(j);
-                }
-                next = ingest_rx.try_recv().ok();
-            }
-            #[cfg(feature = "mutants")]
-            if mutant::is(Mutant::AckBeforeWrite) {
-                // MUTANT: the answer goes first; the batch is written a second later (the
-                // ticker wakes this thread every second).
-                late.answer_now(&log, std::mem::take(&mut jobs));
-                late.write_due(&mut log, &held, &to_outputs, false);
-            }
-            if !jobs.is_empty() {
-                writer::commit(&mut log, jobs, &held, &to_outputs);
-            }
-            #[cfg(feature = "mutants")]
-            if mutant::is(Mutant::AckBeforeFdatasync) && synced_at.elapsed() >= mutant::SYNC_EVERY {
-                // MUTANT: the fdatasync that `append` skipped, long after the answers.
-                if let Err(e) = log.sync_late() {
-                    eprintln!("drill engine: MUTANT ack-before-fdatasync: late sync failed: {e}");
-                }
-                synced_at = Instant::now();
-            }
-            writer::release(&mut log, &log_state);
-        }
-        #[cfg(feature = "mutants")]
-        late.write_due(&mut log, &held, &to_outputs, true);
-    });
+    // The writer thread: group commit, and deleting the segments every output is past.
+    let writer = writer::spawn(log, ingest_rx, shared.held.clone(), to_outputs, log_state);
     let ticker = {
         let tx = ingest_tx;
         let cancel = cancel.clone();

@@ -4,13 +4,67 @@
 //! answers before the disk did.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "mutants")]
+use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
 use super::LogState;
 use super::journal::ToOutput;
 use super::log::RecordLog;
+#[cfg(feature = "mutants")]
+use super::mutant::{self, Mutant};
+
+/// Starts the writer thread, which owns the log's append side until `jobs` closes: every job
+/// waiting when a sync starts shares it (group commit). After each commit (and once a second,
+/// on [`WriterJob::Release`]) it deletes the segments every output is past.
+pub(super) fn spawn(
+    mut log: RecordLog,
+    mut jobs_rx: mpsc::Receiver<WriterJob>,
+    held: Arc<AtomicU64>,
+    to_outputs: Vec<mpsc::UnboundedSender<ToOutput>>,
+    log_state: Arc<LogState>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        #[cfg(feature = "mutants")]
+        let mut late = mutant::LateWrites::default();
+        #[cfg(feature = "mutants")]
+        let mut synced_at = Instant::now();
+        while let Some(first) = jobs_rx.blocking_recv() {
+            let mut jobs = Vec::new();
+            let mut next = Some(first);
+            while let Some(job) = next {
+                if let WriterJob::Ingest(j) = job {
+                    jobs.push(j);
+                }
+                next = jobs_rx.try_recv().ok();
+            }
+            #[cfg(feature = "mutants")]
+            if mutant::is(Mutant::AckBeforeWrite) {
+                // MUTANT: the answer goes first; the batch is written a second later (the
+                // ticker wakes this thread every second).
+                late.answer_now(&log, std::mem::take(&mut jobs));
+                late.write_due(&mut log, &held, &to_outputs, false);
+            }
+            if !jobs.is_empty() {
+                commit(&mut log, jobs, &held, &to_outputs);
+            }
+            #[cfg(feature = "mutants")]
+            if mutant::is(Mutant::AckBeforeFdatasync) && synced_at.elapsed() >= mutant::SYNC_EVERY {
+                // MUTANT: the fdatasync that `append_batch` skipped, long after the answers.
+                if let Err(e) = log.sync_late() {
+                    eprintln!("drill engine: MUTANT ack-before-fdatasync: late sync failed: {e}");
+                }
+                synced_at = Instant::now();
+            }
+            release(&mut log, &log_state);
+        }
+        #[cfg(feature = "mutants")]
+        late.write_due(&mut log, &held, &to_outputs, true);
+    })
+}
 
 /// Work for the writer thread.
 pub(super) enum WriterJob {
