@@ -321,10 +321,7 @@ async fn dispatch(command: Command) -> u8 {
                 ),
                 BenchTarget::Engine => {
                     let dir = std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir());
-                    let options = drill::bench::EngineOptions {
-                        record_bytes: 200,
-                        seconds: 3.0,
-                    };
+                    let options = drill::bench::EngineOptions::from_env();
                     drill::bench::engine(&exe, &dir, options)
                 }
             })

@@ -92,7 +92,7 @@ async fn ingest(engine: SocketAddr, lines: impl Iterator<Item = String>) -> Vec<
     let mut keys = Vec::new();
     for chunk in lines.chunks(50) {
         let answer: serde_json::Value = client
-            .post(format!("http://{engine}/ingest"))
+            .post(format!("http://{engine}/ingest?write_keys=all"))
             .body(chunk.concat())
             .send()
             .await

@@ -123,7 +123,7 @@ async fn ten_counted_refusals_then_failed_then_one_copy_on_replay() {
         .await
         .unwrap();
     let http = reqwest::Client::new();
-    let ingest = format!("http://{}/ingest", engine.addr());
+    let ingest = format!("http://{}/ingest?write_keys=all", engine.addr());
     let mut body = String::new();
     for i in 0..50 {
         body.push_str(&format!("{{\"id\":\"r/{i}\"}}\n"));

@@ -78,8 +78,10 @@ pub struct OutputConfig {
     /// is declared lost (its open attempts end `possibly_sent`).
     #[serde(default = "default_answer_timeout")]
     pub answer_timeout: DurText,
-    /// Open attempts at once.
-    #[serde(default = "default_window")]
+    /// Open attempts at once (deliveries in flight). Left out (or 0): the kind's own
+    /// ([`OutputKind::default_window`]), as many as the destination takes without harm. An
+    /// MQTT broker's Receive Maximum lowers it further.
+    #[serde(default)]
     pub window: usize,
     #[serde(default)]
     pub refusals: Option<RefusalConfig>,
@@ -90,6 +92,15 @@ pub struct OutputConfig {
 }
 
 impl OutputConfig {
+    /// The window in force: the configured one, or the kind's default.
+    pub fn window(&self) -> usize {
+        if self.window == 0 {
+            self.kind.default_window()
+        } else {
+            self.window
+        }
+    }
+
     /// An MQTT output with every default (at_least_once, in_order, 2 s keepalive, 3 s answer
     /// timeout, 64 open attempts, 10 counted refusals backing off 1 s → 60 s).
     pub fn mqtt(name: &str, address: SocketAddr, topic: &str) -> OutputConfig {
@@ -124,6 +135,18 @@ pub enum OutputKind {
 }
 
 impl OutputKind {
+    /// Deliveries in flight when the config gives no `window`: MQTT's QoS 1 window (further
+    /// capped by the broker's Receive Maximum), JetStream publishes awaiting their acks, Kafka
+    /// records in the producer's batches. Enough that draining a backlog runs at the speed of
+    /// the client library, not of one round trip per window.
+    pub fn default_window(self) -> usize {
+        match self {
+            OutputKind::Mqtt => 1024,
+            OutputKind::Nats => 4096,
+            OutputKind::Kafka => 16_384,
+        }
+    }
+
     /// The strongest promise this kind of output can keep (DESIGN.md §1.7).
     pub fn strongest_promise(self) -> Promise {
         match self {

@@ -1,13 +1,15 @@
-//! The HTTP API: `POST /ingest` (NDJSON; answered only once the batch is on disk),
+//! The HTTP API: `POST /ingest` (NDJSON; answered only once the batch is on disk, with its
+//! first sequence and count rather than every write key unless asked),
 //! `GET /failed`, `POST /failed/replay`, and the disk check that refuses ingest when room runs
 //! out (DESIGN.md §1.10). Never stores anything itself: the writer thread does.
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -67,9 +69,21 @@ pub const MAX_RECORD: usize = 4 * 1024 * 1024;
 /// Checks a batch before anything of it is stored: every line one JSON value, none too large.
 /// The error names the first bad line (1-based, counting blank lines too).
 pub fn check_batch(body: &str) -> Result<Vec<String>, (StatusCode, String)> {
+    Ok(check_lines(body)?
+        .into_iter()
+        .map(|r| body[r].to_string())
+        .collect())
+}
+
+/// [`check_batch`] without copying: where each record (a non-blank line, trimmed) lies in
+/// `body`.
+pub fn check_lines(body: &str) -> Result<Vec<Range<usize>>, (StatusCode, String)> {
     let mut lines = Vec::new();
-    for (n, line) in body.lines().enumerate() {
-        let line = line.trim();
+    let mut at = 0;
+    for (n, raw) in body.split_inclusive('\n').enumerate() {
+        let start_of_line = at;
+        at += raw.len();
+        let line = raw.trim();
         if line.is_empty() {
             continue;
         }
@@ -92,14 +106,35 @@ pub fn check_batch(body: &str) -> Result<Vec<String>, (StatusCode, String)> {
                 ),
             ));
         }
-        lines.push(line.to_string());
+        let start = start_of_line + (raw.len() - raw.trim_start().len());
+        lines.push(start..start + line.len());
     }
     Ok(lines)
 }
 
+/// The ingest answer: how many records were stored, and their write keys as the first sequence
+/// and the key prefix (`<prefix><seq>` for each of `first_seq .. first_seq + accepted`, in the
+/// order of the lines), plus the first and last key spelled out. `POST /ingest?write_keys=all`
+/// also lists every key (`write_keys`), as earlier versions always did.
+fn answer(prefix: &str, seqs: Range<u64>, all_keys: bool) -> serde_json::Value {
+    let key = |seq: u64| format!("{prefix}{seq}");
+    let mut answer = serde_json::json!({
+        "accepted": seqs.end - seqs.start,
+        "first_seq": seqs.start,
+        "write_key_prefix": prefix,
+        "first_key": key(seqs.start),
+        "last_key": key(seqs.end.saturating_sub(1).max(seqs.start)),
+    });
+    if all_keys {
+        answer["write_keys"] = seqs.map(key).collect::<Vec<_>>().into();
+    }
+    answer
+}
+
 pub(super) async fn ingest(
     State(shared): State<Arc<Shared>>,
-    body: Result<String, axum::extract::rejection::StringRejection>,
+    RawQuery(query): RawQuery,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
     let body = match body {
         Ok(b) => b,
@@ -115,7 +150,22 @@ pub(super) async fn ingest(
             return (status, Json(serde_json::json!({ "error": error }))).into_response();
         }
     };
-    let lines = match check_batch(&body) {
+    // Checked in place: the body is handed to the writer as received, never copied.
+    let text = match std::str::from_utf8(&body) {
+        Ok(text) => text,
+        Err(e) => {
+            let error = format!("request body is not UTF-8 ({e}); nothing was stored");
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({ "error": error })),
+            )
+                .into_response();
+        }
+    };
+    let all_keys = query
+        .as_deref()
+        .is_some_and(|q| q.split('&').any(|p| p == "write_keys=all"));
+    let lines = match check_lines(text) {
         Ok(lines) => lines,
         Err((status, error)) => {
             return (status, Json(serde_json::json!({ "error": error }))).into_response();
@@ -141,19 +191,17 @@ pub(super) async fn ingest(
         }
         return refusal;
     }
-    let (reply, answer) = oneshot::channel();
+    let (reply, stored) = oneshot::channel();
     if shared
         .ingest
-        .send(WriterJob::Ingest(IngestJob { lines, reply }))
+        .send(WriterJob::Ingest(IngestJob { body, lines, reply }))
         .await
         .is_err()
     {
         return (StatusCode::SERVICE_UNAVAILABLE, "engine is stopping").into_response();
     }
-    match answer.await {
-        Ok(Ok(keys)) => {
-            Json(serde_json::json!({ "accepted": keys.len(), "write_keys": keys })).into_response()
-        }
+    match stored.await {
+        Ok(Ok(seqs)) => Json(answer(&shared.key_prefix, seqs, all_keys)).into_response(),
         Ok(Err(e)) => (
             StatusCode::INSUFFICIENT_STORAGE,
             Json(serde_json::json!({"error": format!("not stored, nothing acknowledged: {e}")})),

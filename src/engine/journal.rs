@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::oneshot;
 
 use super::failed::{self, FailedStore};
-use super::log::{self, DeliveryMarks, StoredRecord};
+use super::log::{self, DeliveryMarks, LogReader, StoredRecord};
 use super::output::{self, Effect, Output};
+use super::seqset::SeqSet;
 use super::stats::publish_stats;
 use super::{EngineError, Shared};
 
@@ -32,17 +33,22 @@ pub(super) struct Journal {
     replayed: HashSet<u64>,
     /// Failed journal writes, shared with `/stats` (see [`Shared::errors`]).
     errors: Arc<AtomicU64>,
+    /// The output's place in the record log: its backlog is read from disk, a read-ahead at a
+    /// time.
+    reader: LogReader,
 }
 
 /// What an output's journals say at start.
 pub(super) struct JournalStart {
-    pub(super) delivered: HashSet<u64>,
+    pub(super) delivered: SeqSet,
     pub(super) states: std::collections::BTreeMap<u64, failed::State>,
 }
 
-/// What reaches an output's worker: new records, or a request to replay failed ones.
+/// What reaches an output's worker: word of newly committed records (they are read from the
+/// log, not passed in memory), or a request to replay failed ones.
 pub enum ToOutput {
-    Records(Vec<Arc<StoredRecord>>),
+    /// The log now holds every sequence below this one, synced.
+    Committed(u64),
     Replay {
         /// Only this write key; every failed record when `None`.
         key: Option<String>,
@@ -59,13 +65,14 @@ impl Journal {
         output: &str,
         first_seq: u64,
         errors: Arc<AtomicU64>,
+        reader: LogReader,
     ) -> Result<(Journal, JournalStart), EngineError> {
         let (marks, delivered) = DeliveryMarks::open(dir, output, first_seq)?;
         #[cfg(feature = "mutants")]
         let delivered = if mutant::is(Mutant::ForgetDeliveryMarks) {
             // MUTANT: what the destination confirmed is forgotten; every record still in the
             // log goes again as a fresh attempt.
-            HashSet::new()
+            SeqSet::new()
         } else {
             delivered
         };
@@ -88,12 +95,13 @@ impl Journal {
             .collect();
         Ok((
             Journal {
-                attempts: BufWriter::new(attempts),
+                attempts: BufWriter::with_capacity(256 << 10, attempts),
                 failed,
                 marks,
                 pending_marks: Vec::new(),
                 replayed,
                 errors,
+                reader,
             },
             JournalStart { delivered, states },
         ))
@@ -110,14 +118,15 @@ impl Journal {
     pub(super) fn record(&mut self, effects: Vec<Effect>) {
         for effect in effects {
             match effect {
-                Effect::Closed(attempt) => match serde_json::to_string(&attempt) {
-                    Ok(line) => {
-                        if let Err(e) = writeln!(self.attempts, "{line}") {
-                            self.error("attempt journal", e);
-                        }
+                Effect::Closed(attempt) => {
+                    // Straight into the buffered file: no line string per attempt.
+                    let written = serde_json::to_writer(&mut self.attempts, &attempt)
+                        .map_err(std::io::Error::from)
+                        .and_then(|()| self.attempts.write_all(b"\n"));
+                    if let Err(e) = written {
+                        self.error("attempt journal", e);
                     }
-                    Err(e) => self.error("attempt journal", e),
-                },
+                }
                 Effect::Delivered(segment, seq) => {
                     if self.replayed.remove(&seq) {
                         if let Err(e) = self.failed.delivered(seq) {
@@ -179,22 +188,38 @@ impl Journal {
         out.failed = out.failed.saturating_sub(chosen.len() as u64);
         self.replayed.extend(seqs);
         let keys = chosen.iter().map(|f| f.key.clone()).collect();
-        out.ingest(chosen.into_iter().map(replayed_record));
+        out.replay(chosen.into_iter().map(replayed_record));
         keys
+    }
+
+    /// Reads on from the output's backlog in the log, as far as its read-ahead allows.
+    pub(super) fn refill(&mut self, out: &mut Output) {
+        if let Err(e) = out.refill(&mut self.reader) {
+            self.error("reading the record log", e);
+        }
     }
 
     /// Handles one message for the output.
     pub(super) fn take(&mut self, dir: &Path, out: &mut Output, message: ToOutput) {
         match message {
-            ToOutput::Records(records) => out.ingest(records),
+            ToOutput::Committed(next_seq) => out.committed_through(next_seq),
             ToOutput::Replay { key, reply } => {
                 let keys = self.replay(dir, out, key.as_deref());
                 let _ = reply.send(keys);
             }
             #[cfg(feature = "mutants")]
             ToOutput::Evict(n) => {
-                let evicted = out.evict_oldest(n);
-                self.record(evicted);
+                // The oldest waiting records, read from the log as far as needed.
+                let mut left = n;
+                while left > 0 {
+                    self.refill(out);
+                    let evicted = out.evict_oldest(left);
+                    if evicted.is_empty() {
+                        break;
+                    }
+                    left = left.saturating_sub(evicted.len());
+                    self.record(evicted);
+                }
                 self.write_marks();
             }
         }
@@ -247,27 +272,33 @@ pub(super) fn replayed_record(f: output::FailedRecord) -> Arc<StoredRecord> {
 }
 
 /// Puts an output back where its journals say it stood: records neither confirmed nor set
-/// aside wait again (from the log, or from the failed store when replayed), and its counters
-/// are rebuilt so that held = delivered + waiting + failed.
+/// aside wait again (read from the log from `first_seq` on, or from the failed store when
+/// replayed), and its counters are rebuilt so that held = delivered + waiting + failed.
+/// Nothing of the backlog is read here: the output skips, as it reads, the sequences its
+/// marks and failed store settled, and those `lost` to damage.
 pub(super) fn resume(
-    out: &mut Output,
-    records: &[Arc<StoredRecord>],
+    out: Output,
     start: JournalStart,
     first_seq: u64,
-) {
+    next_seq: u64,
+    lost: &[std::ops::RangeInclusive<u64>],
+) -> Output {
     use failed::State;
     let JournalStart { delivered, states } = start;
-    out.ingest(
-        records
-            .iter()
-            .filter(|r| !delivered.contains(&r.seq) && !states.contains_key(&r.seq))
-            .cloned(),
-    );
     // Everything below the log's first sequence was settled when its segment went: delivered
     // unless the failed store still holds it. Above it, marks and the failed store tell.
-    let mut delivered_count = first_seq + delivered.len() as u64;
+    let mut delivered_count = first_seq + delivered.len();
+    let mut skip = delivered;
+    for r in lost {
+        skip.insert_range(*r.start()..r.end() + 1);
+    }
+    let mut failed_count = 0;
+    let mut replays = Vec::new();
     for (seq, state) in states {
         let below = seq < first_seq;
+        if !below {
+            skip.insert(seq);
+        }
         match state {
             State::Failed(_) | State::Replayed(_) if below => {
                 delivered_count = delivered_count.saturating_sub(1)
@@ -276,10 +307,14 @@ pub(super) fn resume(
             _ => {}
         }
         match state {
-            State::Failed(_) => out.failed += 1,
-            State::Replayed(f) => out.ingest([replayed_record(f)]),
+            State::Failed(_) => failed_count += 1,
+            State::Replayed(f) => replays.push(replayed_record(f)),
             State::Delivered => {}
         }
     }
+    let mut out = out.resuming(first_seq, next_seq, skip);
+    out.replay(replays);
+    out.failed = failed_count;
     out.delivered = delivered_count;
+    out
 }

@@ -45,13 +45,25 @@
 //! - A delivery mark is written when its confirmation arrives and synced lazily: a killed
 //!   process keeps it (page cache), a power cut may not. A lost mark means the record is sent
 //!   again after restart with the same write key — allowed by `at_least_once`, never a loss.
+//!
+//! # Reading
+//!
+//! The log is the only copy of a held record: nothing of the backlog is kept in memory.
+//! [`RecordLog::recover`] checks every segment on open (one at a time) and returns no records;
+//! each output reads its backlog with its own [`LogReader`], oldest first, a bounded chunk at a
+//! time and only below the sequence the writer has committed (synced and acknowledged), so a
+//! reader never sees a batch still being written. A reader keeps its place between reads; a
+//! segment it is reading cannot be deleted under it (an output's settled mark stays at or
+//! below its cursor).
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::ops::RangeInclusive;
+use std::ops::{Range, RangeInclusive};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use super::seqset::SeqSet;
 
 #[cfg(feature = "mutants")]
 use super::mutant::{self, Mutant};
@@ -76,10 +88,10 @@ pub struct StoredRecord {
 const END_OF_BATCH: u8 = 1;
 
 /// Appends one frame body: `[seq][flags][data]`.
-fn encode(buf: &mut Vec<u8>, seq: u64, data: &str, end: bool) {
+fn encode(buf: &mut Vec<u8>, seq: u64, data: &[u8], end: bool) {
     buf.extend_from_slice(&seq.to_le_bytes());
     buf.push(if end { END_OF_BATCH } else { 0 });
-    buf.extend_from_slice(data.as_bytes());
+    buf.extend_from_slice(data);
 }
 
 /// A record's write key: the engine's identity and the record's sequence.
@@ -99,36 +111,70 @@ struct Origin<'a> {
     key_prefix: &'a str,
 }
 
-/// Reads one frame body back: (record, end of batch).
-fn decode(body: &[u8], origin: Origin) -> Option<(StoredRecord, bool)> {
-    let seq = u64::from_le_bytes(body.get(0..8)?.try_into().ok()?);
-    let flags = *body.get(8)?;
-    let data = std::str::from_utf8(body.get(9..)?).ok()?;
-    Some((
-        StoredRecord {
-            seq,
-            key: write_key(origin.key_prefix, seq),
-            data: data.to_string(),
-            segment: origin.segment,
-        },
-        flags & END_OF_BATCH != 0,
-    ))
+/// One intact frame, seen in place: its sequence, whether it ends a batch, its size, and where
+/// its data lies in the bytes it was read from. Nothing is copied.
+#[derive(Debug, Clone, Copy)]
+struct FrameView {
+    seq: u64,
+    end: bool,
+    size: usize,
+    data: (usize, usize),
 }
 
-/// The intact frame at `at`, if there is one: (record, end of batch, frame size).
-fn frame_at(bytes: &[u8], at: usize, origin: Origin) -> Option<(StoredRecord, bool, usize)> {
-    let header = bytes.get(at..at + HEADER)?;
-    let len = u32::from_le_bytes(header[0..4].try_into().ok()?);
-    let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
-    if len > MAX_FRAME {
-        return None;
+/// What lies at `at`: an intact frame, too few bytes to tell, or no frame.
+enum AtOffset {
+    Frame(FrameView),
+    /// The bytes end inside the header or body of what may be a frame (`need` bytes from `at`).
+    Short {
+        need: usize,
+    },
+    Bad,
+}
+
+fn look_at(bytes: &[u8], at: usize) -> AtOffset {
+    let Some(header) = bytes.get(at..at + HEADER) else {
+        return AtOffset::Short { need: HEADER };
+    };
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+    if len > MAX_FRAME || (len as usize) < 9 {
+        return AtOffset::Bad;
     }
-    let body = bytes.get(at + HEADER..at + HEADER + len as usize)?;
-    if crc32fast::hash(body) != crc {
-        return None;
+    let Some(body) = bytes.get(at + HEADER..at + HEADER + len as usize) else {
+        return AtOffset::Short {
+            need: HEADER + len as usize,
+        };
+    };
+    if crc32fast::hash(body) != crc || std::str::from_utf8(&body[9..]).is_err() {
+        return AtOffset::Bad;
     }
-    let (record, end) = decode(body, origin)?;
-    Some((record, end, HEADER + len as usize))
+    let seq = u64::from_le_bytes(body[0..8].try_into().unwrap_or([0; 8]));
+    AtOffset::Frame(FrameView {
+        seq,
+        end: body[8] & END_OF_BATCH != 0,
+        size: HEADER + len as usize,
+        data: (at + HEADER + 9, at + HEADER + len as usize),
+    })
+}
+
+/// The intact frame at `at`, if there is one.
+fn frame_at(bytes: &[u8], at: usize) -> Option<FrameView> {
+    match look_at(bytes, at) {
+        AtOffset::Frame(f) => Some(f),
+        _ => None,
+    }
+}
+
+impl FrameView {
+    /// The record this frame holds, copied out of `bytes`.
+    fn record(&self, bytes: &[u8], origin: Origin) -> StoredRecord {
+        StoredRecord {
+            seq: self.seq,
+            key: write_key(origin.key_prefix, self.seq),
+            data: String::from_utf8_lossy(&bytes[self.data.0..self.data.1]).into_owned(),
+            segment: origin.segment,
+        }
+    }
 }
 
 /// What a segment's bytes turned out to be, in file order.
@@ -136,30 +182,36 @@ fn frame_at(bytes: &[u8], at: usize, origin: Origin) -> Option<(StoredRecord, bo
 enum Piece {
     Frame {
         at: usize,
-        record: StoredRecord,
+        seq: u64,
         end: bool,
     },
     /// Bytes that are no intact frame, up to the next one that is (or the end of the file).
-    Gap { at: usize, len: usize },
+    Gap {
+        at: usize,
+        len: usize,
+    },
 }
 
 /// Splits a segment into intact frames and gaps. After a bad frame it looks for the next
 /// offset where an intact frame with a higher sequence starts (resync).
-fn pieces(bytes: &[u8], origin: Origin) -> Vec<Piece> {
+fn pieces(bytes: &[u8]) -> Vec<Piece> {
     let mut out = Vec::new();
     let mut at = 0;
     let mut last: Option<u64> = None;
-    let fits = |last: Option<u64>, r: &StoredRecord| last.is_none_or(|l| r.seq > l);
+    let fits = |last: Option<u64>, f: &FrameView| last.is_none_or(|l| f.seq > l);
     while at < bytes.len() {
-        if let Some((record, end, size)) = frame_at(bytes, at, origin).filter(|f| fits(last, &f.0))
-        {
-            last = Some(record.seq);
-            out.push(Piece::Frame { at, record, end });
-            at += size;
+        if let Some(f) = frame_at(bytes, at).filter(|f| fits(last, f)) {
+            last = Some(f.seq);
+            out.push(Piece::Frame {
+                at,
+                seq: f.seq,
+                end: f.end,
+            });
+            at += f.size;
             continue;
         }
-        let next = (at + 1..bytes.len())
-            .find(|&q| frame_at(bytes, q, origin).is_some_and(|f| fits(last, &f.0)));
+        let next =
+            (at + 1..bytes.len()).find(|&q| frame_at(bytes, q).is_some_and(|f| fits(last, &f)));
         let to = next.unwrap_or(bytes.len());
         out.push(Piece::Gap { at, len: to - at });
         at = to;
@@ -258,11 +310,30 @@ pub struct RecordLog {
 
 impl RecordLog {
     /// Opens (or creates) the log in `dir`, recovering a torn tail and reading past damage.
-    /// Returns every intact record, oldest first.
+    /// Returns every intact record, oldest first: for tests and tools. The engine uses
+    /// [`RecordLog::recover`] and reads its backlog with a [`LogReader`].
     pub fn open(
         dir: &Path,
         segment_bytes: u64,
     ) -> Result<(RecordLog, Vec<Arc<StoredRecord>>, Recovery), LogError> {
+        let (log, recovery) = RecordLog::recover(dir, segment_bytes)?;
+        let mut reader = log.reader();
+        let mut records = Vec::new();
+        let mut from = log.first_seq();
+        loop {
+            let mut chunk = Vec::new();
+            from = reader.read(from, log.next_seq(), 4096, &mut chunk)?;
+            if chunk.is_empty() {
+                break;
+            }
+            records.extend(chunk.into_iter().map(Arc::new));
+        }
+        Ok((log, records, recovery))
+    }
+
+    /// Opens (or creates) the log in `dir`, recovering a torn tail and reading past damage,
+    /// one segment at a time: nothing of the records stays in memory.
+    pub fn recover(dir: &Path, segment_bytes: u64) -> Result<(RecordLog, Recovery), LogError> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
         #[cfg(feature = "mutants")]
         if mutant::is(Mutant::MemoryOnly) {
@@ -281,20 +352,13 @@ impl RecordLog {
             segments: firsts.len(),
             ..Recovery::default()
         };
-        let mut records: Vec<Arc<StoredRecord>> = Vec::new();
         let active_first = *firsts.last().unwrap_or(&0);
         let mut active = None;
         for (i, &first) in firsts.iter().enumerate() {
             let path = segment_path(dir, first);
             let is_active = i + 1 == firsts.len();
             let (mut file, bytes) = open_and_read(&path)?;
-            let all = pieces(
-                &bytes,
-                Origin {
-                    segment: first,
-                    key_prefix: &key_prefix,
-                },
-            );
+            let all = pieces(&bytes);
             // In the active segment, the last batch stays only if whole and undamaged.
             let keep = if is_active {
                 let ends: Vec<usize> = all
@@ -326,12 +390,12 @@ impl RecordLog {
             let mut expected = first;
             for piece in all.into_iter().take(keep) {
                 match piece {
-                    Piece::Frame { record, .. } => {
-                        if record.seq > expected {
-                            recovery.lost.push(expected..=record.seq - 1);
+                    Piece::Frame { seq, .. } => {
+                        if seq > expected {
+                            recovery.lost.push(expected..=seq - 1);
                         }
-                        expected = record.seq + 1;
-                        records.push(Arc::new(record));
+                        expected = seq + 1;
+                        recovery.records += 1;
                     }
                     Piece::Gap { at, len } => recovery.damage.push(Damage {
                         segment: path.clone(),
@@ -359,7 +423,6 @@ impl RecordLog {
         let Some((file, active_path, synced_len, next_seq)) = active else {
             unreachable!("the segment list is never empty here");
         };
-        recovery.records = records.len() as u64;
         let mut closed: VecDeque<u64> = firsts.into();
         closed.pop_back();
         remove_orphan_marks(dir, closed.front().copied().unwrap_or(active_first))?;
@@ -376,9 +439,18 @@ impl RecordLog {
                 synced_len,
                 segment_bytes: segment_bytes.max(1),
             },
-            records,
             recovery,
         ))
+    }
+
+    /// A reader of this log's records, for one output's backlog.
+    pub fn reader(&self) -> LogReader {
+        LogReader::new(&self.dir, &self.key_prefix)
+    }
+
+    /// `<engine id>-`: a record's write key is this followed by its sequence.
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
     }
 
     /// The oldest sequence still on disk (everything below it was settled and deleted).
@@ -396,32 +468,51 @@ impl RecordLog {
     }
 
     /// Appends a batch of ingested lines and syncs them. Returns the stored records (with
-    /// their freshly minted write keys) only once `fdatasync` has returned.
+    /// their freshly minted write keys) only once `fdatasync` has returned. For tests and
+    /// tools; the engine appends with [`RecordLog::append_batch`].
     pub fn append(&mut self, lines: Vec<String>) -> Result<Vec<Arc<StoredRecord>>, LogError> {
+        let segment = if self.synced_len >= self.segment_bytes {
+            self.next_seq
+        } else {
+            self.active_first
+        };
+        let seqs = self.append_batch(lines.len(), lines.iter().map(String::as_str))?;
+        Ok(seqs
+            .zip(lines)
+            .map(|(seq, data)| {
+                Arc::new(StoredRecord {
+                    seq,
+                    key: write_key(&self.key_prefix, seq),
+                    data,
+                    segment,
+                })
+            })
+            .collect())
+    }
+
+    /// Appends `count` lines as one batch and syncs them; returns their sequences only once
+    /// `fdatasync` has returned. Copies each line once, into the reused frame buffer: nothing
+    /// is allocated per record.
+    /// Each line must be UTF-8 (the ingest checked it: every line is JSON).
+    pub fn append_batch<L: AsRef<[u8]>>(
+        &mut self,
+        count: usize,
+        lines: impl IntoIterator<Item = L>,
+    ) -> Result<Range<u64>, LogError> {
         if self.synced_len >= self.segment_bytes {
             self.roll()?;
         }
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
-        buf.reserve(lines.iter().map(|l| l.len() + 64).sum());
-        let count = lines.len();
-        let mut stored = Vec::with_capacity(lines.len());
         let mut seq = self.next_seq;
-        for (i, line) in lines.into_iter().enumerate() {
-            let record = StoredRecord {
-                seq,
-                key: write_key(&self.key_prefix, seq),
-                data: line,
-                segment: self.active_first,
-            };
+        for (i, line) in lines.into_iter().take(count).enumerate() {
             let at = buf.len();
             buf.extend_from_slice(&[0u8; HEADER]);
-            encode(&mut buf, seq, &record.data, i + 1 == count);
+            encode(&mut buf, seq, line.as_ref(), i + 1 == count);
             let body_len = (buf.len() - at - HEADER) as u32;
             let crc = crc32fast::hash(&buf[at + HEADER..]);
             buf[at..at + 4].copy_from_slice(&body_len.to_le_bytes());
             buf[at + 4..at + HEADER].copy_from_slice(&crc.to_le_bytes());
-            stored.push(Arc::new(record));
             seq += 1;
         }
         let written = self.file.write_all(&buf).and_then(|_| {
@@ -445,13 +536,14 @@ impl RecordLog {
                 source,
             });
         }
+        let first = self.next_seq;
         self.next_seq = seq;
         self.synced_len += len;
-        Ok(stored)
+        Ok(first..seq)
     }
 
-    /// `ack-before-write`: the write key the record with sequence `seq` will get.
-    #[cfg(feature = "mutants")]
+    /// The write key the record with sequence `seq` gets (tests).
+    #[cfg(all(test, feature = "mutants"))]
     pub(super) fn key_for(&self, seq: u64) -> String {
         write_key(&self.key_prefix, seq)
     }
@@ -513,6 +605,221 @@ impl RecordLog {
         self.file.set_len(self.synced_len)?;
         self.file.seek(SeekFrom::Start(self.synced_len)).map(|_| ())
     }
+}
+
+/// How much a [`LogReader`] reads at once.
+const READ_CHUNK: usize = 1 << 20;
+
+/// Where a [`LogReader`] stands: in which segment, at which byte, before which sequence.
+struct ReadPosition {
+    segment: u64,
+    file: File,
+    /// Offset of the next frame to look at.
+    offset: u64,
+    /// Every frame before `offset` has a sequence below this.
+    next_seq: u64,
+}
+
+/// Reads one output's backlog from the record log, oldest first, a bounded chunk at a time:
+/// the backlog stays on disk, and only what the output is about to send is in memory.
+///
+/// It reads only what the writer has committed (every sequence below `upto`, all of it synced
+/// before it was acknowledged), so it never sees a half-written batch. It keeps its place
+/// between calls (reading on is one `pread` per chunk); asked for a sequence behind its place,
+/// it finds it again from the start of its segment. Damage inside the log is skipped the way
+/// recovery skips it (resync on the next intact frame with a higher sequence): those sequences
+/// were reported lost when the log was opened.
+pub struct LogReader {
+    dir: PathBuf,
+    key_prefix: String,
+    at: Option<ReadPosition>,
+    buf: Vec<u8>,
+}
+
+impl LogReader {
+    fn new(dir: &Path, key_prefix: &str) -> LogReader {
+        LogReader {
+            dir: dir.to_path_buf(),
+            key_prefix: key_prefix.to_string(),
+            at: None,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Puts the reader at the start of the segment holding `from` (or the oldest segment
+    /// after it, if `from` was deleted).
+    fn locate(&mut self, from: u64) -> Result<bool, LogError> {
+        let firsts = list_segments(&self.dir)?;
+        let segment = match firsts.iter().rev().find(|&&f| f <= from) {
+            Some(&f) => f,
+            None => match firsts.first() {
+                Some(&f) => f,
+                None => return Ok(false),
+            },
+        };
+        self.open_segment(segment)
+    }
+
+    fn open_segment(&mut self, segment: u64) -> Result<bool, LogError> {
+        let path = segment_path(&self.dir, segment);
+        match File::open(&path) {
+            Ok(file) => {
+                self.at = Some(ReadPosition {
+                    segment,
+                    file,
+                    offset: 0,
+                    next_seq: segment,
+                });
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                self.at = None;
+                Ok(false)
+            }
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    /// Moves on to the segment after the current one, if there is one.
+    fn next_segment(&mut self) -> Result<bool, LogError> {
+        let current = self.at.as_ref().map_or(0, |p| p.segment);
+        let firsts = list_segments(&self.dir)?;
+        match firsts.into_iter().find(|&f| f > current) {
+            Some(f) => self.open_segment(f),
+            None => Ok(false),
+        }
+    }
+
+    /// Appends to `into` the records with sequences in `from..upto`, oldest first, at most
+    /// `max` of them. Returns the sequence to read from next: one past the last record
+    /// returned, or past sequences that turned out to be missing (deleted or damaged).
+    pub fn read(
+        &mut self,
+        from: u64,
+        upto: u64,
+        max: usize,
+        into: &mut Vec<StoredRecord>,
+    ) -> Result<u64, LogError> {
+        let mut from = from;
+        if from >= upto || max == 0 {
+            return Ok(from);
+        }
+        let behind = self.at.as_ref().is_none_or(|p| p.next_seq > from);
+        if behind && !self.locate(from)? {
+            return Ok(from);
+        }
+        let mut taken = 0;
+        while taken < max {
+            let Some(pos) = self.at.as_mut() else {
+                break;
+            };
+            if pos.next_seq >= upto {
+                break;
+            }
+            let want = READ_CHUNK.max(self.buf.len());
+            self.buf.resize(want, 0);
+            let path = segment_path(&self.dir, pos.segment);
+            let got = read_at(&pos.file, &mut self.buf, pos.offset).map_err(io_err(&path))?;
+            let bytes = &self.buf[..got];
+            let origin = Origin {
+                segment: pos.segment,
+                key_prefix: &self.key_prefix,
+            };
+            let mut at = 0;
+            let mut stop = false;
+            let mut grow = None;
+            while at < bytes.len() && taken < max {
+                if pos.next_seq >= upto {
+                    // Everything committed is read; what follows may be a batch still being
+                    // written.
+                    stop = true;
+                    break;
+                }
+                match look_at(bytes, at) {
+                    AtOffset::Frame(f) if f.seq >= pos.next_seq => {
+                        if f.seq >= upto {
+                            stop = true;
+                            break;
+                        }
+                        if f.seq >= from {
+                            into.push(f.record(bytes, origin));
+                            taken += 1;
+                        }
+                        pos.next_seq = f.seq + 1;
+                        at += f.size;
+                    }
+                    AtOffset::Short { need } if got == want => {
+                        // The chunk ends inside a frame: read on from it (a bigger chunk if the
+                        // frame alone is larger than one).
+                        if at == 0 {
+                            grow = Some(need);
+                        }
+                        break;
+                    }
+                    _ => {
+                        // Damage (or the end of a closed segment's data): resync on the next
+                        // intact frame with a higher sequence, as recovery did.
+                        let next_seq = pos.next_seq;
+                        match (at + 1..bytes.len()).find(|&q| {
+                            frame_at(bytes, q).is_some_and(|f| f.seq >= next_seq && f.seq < upto)
+                        }) {
+                            Some(q) => at = q,
+                            None if got == want => {
+                                at = bytes.len().saturating_sub(MAX_HEADER_SLACK).max(at + 1);
+                                break;
+                            }
+                            None => {
+                                at = bytes.len();
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            pos.offset += at as u64;
+            from = from.max(pos.next_seq);
+            let caught_up = pos.next_seq >= upto;
+            if let Some(need) = grow {
+                self.buf.resize(need, 0);
+                continue;
+            }
+            if stop || caught_up || taken >= max {
+                break;
+            }
+            if got < want && at >= got {
+                // The end of this segment's data.
+                if !self.next_segment()? {
+                    break;
+                }
+                if let Some(p) = self.at.as_ref() {
+                    from = from.max(p.segment);
+                }
+            } else if got < want {
+                // Stopped short inside the active segment's end: nothing more committed yet.
+                break;
+            }
+        }
+        Ok(self.at.as_ref().map_or(from, |p| p.next_seq.max(from)))
+    }
+}
+
+/// After a bad stretch that reached the end of a full chunk, how far back from the chunk's end
+/// the search for the next frame starts again (a frame header may straddle the boundary).
+const MAX_HEADER_SLACK: usize = HEADER + 9;
+
+/// Reads at `offset` until `buf` is full or the file ends; returns the bytes read.
+fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
 }
 
 /// Deletes the delivery marks of segments that no longer exist (all below `first`).
@@ -581,13 +888,9 @@ pub struct DeliveryMarks {
 
 impl DeliveryMarks {
     /// Reads the marks of every segment from `first` on.
-    pub fn open(
-        dir: &Path,
-        output: &str,
-        first: u64,
-    ) -> Result<(DeliveryMarks, HashSet<u64>), LogError> {
+    pub fn open(dir: &Path, output: &str, first: u64) -> Result<(DeliveryMarks, SeqSet), LogError> {
         let prefix = format!("delivered-{output}-");
-        let mut seen = HashSet::new();
+        let mut seen = SeqSet::new();
         for entry in std::fs::read_dir(dir).map_err(io_err(dir))?.flatten() {
             let Some(segment) = entry
                 .file_name()
@@ -605,11 +908,9 @@ impl DeliveryMarks {
             if whole != bytes.len() {
                 file.set_len(whole as u64).map_err(io_err(&path))?;
             }
-            seen.extend(
-                bytes[..whole]
-                    .chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))),
-            );
+            for c in bytes[..whole].chunks_exact(8) {
+                seen.insert(u64::from_le_bytes(c.try_into().unwrap_or([0; 8])));
+            }
         }
         Ok((
             DeliveryMarks {
@@ -761,17 +1062,11 @@ mod tests {
         for (segment, seq) in [(firsts[0], 1u64), (*firsts.last().unwrap(), 13)] {
             let path = segment_path(dir.path(), segment);
             let mut bytes = std::fs::read(&path).unwrap();
-            let pieces = pieces(
-                &bytes,
-                Origin {
-                    segment,
-                    key_prefix: "k-",
-                },
-            );
+            let pieces = pieces(&bytes);
             let at = pieces
                 .iter()
                 .find_map(|p| match p {
-                    Piece::Frame { at, record, .. } if record.seq == seq => Some(*at),
+                    Piece::Frame { at, seq: s, .. } if *s == seq => Some(*at),
                     _ => None,
                 })
                 .unwrap_or_else(|| panic!("record {seq} not in segment {segment}"));
@@ -800,12 +1095,13 @@ mod tests {
             .unwrap();
         drop(marks);
         let (_, seen) = DeliveryMarks::open(dir.path(), "o", 0).unwrap();
-        assert_eq!(seen, HashSet::from([1, 2, 7]));
+        assert_eq!(seen.iter().collect::<Vec<_>>(), vec![1, 2, 7]);
     }
 
     mod model {
         use super::*;
         use proptest::prelude::*;
+        use std::collections::HashSet;
 
         #[derive(Debug, Clone)]
         enum Step {
@@ -899,6 +1195,7 @@ mod tests {
                     let want: Vec<_> = model.values().map(plain).collect();
                     prop_assert_eq!(got, want);
                     let (_, marks) = DeliveryMarks::open(dir.path(), "o", log.first_seq()).unwrap();
+                    let marks: HashSet<u64> = marks.iter().collect();
                     prop_assert_eq!(&marks, &marked);
                 }
             }

@@ -1,9 +1,12 @@
 //! The reference store-and-forward engine (DESIGN.md §1), run as `drill engine --config FILE`.
 //!
-//! Data flows: `POST /ingest` (NDJSON) → the writer thread appends the batch to the record log
-//! and syncs it (group commit) → only then the HTTP answer lists the write keys → the records go
-//! to each output's worker, which forwards them and journals every attempt. `GET /stats` reports
-//! held = delivered + waiting + failed from the engine's own state.
+//! Data flows: `POST /ingest` (NDJSON) → the writer thread appends every batch waiting to the
+//! record log and syncs them once (group commit) → only then each HTTP answer gives its batch's
+//! sequences (write keys `<engine id>-<seq>`) → each output's worker hears how far the log goes
+//! and reads its backlog from the log itself ([`log::LogReader`]: a cursor and a bounded
+//! read-ahead, so memory stays flat however large the backlog), forwards, and journals every
+//! attempt. `GET /stats` reports held = delivered + waiting + failed from the engine's own
+//! state.
 //!
 //! The rules (DESIGN.md §1) and where each is kept:
 //!
@@ -32,6 +35,7 @@ mod mqtt;
 pub mod mutant;
 mod nats;
 pub mod output;
+pub mod seqset;
 mod session;
 mod stats;
 mod writer;
@@ -41,8 +45,6 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-#[cfg(feature = "mutants")]
-use std::time::Instant;
 
 use axum::Router;
 use axum::routing::{get, post};
@@ -50,7 +52,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{DiskLimits, DurText, EngineConfig, OutputConfig, OutputKind, RefusalConfig};
-pub use ingest::{MAX_INGEST_BODY, MAX_RECORD, check_batch};
+pub use ingest::{MAX_INGEST_BODY, MAX_RECORD, check_batch, check_lines};
 pub use journal::ToOutput;
 pub use stats::{AttemptCountsView, OutputStats, Stats};
 
@@ -58,9 +60,6 @@ use journal::Journal;
 use log::RecordLog;
 use output::{Output, RefusalPolicy};
 use writer::WriterJob;
-
-#[cfg(feature = "mutants")]
-use mutant::Mutant;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -108,6 +107,8 @@ fn refuse_unbuilt_mutant() -> Result<(), EngineError> {
 
 struct Shared {
     held: Arc<AtomicU64>,
+    /// `<engine id>-`: a record's write key is this and its sequence.
+    key_prefix: String,
     /// Writes that failed on a path that decides durability or a verdict (attempt journal,
     /// delivery marks, failed store): each is said on stderr and counted in `/stats.errors`.
     errors: Arc<AtomicU64>,
@@ -138,10 +139,9 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     refuse_unbuilt_mutant()?;
     #[cfg(feature = "mutants")]
     mutant::announce()?;
-    let (mut log, records, recovery) =
-        RecordLog::open(&config.data_dir, config.disk.segment_bytes)?;
+    let (log, recovery) = RecordLog::recover(&config.data_dir, config.disk.segment_bytes)?;
     say_recovery(&recovery);
-    let (ingest_tx, mut ingest_rx) = mpsc::channel::<WriterJob>(1024);
+    let (ingest_tx, ingest_rx) = mpsc::channel::<WriterJob>(1024);
     let damaged = recovery.lost_records();
     let log_state = Arc::new(LogState {
         first_seq: AtomicU64::new(log.first_seq()),
@@ -151,6 +151,7 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     let errors = Arc::new(AtomicU64::new(0));
     let shared = Arc::new(Shared {
         held: Arc::new(AtomicU64::new(log.next_seq().saturating_sub(damaged))),
+        key_prefix: log.key_prefix().to_string(),
         errors: errors.clone(),
         damaged,
         log_state: log_state.clone(),
@@ -165,8 +166,13 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     let mut to_outputs = Vec::new();
     let mut drivers = Vec::new();
     for (index, o) in config.outputs.iter().enumerate() {
-        let (journal, start) =
-            Journal::open(&config.data_dir, &o.name, log.first_seq(), errors.clone())?;
+        let (journal, start) = Journal::open(
+            &config.data_dir,
+            &o.name,
+            log.first_seq(),
+            errors.clone(),
+            log.reader(),
+        )?;
         let refusals = o
             .refusals
             .as_ref()
@@ -176,9 +182,13 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
                 backoff_max: r.backoff[1].0,
             })
             .unwrap_or_default();
-        let mut out =
-            Output::new(&o.name, &o.topic, o.order, refusals, o.window).starting_at(log.next_seq());
-        journal::resume(&mut out, &records, start, log.first_seq());
+        let out = journal::resume(
+            Output::new(&o.name, &o.topic, o.order, refusals, o.window()),
+            start,
+            log.first_seq(),
+            log.next_seq(),
+            &recovery.lost,
+        );
         shared
             .outputs
             .lock()
@@ -207,48 +217,9 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
             )),
         });
     }
-    drop(records);
 
-    // The writer thread: group commit. Every job waiting when a sync starts shares it. After
-    // each commit (and once a second) it deletes the segments every output is past.
-    let held = shared.held.clone();
-    let writer = std::thread::spawn(move || {
-        #[cfg(feature = "mutants")]
-        let mut late = mutant::LateWrites::default();
-        #[cfg(feature = "mutants")]
-        let mut synced_at = Instant::now();
-        while let Some(first) = ingest_rx.blocking_recv() {
-            let mut jobs = Vec::new();
-            let mut next = Some(first);
-            while let Some(job) = next {
-                if let WriterJob::Ingest(j) = job {
-                    jobs.push(j);
-                }
-                next = ingest_rx.try_recv().ok();
-            }
-            #[cfg(feature = "mutants")]
-            if mutant::is(Mutant::AckBeforeWrite) {
-                // MUTANT: the answer goes first; the batch is written a second later (the
-                // ticker wakes this thread every second).
-                late.answer_now(&log, std::mem::take(&mut jobs));
-                late.write_due(&mut log, &held, &to_outputs, false);
-            }
-            if !jobs.is_empty() {
-                writer::commit(&mut log, jobs, &held, &to_outputs);
-            }
-            #[cfg(feature = "mutants")]
-            if mutant::is(Mutant::AckBeforeFdatasync) && synced_at.elapsed() >= mutant::SYNC_EVERY {
-                // MUTANT: the fdatasync that `append` skipped, long after the answers.
-                if let Err(e) = log.sync_late() {
-                    eprintln!("drill engine: MUTANT ack-before-fdatasync: late sync failed: {e}");
-                }
-                synced_at = Instant::now();
-            }
-            writer::release(&mut log, &log_state);
-        }
-        #[cfg(feature = "mutants")]
-        late.write_due(&mut log, &held, &to_outputs, true);
-    });
+    // The writer thread: group commit, and deleting the segments every output is past.
+    let writer = writer::spawn(log, ingest_rx, shared.held.clone(), to_outputs, log_state);
     let ticker = {
         let tx = ingest_tx;
         let cancel = cancel.clone();

@@ -76,6 +76,9 @@ pub(super) async fn drive_mqtt(
     let mut said_down = false;
     publish_stats(&shared, index, &out, false);
     loop {
+        // The oldest records waiting, in memory before the first send (and for a mutant's
+        // "probe").
+        journal.refill(&mut out);
         #[cfg(feature = "mutants")]
         let oldest = out.oldest_waiting();
         #[cfg(feature = "mutants")]
@@ -104,6 +107,13 @@ pub(super) async fn drive_mqtt(
         else {
             break;
         };
+        out.limit_window(
+            session
+                .connack
+                .properties
+                .as_ref()
+                .and_then(|p| p.receive_max),
+        );
         let (mut tx, incoming) = session.framed.split();
         // Every packet already readable arrives as one batch, so a burst of PUBACKs costs one
         // write of delivery marks, not one per record.
@@ -115,6 +125,7 @@ pub(super) async fn drive_mqtt(
         publish_stats(&shared, index, &out, true);
         let lost: String = 'conn: loop {
             let now = Instant::now();
+            journal.refill(&mut out);
             let sends = out.next_sends(now);
             if !sends.is_empty() {
                 let write = async {

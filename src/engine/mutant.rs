@@ -99,10 +99,10 @@ pub enum Mutant {
     /// The writer thread in [`super::run`]. Caught by an engine `kill` while records flow
     /// (`engine-crash.yaml`: 202 lost, the ledger does not close).
     AckBeforeWrite,
-    /// [`RecordLog::append`] skips the sync; the writer thread syncs every [`SYNC_EVERY`].
+    /// [`RecordLog::append_batch`] skips the sync; the writer thread syncs every [`SYNC_EVERY`].
     /// Survives a SIGKILL; only a power cut loses records (`mqtt-power-cut`: 396 lost).
     AckBeforeFdatasync,
-    /// [`RecordLog::open`]. Caught by an engine `kill` while records wait (`engine-crash.yaml`:
+    /// [`RecordLog::recover`]. Caught by an engine `kill` while records wait (`engine-crash.yaml`:
     /// 800 lost; the engine's `held` disagrees with the source's).
     MemoryOnly,
     /// [`super::output::Output::next_attempts`] (every output kind; NATS drops the copies by
@@ -113,10 +113,14 @@ pub enum Mutant {
     /// this engine the copies are that one attempt.
     ResendOnTimer,
     /// `OutputSide::connect` (every output kind). Caught by a `refuse` outage (20 s: 3446
-    /// failed, expected 0; NATS, 12 s: 1789).
+    /// failed, expected 0; NATS, 12 s: 1789). Since outputs read their backlog from the log,
+    /// "every waiting record" is every record in the output's read-ahead: each failed connect
+    /// first reads on from the log, so an outage still fails the records that wait.
     OutageSpendsAttempts,
     /// [`super::output::Output::next_attempts`] (every output kind). Caught by an outage over
-    /// [`MAX_AGE`] (`refuse` 20 s: 3108 lost; NATS, 12 s: 1524).
+    /// [`MAX_AGE`] (`refuse` 20 s: 3108 lost; NATS, 12 s: 1524). A record's age is that of
+    /// the commit that stored it (kept per commit, not per record), whenever it is read from
+    /// the log.
     ExpireByAge,
     /// MQTT: `drive_mqtt`'s connect closure. Caught by `refuse` outages: a copy without the
     /// write key per outage, beyond `at_least_once` (five 2 s outages: 5). A keyless copy that
@@ -133,16 +137,18 @@ pub enum Mutant {
     /// [`super::output::Output::on_answer`] (every output kind). Caught by a poison record
     /// (`poison-record.yaml`: failed 0, expected 1; 1 lost).
     DropRefusedSilently,
-    /// The ingest handler's disk check, and [`super::output::Output::evict_oldest`]. Caught by a
-    /// full disk (`mqtt-disk-full`: 400 lost).
+    /// The ingest handler's disk check, and [`super::output::Output::evict_oldest`] (reading on
+    /// from the log until enough were evicted). Caught by a full disk (`mqtt-disk-full`: 400
+    /// lost).
     EvictOldestWhenFull,
-    /// [`super::Journal::open`]. After an engine restart every record still in the log goes
+    /// `journal::Journal::open`. After an engine restart every record still in the log goes
     /// again, journalled as fresh attempts with no `possibly_sent`. A SIGKILL excuses a copy
     /// only of what it could have left unnoted (not confirmed 5 s or more before it), so
     /// `engine-crash` catches it: duplicates beyond at_least_once 1398.
     ForgetDeliveryMarks,
     /// [`super::output::Output::next_attempts`] (every output kind). Caught by an outage that
-    /// builds a backlog (`refuse` 20 s: 4107 reordered; NATS, 12 s: 2526).
+    /// builds a backlog (`refuse` 20 s: 4107 reordered; NATS, 12 s: 2526). Newest first within
+    /// the read-ahead: a backlog larger than it goes in reversed chunks, still reordered.
     ResendOutOfOrder,
     /// MQTT: the tick of `drive_mqtt`. Sits through a `hang` or `swallow` until the heal ends
     /// the connection, so those pass it; caught by a `strand` (`mqtt-strand`): no delivery after it
@@ -281,23 +287,21 @@ impl OpenMarks {
 /// `ack-before-write`: batches answered already and written [`WRITE_AFTER`] later.
 #[derive(Default)]
 pub(super) struct LateWrites {
-    batches: Vec<(Instant, Vec<String>)>,
+    batches: Vec<(Instant, bytes::Bytes, Vec<std::ops::Range<usize>>)>,
     lines: u64,
 }
 
 impl LateWrites {
-    /// Answers every job now, with the write keys the log will mint for its lines once they
-    /// are written, and keeps the lines.
+    /// Answers every job now, with the sequences (hence write keys) the log will give its
+    /// lines once they are written, and keeps the lines.
     pub(super) fn answer_now(&mut self, log: &RecordLog, jobs: Vec<IngestJob>) {
         let now = Instant::now();
         for job in jobs {
             let first = log.next_seq() + self.lines;
-            let keys = (first..first + job.lines.len() as u64)
-                .map(|seq| log.key_for(seq))
-                .collect();
-            self.lines += job.lines.len() as u64;
-            let _ = job.reply.send(Ok(keys));
-            self.batches.push((now, job.lines));
+            let n = job.lines.len() as u64;
+            self.lines += n;
+            let _ = job.reply.send(Ok(first..first + n));
+            self.batches.push((now, job.body, job.lines));
         }
     }
 
@@ -312,13 +316,18 @@ impl LateWrites {
         let due = self
             .batches
             .iter()
-            .take_while(|(at, _)| all || at.elapsed() >= WRITE_AFTER)
+            .take_while(|(at, _, _)| all || at.elapsed() >= WRITE_AFTER)
             .count();
-        for (_, lines) in self.batches.drain(..due) {
+        for (_, body, lines) in self.batches.drain(..due) {
             self.lines -= lines.len() as u64;
             // Nobody waits for this answer: it was given a second ago.
             let (reply, _) = tokio::sync::oneshot::channel();
-            super::writer::commit(log, vec![IngestJob { lines, reply }], held, to_outputs);
+            super::writer::commit(
+                log,
+                vec![IngestJob { body, lines, reply }],
+                held,
+                to_outputs,
+            );
         }
     }
 }
@@ -458,9 +467,10 @@ mod tests {
         let (mut log, _, _) = RecordLog::open(dir.path(), 1 << 20).unwrap();
         let (reply, answer) = tokio::sync::oneshot::channel();
         let mut late = LateWrites::default();
-        let lines = vec!["{\"a\":1}".to_string(), "{\"a\":2}".to_string()];
-        late.answer_now(&log, vec![IngestJob { lines, reply }]);
-        let keys = answer.blocking_recv().unwrap().unwrap();
+        let body = "{\"a\":1}\n{\"a\":2}\n".to_string();
+        late.answer_now(&log, vec![IngestJob::unchecked(body, reply)]);
+        let seqs = answer.blocking_recv().unwrap().unwrap();
+        let keys: Vec<String> = seqs.map(|seq| log.key_for(seq)).collect();
         assert_eq!(
             (keys.len(), log.next_seq()),
             (2, 0),
@@ -505,11 +515,14 @@ mod tests {
         marks.mark(&[(0, 0), (0, 1)]).unwrap();
         drop(marks);
         let errors = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (log, _) = RecordLog::recover(dir.path(), 1 << 20).unwrap();
         let (_, start) =
-            super::super::journal::Journal::open(dir.path(), "o", 0, errors.clone()).unwrap();
+            super::super::journal::Journal::open(dir.path(), "o", 0, errors.clone(), log.reader())
+                .unwrap();
         assert_eq!(start.delivered.len(), 2);
         set_for_this_thread(Some(Mutant::ForgetDeliveryMarks));
-        let (_, start) = super::super::journal::Journal::open(dir.path(), "o", 0, errors).unwrap();
+        let (_, start) =
+            super::super::journal::Journal::open(dir.path(), "o", 0, errors, log.reader()).unwrap();
         set_for_this_thread(None);
         assert!(start.delivered.is_empty());
     }

@@ -66,6 +66,9 @@ pub(super) async fn connect_and_probe(
     Ok(js)
 }
 
+/// Answers handled in one go before the loop sends more.
+const ANSWERS_AT_ONCE: usize = 4096;
+
 /// What became of one publish.
 enum Outcome {
     Answer(Answer),
@@ -128,6 +131,7 @@ pub(super) async fn drive_nats(
         let mut in_flight = FuturesUnordered::new();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let lost: String = 'conn: loop {
+            journal.refill(&mut out);
             for (tag, record) in out.next_attempts(std::time::Instant::now()) {
                 let publish = PublishMessage::build()
                     .payload(bytes::Bytes::from(record.data.clone().into_bytes()))
@@ -147,13 +151,32 @@ pub(super) async fn drive_nats(
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break "engine stopping".to_string(),
-                Some((tag, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
-                    match outcome {
-                        Outcome::Answer(answer) => {
-                            journal.record(out.on_answer(tag, answer, std::time::Instant::now()));
-                            journal.write_marks();
+                Some(first) = in_flight.next(), if !in_flight.is_empty() => {
+                    // Every answer already in is handled now, and costs one write of delivery
+                    // marks, not one per record.
+                    let mut next = Some(first);
+                    let mut gone = None;
+                    let mut handled = 0;
+                    while let Some((tag, outcome)) = next {
+                        match outcome {
+                            Outcome::Answer(answer) => {
+                                journal.record(out.on_answer(tag, answer, std::time::Instant::now()));
+                            }
+                            Outcome::LinkLost(why) => {
+                                gone = Some(why);
+                                break;
+                            }
                         }
-                        Outcome::LinkLost(why) => break why,
+                        handled += 1;
+                        next = if handled < ANSWERS_AT_ONCE {
+                            in_flight.next().now_or_never().flatten()
+                        } else {
+                            None
+                        };
+                    }
+                    journal.write_marks();
+                    if let Some(why) = gone {
+                        break why;
                     }
                 }
                 m = rx.recv() => match m {

@@ -2,8 +2,15 @@
 //!
 //! [`Output`] is synchronous state (STYLE.md, crucible's `apply`): it decides what to send next,
 //! opens and closes attempts, and classifies outcomes. It never touches a socket, so it is unit
-//! tested without one. [`drive_mqtt`] is the I/O side: it turns the socket, the ingest channel
-//! and timers into calls on `Output`, and persists what `Output` reports.
+//! tested without one. The drivers (`mqtt.rs`, `nats.rs`, `kafka.rs`) are the I/O side: they
+//! turn the socket, the ingest channel and timers into calls on `Output`, and persist what
+//! `Output` reports.
+//!
+//! An output's backlog stays in the record log: `Output` holds a cursor into it and, in
+//! memory, only a read-ahead (ready, backing off or open: at most [`readahead_for`] its window),
+//! refilled from a [`Backlog`] when the window could use more. What it must skip when it gets
+//! there (settled before a restart, lost to damage) is a [`SeqSet`] of ranges. Memory does not
+//! grow with the backlog.
 //!
 //! Rules kept here (DESIGN.md §1): no age limit anywhere; at most one open attempt per write key
 //! (a record with an open attempt is never put on the wire again); every attempt ends
@@ -19,9 +26,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::log::StoredRecord;
+use super::log::{LogReader, StoredRecord};
 #[cfg(feature = "mutants")]
 use super::mutant::{self, Mutant};
+use super::seqset::SeqSet;
 use crate::mqtt::{Ack, Packet};
 use crate::scenario::Order;
 
@@ -149,7 +157,10 @@ pub struct Output {
     topic: String,
     order: Order,
     refusals: RefusalPolicy,
+    /// Open attempts at once, at most: the configured window, or less if the destination
+    /// allows less (see [`Output::limit_window`]).
     window: usize,
+    configured_window: usize,
     /// Waiting records with no open attempt, by sequence.
     ready: BTreeMap<u64, Entry>,
     /// Refused records waiting out their backoff: sequence → (not before, entry).
@@ -160,8 +171,51 @@ pub struct Output {
     pub attempts: AttemptCounts,
     pub delivered: u64,
     pub failed: u64,
-    /// One past the highest sequence this output has been given.
-    seen_through: u64,
+    /// The next sequence to read from the log: every record below it is in memory (ready,
+    /// delayed or open) or settled. The backlog from here on stays on disk.
+    cursor: u64,
+    /// One past the newest sequence the log has committed (synced and acknowledged).
+    committed: u64,
+    /// Sequences at or above `cursor` not to read: settled before a restart (delivery marks,
+    /// failed messages) or lost to damage. Ranges, a few bytes per run.
+    skip: SeqSet,
+    /// Records in memory (ready, delayed and open) at most: the read-ahead.
+    readahead: usize,
+    /// `expire-by-age`: when each commit reached this output, `(one past its last sequence,
+    /// when)`: the age of a record read from the log later is its commit's.
+    #[cfg(feature = "mutants")]
+    commits: std::collections::VecDeque<(u64, Instant)>,
+}
+
+/// Where an output reads its backlog from: the record log ([`LogReader`]), or memory in tests.
+pub trait Backlog {
+    /// Appends to `into` the records with sequences in `from..upto`, oldest first, at most
+    /// `max`; returns the sequence to read from next.
+    fn read(
+        &mut self,
+        from: u64,
+        upto: u64,
+        max: usize,
+        into: &mut Vec<StoredRecord>,
+    ) -> Result<u64, String>;
+}
+
+impl Backlog for LogReader {
+    fn read(
+        &mut self,
+        from: u64,
+        upto: u64,
+        max: usize,
+        into: &mut Vec<StoredRecord>,
+    ) -> Result<u64, String> {
+        LogReader::read(self, from, upto, max, into).map_err(|e| e.to_string())
+    }
+}
+
+/// The read-ahead of an output with this window: enough to refill the window many times over
+/// between reads, bounded whatever the backlog.
+pub fn readahead_for(window: usize) -> usize {
+    (window * 2).clamp(1024, 1 << 16)
 }
 
 impl Output {
@@ -178,6 +232,7 @@ impl Output {
             order,
             refusals,
             window: window.clamp(1, 65_000),
+            configured_window: window.clamp(1, 65_000),
             ready: BTreeMap::new(),
             delayed: BTreeMap::new(),
             open: HashMap::new(),
@@ -185,7 +240,12 @@ impl Output {
             attempts: AttemptCounts::default(),
             delivered: 0,
             failed: 0,
-            seen_through: 0,
+            cursor: 0,
+            committed: 0,
+            skip: SeqSet::new(),
+            readahead: readahead_for(window.clamp(1, 65_000)),
+            #[cfg(feature = "mutants")]
+            commits: std::collections::VecDeque::new(),
         }
     }
 
@@ -201,36 +261,128 @@ impl Output {
         ]
         .into_iter()
         .flatten()
-        .fold(self.seen_through, u64::min)
+        .fold(self.cursor, u64::min)
     }
 
-    /// The log's next sequence when this output started: everything below it was given at
-    /// start (recovered records) or is settled.
+    /// A fresh output over a log whose next sequence is `next_seq`: nothing below it to send.
     pub fn starting_at(mut self, next_seq: u64) -> Output {
-        self.seen_through = next_seq;
+        self.cursor = next_seq;
+        self.committed = next_seq;
         self
     }
 
-    /// Records the engine accepted (or recovered) that this output has not delivered.
+    /// An output resuming over a log that holds `first_seq..next_seq`: it reads its backlog
+    /// from `first_seq` on, passing over the sequences in `skip`.
+    pub fn resuming(mut self, first_seq: u64, next_seq: u64, mut skip: SeqSet) -> Output {
+        skip.remove_below(first_seq);
+        self.cursor = first_seq;
+        self.committed = next_seq.max(first_seq);
+        self.skip = skip;
+        self
+    }
+
+    /// The log committed every sequence below `next_seq`: this output has them to send.
+    pub fn committed_through(&mut self, next_seq: u64) {
+        #[cfg(feature = "mutants")]
+        if next_seq > self.committed && mutant::is(Mutant::ExpireByAge) {
+            self.commits.push_back((next_seq, Instant::now()));
+        }
+        self.committed = self.committed.max(next_seq);
+    }
+
+    /// The destination allows at most `max` open attempts (MQTT 5's Receive Maximum, said in
+    /// CONNACK): for this session the window is the smaller of that and the configured one.
+    pub fn limit_window(&mut self, max: Option<u16>) {
+        self.window = match max {
+            Some(m) => self.configured_window.min(usize::from(m.max(1))),
+            None => self.configured_window,
+        };
+    }
+
+    /// Records in memory: ready, backing off, or open.
+    fn loaded(&self) -> usize {
+        self.ready.len() + self.delayed.len() + self.open.len()
+    }
+
+    /// Reads on from the backlog while the window could use more records and the read-ahead
+    /// has room. Costs nothing when there is nothing to read.
+    pub fn refill(&mut self, backlog: &mut dyn Backlog) -> Result<(), String> {
+        let mut chunk = Vec::new();
+        while self.cursor < self.committed
+            && self.ready.len() < self.window
+            && self.loaded() < self.readahead
+        {
+            let max = self.readahead - self.loaded();
+            chunk.clear();
+            let next = backlog.read(self.cursor, self.committed, max, &mut chunk)?;
+            let moved = next > self.cursor;
+            for record in chunk.drain(..) {
+                if record.seq < self.cursor || self.skip.contains(record.seq) {
+                    continue;
+                }
+                self.take_in(Arc::new(record));
+            }
+            self.cursor = self.cursor.max(next);
+            self.skip.remove_below(self.cursor);
+            #[cfg(feature = "mutants")]
+            while self.commits.front().is_some_and(|(n, _)| *n <= self.cursor) {
+                self.commits.pop_front();
+            }
+            if !moved {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn take_in(&mut self, record: Arc<StoredRecord>) {
+        #[cfg(feature = "mutants")]
+        let given = self
+            .commits
+            .iter()
+            .find(|(n, _)| *n > record.seq)
+            .map_or_else(Instant::now, |(_, at)| *at);
+        self.ready.insert(
+            record.seq,
+            Entry {
+                record,
+                attempts: 0,
+                refusals: 0,
+                first_attempt_ms: None,
+                #[cfg(feature = "mutants")]
+                given,
+            },
+        );
+    }
+
+    /// Records given in memory (tests): as if read from a log that holds them.
     pub fn ingest(&mut self, records: impl IntoIterator<Item = Arc<StoredRecord>>) {
         for record in records {
-            self.seen_through = self.seen_through.max(record.seq + 1);
-            self.ready.insert(
-                record.seq,
-                Entry {
-                    record,
-                    attempts: 0,
-                    refusals: 0,
-                    first_attempt_ms: None,
-                    #[cfg(feature = "mutants")]
-                    given: Instant::now(),
-                },
-            );
+            let next = record.seq + 1;
+            self.take_in(record);
+            if next > self.cursor {
+                self.cursor = next;
+                self.committed = self.committed.max(next);
+            }
         }
     }
 
+    /// Failed records put back on the queue (their copy comes from the failed messages, not
+    /// the log): they wait again with a fresh refusal count.
+    pub fn replay(&mut self, records: impl IntoIterator<Item = Arc<StoredRecord>>) {
+        for record in records {
+            self.take_in(record);
+        }
+    }
+
+    /// Records this output holds and has not settled: in memory, plus the backlog still on
+    /// disk.
     pub fn waiting(&self) -> u64 {
-        (self.ready.len() + self.delayed.len() + self.open.len()) as u64
+        let on_disk = self
+            .committed
+            .saturating_sub(self.cursor)
+            .saturating_sub(self.skip.len());
+        self.loaded() as u64 + on_disk
     }
 
     pub fn in_flight(&self) -> usize {

@@ -62,6 +62,7 @@ impl OutputSide<'_> {
                     if mutant::is(Mutant::OutageSpendsAttempts) {
                         // MUTANT: a failed connect is taken for a refusal of every waiting
                         // record (DESIGN.md §1.1: an outage never spends an attempt).
+                        self.journal.refill(self.out);
                         self.journal.record(self.out.outage_as_refusal(&why));
                         self.journal.flush();
                         publish_stats(self.shared, self.index, self.out, false);

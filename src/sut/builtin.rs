@@ -67,6 +67,11 @@ impl EngineProcess {
         &self.config.data_dir
     }
 
+    /// The engine's process id while it runs (for reading its memory in `/proc`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }

@@ -1,8 +1,10 @@
 //! Handing records to the system under test, and what its answer means.
 //!
-//! - [`Ingest::Http`]: POST NDJSON batches; a 2xx answer means every line is held (with the
-//!   write keys when the body lists them as `{"write_keys": [...]}`, as drill's engine does);
-//!   any other answer means not accepted; no answer means unknown.
+//! - [`Ingest::Http`]: POST NDJSON batches; a 2xx answer means every line is held, with the
+//!   write keys when the body gives them: listed (`{"write_keys": [...]}`), or as a prefix and
+//!   the first of consecutive sequences (`{"write_key_prefix": "p-", "first_seq": 7,
+//!   "accepted": 3}` → `p-7`, `p-8`, `p-9`), as drill's engine answers; any other answer means
+//!   not accepted; no answer means unknown.
 //! - [`Ingest::Mqtt`]: publish each record at QoS 1 to the engine's own listener; its PUBACK
 //!   (reason < 0x80) means held; a PUBACK ≥ 0x80 means not accepted; a connection lost before
 //!   the PUBACK means unknown.
@@ -128,13 +130,7 @@ async fn post(client: &reqwest::Client, url: &str, lines: &[String]) -> Vec<Inge
                 .json::<serde_json::Value>()
                 .await
                 .ok()
-                .and_then(|v| {
-                    v.get("write_keys")?.as_array().map(|a| {
-                        a.iter()
-                            .filter_map(|s| s.as_str().map(str::to_string))
-                            .collect()
-                    })
-                });
+                .and_then(|v| answered_keys(&v));
             match keys {
                 Some(keys) if keys.len() == lines.len() => keys
                     .into_iter()
@@ -165,6 +161,26 @@ async fn post(client: &reqwest::Client, url: &str, lines: &[String]) -> Vec<Inge
         // Sent, then the answer was lost (engine killed mid-request, timeout).
         Err(_) => all(IngestAnswer::Unknown),
     }
+}
+
+/// The write keys an ingest answer gives, in the order of the lines: listed, or as a prefix
+/// and the first of `accepted` consecutive sequences.
+fn answered_keys(v: &serde_json::Value) -> Option<Vec<String>> {
+    if let Some(list) = v.get("write_keys").and_then(|k| k.as_array()) {
+        return Some(
+            list.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect(),
+        );
+    }
+    let prefix = v.get("write_key_prefix")?.as_str()?;
+    let first = v.get("first_seq")?.as_u64()?;
+    let count = v.get("accepted")?.as_u64()?;
+    Some(
+        (first..first + count)
+            .map(|seq| format!("{prefix}{seq}"))
+            .collect(),
+    )
 }
 
 async fn publish(
@@ -258,5 +274,29 @@ async fn write_lines(
             *stream = None;
             vec![IngestAnswer::Unknown; n]
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_come_listed_or_as_a_prefix_and_first_sequence() {
+        let listed = serde_json::json!({"accepted": 2, "write_keys": ["a-1", "a-2"]});
+        assert_eq!(
+            answered_keys(&listed),
+            Some(vec!["a-1".to_string(), "a-2".to_string()])
+        );
+        let ranged = serde_json::json!({"accepted": 3, "first_seq": 7, "write_key_prefix": "p-"});
+        assert_eq!(
+            answered_keys(&ranged),
+            Some(vec![
+                "p-7".to_string(),
+                "p-8".to_string(),
+                "p-9".to_string()
+            ])
+        );
+        assert_eq!(answered_keys(&serde_json::json!({"accepted": 3})), None);
     }
 }

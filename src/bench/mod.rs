@@ -1,4 +1,5 @@
 //! `drill bench proxy`: what a healed drill link costs, measured side by side in one run.
+//! (`drill bench engine` is [`engine`] and [`depth`].)
 //!
 //! Three paths to the same servers: direct, through a healed link of `drill proxy` (its own
 //! process, as users run it), and through haproxy in tcp mode (when installed) as the yardstick.
@@ -7,7 +8,12 @@
 //! (p50, p99). The load generator is plain blocking sockets on threads, the same for every
 //! path. This module prints ratios; it asserts nothing — numbers are evidence, not tests.
 
+mod depth;
+mod engine;
 mod kafka_link;
+
+pub use depth::rss_of;
+pub use engine::{EngineOptions, engine};
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -308,216 +314,4 @@ fn render(paths: &[PathResult], o: Options, note: Option<String>) -> String {
         out.push_str(&format!("\n{n}\n"));
     }
     out
-}
-
-/// How much `drill bench engine` measures.
-#[derive(Debug, Clone, Copy)]
-pub struct EngineOptions {
-    pub record_bytes: usize,
-    /// Seconds to spend on each path and batch size (roughly).
-    pub seconds: f64,
-}
-
-struct Rate {
-    records: u64,
-    bytes: u64,
-    took: Duration,
-}
-
-impl Rate {
-    fn zero() -> Rate {
-        Rate {
-            records: 0,
-            bytes: 0,
-            took: Duration::ZERO,
-        }
-    }
-    fn add(&mut self, other: Rate) {
-        self.records += other.records;
-        self.bytes += other.bytes;
-        self.took += other.took;
-    }
-    fn per_s(&self) -> f64 {
-        self.records as f64 / self.took.as_secs_f64()
-    }
-    fn mb_per_s(&self) -> f64 {
-        self.bytes as f64 / self.took.as_secs_f64() / 1e6
-    }
-}
-
-fn record_line(i: u64, bytes: usize) -> String {
-    let head = format!("{{\"id\":\"bench/{i}\",\"pad\":\"");
-    let pad = bytes.saturating_sub(head.len() + 2);
-    format!("{head}{}\"}}", "x".repeat(pad))
-}
-
-/// Slices per path and batch size in `drill bench engine`.
-const ROUNDS: usize = 5;
-
-/// Like [`timed`], but `prepare` makes each call's input off the clock, and what the call
-/// hands on is dropped off the clock too.
-fn timed_with<T, U>(
-    seconds: f64,
-    batch: usize,
-    record_bytes: usize,
-    mut prepare: impl FnMut() -> T,
-    mut one: impl FnMut(T) -> Result<U, BenchError>,
-) -> Result<Rate, BenchError> {
-    let mut took = Duration::ZERO;
-    let mut n = 0u64;
-    while took.as_secs_f64() < seconds {
-        let input = prepare();
-        let started = Instant::now();
-        let handed_on = one(input)?;
-        took += started.elapsed();
-        drop(handed_on);
-        n += 1;
-    }
-    Ok(Rate {
-        records: n * batch as u64,
-        bytes: n * (batch * record_bytes) as u64,
-        took,
-    })
-}
-
-/// Runs `batch` until `seconds` have passed; returns records and payload bytes per second.
-fn timed(
-    seconds: f64,
-    batch: usize,
-    record_bytes: usize,
-    mut one: impl FnMut(u64) -> Result<(), BenchError>,
-) -> Result<Rate, BenchError> {
-    let started = Instant::now();
-    let mut n = 0u64;
-    while started.elapsed().as_secs_f64() < seconds {
-        one(n)?;
-        n += 1;
-    }
-    Ok(Rate {
-        records: n * batch as u64,
-        bytes: n * (batch * record_bytes) as u64,
-        took: started.elapsed(),
-    })
-}
-
-/// `drill bench engine`: durable ingest (acknowledged only after fdatasync) against a raw
-/// sequential write + fdatasync of the same bytes in the same batch sizes on the same disk.
-pub fn engine(drill_exe: &Path, dir: &Path, o: EngineOptions) -> Result<String, BenchError> {
-    use crate::engine::log::RecordLog;
-    let work = dir.join(format!("drill-bench-engine-{}", std::process::id()));
-    std::fs::create_dir_all(&work)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let mut rows = Vec::new();
-    let mut children = Guard(Vec::new());
-    // The engine under test, forwarding nowhere (its output's address refuses): this measures
-    // ingest alone.
-    let api = free()?;
-    let engine_dir = work.join("engine");
-    std::fs::create_dir_all(&engine_dir)?;
-    let config = engine_dir.join("engine.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: {api}\ndata_dir: {}\noutputs:\n  - {{ name: none, kind: mqtt, address: 127.0.0.1:9, topic: bench }}\n",
-            engine_dir.join("data").display()
-        ),
-    )?;
-    children.0.push(
-        Command::new(drill_exe)
-            .args(["engine", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
-    wait_listening("drill engine", api)?;
-    let http = reqwest::Client::new();
-    for batch in [1usize, 10, 100, 1000] {
-        let lines: Vec<String> = (0..batch as u64)
-            .map(|i| record_line(i, o.record_bytes))
-            .collect();
-        let bytes: Vec<u8> = lines
-            .iter()
-            .flat_map(|l| l.bytes().chain([b'\n']))
-            .collect();
-
-        let raw_path = work.join(format!("raw-{batch}"));
-        let mut raw = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&raw_path)?;
-        let log_dir = work.join(format!("log-{batch}"));
-        let (mut log, _, _) = RecordLog::open(&log_dir, crate::engine::log::DEFAULT_SEGMENT_BYTES)
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
-        let body = String::from_utf8_lossy(&bytes).into_owned();
-        let url = format!("http://{api}/ingest");
-        // The three paths take turns in short slices, so a drift of the disk (or of whatever
-        // else runs on the machine) falls on all of them alike.
-        let (mut raw_rate, mut log_rate, mut http_rate) =
-            (Rate::zero(), Rate::zero(), Rate::zero());
-        let slice = o.seconds / ROUNDS as f64;
-        for _ in 0..ROUNDS {
-            raw_rate.add(timed(slice, batch, o.record_bytes, |_| {
-                raw.write_all(&bytes)?;
-                raw.sync_data()?;
-                Ok(())
-            })?);
-            // The log takes ownership of its lines, as ingest hands them over, and hands the
-            // stored records on (to the outputs, in the engine): both happen off the clock.
-            log_rate.add(timed_with(
-                slice,
-                batch,
-                o.record_bytes,
-                || lines.clone(),
-                |owned| {
-                    log.append(owned)
-                        .map_err(|e| BenchError::from(std::io::Error::other(e.to_string())))
-                },
-            )?);
-            http_rate.add(timed(slice, batch, o.record_bytes, |_| {
-                runtime.block_on(async {
-                    let answer = http
-                        .post(&url)
-                        .body(body.clone())
-                        .send()
-                        .await
-                        .map_err(std::io::Error::other)?;
-                    if !answer.status().is_success() {
-                        return Err(BenchError::Io(std::io::Error::other(format!(
-                            "ingest answered {}",
-                            answer.status()
-                        ))));
-                    }
-                    Ok(())
-                })
-            })?);
-        }
-        rows.push((batch, raw_rate, log_rate, http_rate));
-    }
-    let _ = std::fs::remove_dir_all(&work);
-    let mut out = format!(
-        "drill bench engine: {}-byte records, each batch acknowledged only after fdatasync; {:.1} s per cell, on {}\n\n",
-        o.record_bytes,
-        o.seconds,
-        dir.display()
-    );
-    out.push_str("| batch | raw write+fdatasync | engine log (ratio) | engine over HTTP, 1 client (ratio) |\n");
-    out.push_str("|---:|---:|---:|---:|\n");
-    for (batch, raw, log, http) in &rows {
-        out.push_str(&format!(
-            "| {batch} | {:.0} rec/s, {:.1} MB/s | {:.0} rec/s, {:.1} MB/s ({:.2}×) | {:.0} rec/s, {:.1} MB/s ({:.2}×) |\n",
-            raw.per_s(),
-            raw.mb_per_s(),
-            log.per_s(),
-            log.mb_per_s(),
-            log.per_s() / raw.per_s(),
-            http.per_s(),
-            http.mb_per_s(),
-            http.per_s() / raw.per_s(),
-        ));
-    }
-    out.push_str("\nTarget: durable ingest ≥ 0.7× the raw write + fdatasync of the same bytes.\n");
-    Ok(out)
 }
