@@ -38,6 +38,24 @@ fn verdict(ran: &Ran) -> (String, u64, u64) {
     )
 }
 
+/// Runs the same drill on a broker drill starts itself (`destination`) and asserts the verdict
+/// and the lost count equal the external run's.
+fn agrees_with_managed(dir: &Path, name: &str, destination: &str, link: &str, external: &Ran) {
+    let file = scenario(dir, name, &drill_text(name, destination, link));
+    let managed = run_drill(&file, name, &[]);
+    assert_eq!(
+        managed.output.status.code(),
+        Some(0),
+        "{}",
+        show(&managed.output)
+    );
+    let (ve, he, le) = verdict(external);
+    let (vm, _, lm) = verdict(&managed);
+    println!("{name}: external {ve}, {he} held, {le} lost; managed {vm}, {lm} lost");
+    assert_eq!((ve.as_str(), le), (vm.as_str(), lm));
+    assert!(he > 1000, "{he} held");
+}
+
 async fn stream_exists(server: SocketAddr, name: &str) -> bool {
     let client = async_nats::connect(server.to_string()).await.unwrap();
     async_nats::jetstream::new(client)
@@ -91,27 +109,13 @@ async fn an_external_nats_cluster_gets_the_managed_verdict_and_keeps_nothing_dri
         "the stream drill created is gone"
     );
 
-    let managed = scenario(
+    agrees_with_managed(
         dir.path(),
         "managed-nats",
-        &drill_text(
-            "managed-nats",
-            "{ kind: nats, runtime: process, nodes: 3, topic: ext.data }",
-            "nats-1",
-        ),
+        "{ kind: nats, runtime: process, nodes: 3, topic: ext.data }",
+        "nats-1",
+        &external,
     );
-    let managed = run_drill(&managed, "managed-nats", &[]);
-    assert_eq!(
-        managed.output.status.code(),
-        Some(0),
-        "{}",
-        show(&managed.output)
-    );
-    let (ve, he, le) = verdict(&external);
-    let (vm, _, lm) = verdict(&managed);
-    println!("external: {ve}, {he} held, {le} lost; managed: {vm}, {lm} lost");
-    assert_eq!((ve.as_str(), le), (vm.as_str(), lm));
-    assert!(he > 1000, "{he} held");
 
     // keep: true keeps what drill made; a second drill then finds it and reads only its own.
     let kept = scenario(
@@ -327,26 +331,13 @@ async fn an_external_kafka_broker_gets_the_managed_verdict_and_older_records_are
         "the engine went through a broker link: {members}"
     );
 
-    let managed = scenario(
+    agrees_with_managed(
         dir.path(),
         "managed-kafka",
-        &drill_text(
-            "managed-kafka",
-            "{ kind: kafka, runtime: process, topic: site-data }",
-            "kafka",
-        ),
+        "{ kind: kafka, runtime: process, topic: site-data }",
+        "kafka",
+        &external,
     );
-    let managed = run_drill(&managed, "managed-kafka", &[]);
-    assert_eq!(
-        managed.output.status.code(),
-        Some(0),
-        "{}",
-        show(&managed.output)
-    );
-    let (ve, he, le) = verdict(&external);
-    let (vm, _, lm) = verdict(&managed);
-    println!("external kafka: {ve}, {he} held, {le} lost; managed: {vm}, {lm} lost");
-    assert_eq!((ve.as_str(), le), (vm.as_str(), lm));
 
     // A topic drill creates is gone afterwards; the one that existed is still there.
     let made = scenario(
