@@ -144,7 +144,8 @@ pub struct AttemptCounts {
     pub sent_unconfirmed: u64,
 }
 
-fn wall_ms() -> u64 {
+/// Milliseconds since the Unix epoch, as attempts are journalled.
+pub fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
