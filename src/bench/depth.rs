@@ -154,80 +154,197 @@ pub(super) async fn fill(
     Ok(())
 }
 
-/// One drain measurement: records per second, engine and raw client.
+/// One round of a drain: the engine's drain and the raw client's, one right after the other.
+#[derive(Debug, Clone)]
+pub struct DrainRound {
+    /// From the engine's first attempt opened to its last closed (`attempts.jsonl`).
+    pub engine: Duration,
+    /// From the heal to the first attempt (probe, reconnect).
+    pub reconnect: Duration,
+    /// CPU time of the engine process from the heal to its last delivery, per record.
+    pub engine_cpu: Duration,
+    pub raw: Duration,
+    /// CPU time of this process (the raw client and the link, on one thread) over `raw`, per
+    /// record.
+    pub raw_cpu: Duration,
+    /// CPU time of this process (the link and the stats polling) while the engine drained, per
+    /// record: what `raw_cpu` holds besides the raw client.
+    pub link_cpu: Duration,
+}
+
+impl DrainRound {
+    /// Engine rate over raw-client rate.
+    pub fn ratio(&self) -> f64 {
+        self.raw.as_secs_f64() / self.engine.as_secs_f64()
+    }
+}
+
+/// Drain measurements of one destination kind: `rounds` taking turns with the raw client.
 pub struct Drain {
     pub kind: &'static str,
     pub records: u64,
-    pub engine: Duration,
-    /// From the heal to the first delivery (probe, reconnect).
-    pub reconnect: Duration,
-    pub raw: Duration,
+    pub rounds: Vec<DrainRound>,
     pub window: usize,
     pub note: String,
 }
 
-/// Drains `records` held behind a refused link to a broker of `kind`, then sends the same
-/// records with the raw client. `work` holds the brokers' and engines' files.
-pub async fn drain(
-    drill_exe: &Path,
-    work: &Path,
+impl Drain {
+    /// The round whose ratio is the median (the lower middle one for an even count).
+    pub fn median(&self) -> &DrainRound {
+        let mut by_ratio: Vec<&DrainRound> = self.rounds.iter().collect();
+        by_ratio.sort_by(|a, b| a.ratio().total_cmp(&b.ratio()));
+        by_ratio[(by_ratio.len() - 1) / 2]
+    }
+}
+
+/// Linux reports process CPU times in `/proc` in units of `USER_HZ`, 100 a second on every
+/// architecture it runs on (whatever the kernel's own tick).
+const USER_HZ: u64 = 100;
+
+/// User + system CPU time of a process so far (`/proc/<pid>/stat`, fields 14 and 15).
+fn cpu_of(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (field 2) may hold spaces; the fields after it are plain numbers.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: u64 = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 1000 / USER_HZ)
+}
+
+/// One destination for every round of a drain: a broker of its kind and the in-process link
+/// in front of it (refused while a backlog builds, healed for the drain and the raw client).
+struct Destination {
     kind: OutputKind,
+    name: &'static str,
+    broker: brokers::Broker,
+    link: Link,
+}
+
+impl Destination {
+    async fn start(dir: &Path, kind: OutputKind) -> Result<Destination, BenchError> {
+        let any: SocketAddr = "127.0.0.1:0".parse().map_err(other)?;
+        let start_link = |upstream: SocketAddr| async move {
+            Link::start("bench", any, upstream, CancellationToken::new())
+                .await
+                .map_err(other)
+        };
+        let (broker, link, name) = match kind {
+            OutputKind::Mqtt => {
+                let b = brokers::start_mqtt(RuntimeChoice::Process, dir, None)
+                    .await
+                    .map_err(other)?;
+                let link = start_link(b.addr).await?;
+                (b, link, "mqtt")
+            }
+            OutputKind::Nats => {
+                let port = brokers::free_port()?;
+                let link = start_link(([127, 0, 0, 1], port).into()).await?;
+                let b = brokers::start_nats(dir, Some(port), Some(link.listen_addr()))
+                    .await
+                    .map_err(other)?;
+                (b, link, "nats")
+            }
+            OutputKind::Kafka => {
+                let port = brokers::free_port()?;
+                let link = start_link(([127, 0, 0, 1], port).into()).await?;
+                let b = brokers::start_kafka(dir, Some(port), Some(link.listen_addr()))
+                    .await
+                    .map_err(other)?;
+                (b, link, "kafka")
+            }
+        };
+        Ok(Destination {
+            kind,
+            name,
+            broker,
+            link,
+        })
+    }
+
+    /// A fresh topic (Kafka), stream (JetStream) or topic name (MQTT) for one run of `who`
+    /// (`engine` or `raw`) in `round`: what each publishes to, named apart from every other.
+    async fn fresh(&self, who: &str, round: usize) -> Result<String, BenchError> {
+        match self.kind {
+            OutputKind::Mqtt => Ok(format!("bench/{who}/{round}")),
+            OutputKind::Nats => {
+                let subject = format!("bench.{who}.{round}");
+                brokers::create_stream(
+                    self.broker.addr,
+                    &stream_name(who, round),
+                    &subject,
+                    Duration::from_secs(120),
+                    None,
+                    1,
+                )
+                .await
+                .map_err(other)?;
+                Ok(subject)
+            }
+            OutputKind::Kafka => {
+                let topic = format!("bench-{who}-{round}");
+                brokers::create_topic(self.link.listen_addr(), &topic, 1)
+                    .await
+                    .map_err(other)?;
+                Ok(topic)
+            }
+        }
+    }
+
+    /// Frees what [`Destination::fresh`] made once its run is measured (a million records a
+    /// run add up in a broker's memory over the rounds).
+    async fn done_with(&self, who: &str, round: usize, topic: &str) {
+        let none = crate::scenario::Secrets::default();
+        let gone = match self.kind {
+            OutputKind::Mqtt => Ok(()),
+            OutputKind::Nats => {
+                brokers::external::delete_nats_stream(
+                    self.broker.addr,
+                    &stream_name(who, round),
+                    &none,
+                )
+                .await
+            }
+            OutputKind::Kafka => {
+                brokers::external::delete_kafka_topic(self.link.listen_addr(), topic, &none).await
+            }
+        };
+        if let Err(e) = gone {
+            eprintln!("drill bench: {}: {e} (left in place)", self.name);
+        }
+    }
+}
+
+fn stream_name(who: &str, round: usize) -> String {
+    format!("{}{round}", who.to_uppercase())
+}
+
+/// What one engine drain measured.
+struct EngineDrain {
+    took: Duration,
+    reconnect: Duration,
+    cpu: Duration,
+    link_cpu: Duration,
+}
+
+/// One engine drain: a fresh engine publishing to `topic` holds `records` behind the refused
+/// link, the link heals, and the clock runs from the first attempt the engine opened to the
+/// last it closed (its own journal's times).
+async fn engine_drain(
+    drill_exe: &Path,
+    dir: &Path,
+    to: &Destination,
+    topic: &str,
     records: u64,
     record_bytes: usize,
-) -> Result<Drain, BenchError> {
+) -> Result<EngineDrain, BenchError> {
     let http = reqwest::Client::new();
-    let dir = work.join(format!("drain-{kind:?}").to_lowercase());
-    std::fs::create_dir_all(&dir)?;
-    let any: SocketAddr = "127.0.0.1:0".parse().map_err(other)?;
-    let start_link = |upstream: SocketAddr| async move {
-        Link::start("bench", any, upstream, CancellationToken::new())
-            .await
-            .map_err(other)
-    };
-    let (broker, link, topic, raw_topic, kind_name) = match kind {
-        OutputKind::Mqtt => {
-            let b = brokers::start_mqtt(RuntimeChoice::Process, &dir, None)
-                .await
-                .map_err(other)?;
-            let link = start_link(b.addr).await?;
-            (b, link, "bench/engine", "bench/raw", "mqtt")
-        }
-        OutputKind::Nats => {
-            let port = brokers::free_port()?;
-            let link = start_link(([127, 0, 0, 1], port).into()).await?;
-            let b = brokers::start_nats(&dir, Some(port), Some(link.listen_addr()))
-                .await
-                .map_err(other)?;
-            for (name, subject) in [("ENGINE", "bench.engine"), ("RAW", "bench.raw")] {
-                brokers::create_stream(b.addr, name, subject, Duration::from_secs(120), None, 1)
-                    .await
-                    .map_err(other)?;
-            }
-            (b, link, "bench.engine", "bench.raw", "nats")
-        }
-        OutputKind::Kafka => {
-            let port = brokers::free_port()?;
-            let link = start_link(([127, 0, 0, 1], port).into()).await?;
-            let b = brokers::start_kafka(&dir, Some(port), Some(link.listen_addr()))
-                .await
-                .map_err(other)?;
-            for t in ["bench-engine", "bench-raw"] {
-                brokers::create_topic(link.listen_addr(), t, 1)
-                    .await
-                    .map_err(other)?;
-            }
-            (b, link, "bench-engine", "bench-raw", "kafka")
-        }
-    };
-    let note = broker.version.clone();
-    link.apply_settled(Fault::Refuse, Direction::Both).await;
-    let engine = EngineChild::start(
-        drill_exe,
-        &dir.join("engine"),
-        kind_name,
-        link.listen_addr(),
-        topic,
-    )?;
+    let _ = std::fs::remove_dir_all(dir);
+    to.link.apply_settled(Fault::Refuse, Direction::Both).await;
+    let engine = EngineChild::start(drill_exe, dir, to.name, to.link.listen_addr(), topic)?;
     fill(&http, engine.api, records, 1000, 8, record_bytes).await?;
     let held = stats(&http, engine.api).await?;
     if held.held != records || held.delivered != 0 {
@@ -236,57 +353,141 @@ pub async fn drain(
             held.held, held.delivered
         )));
     }
-    link.apply_settled(Fault::Heal, Direction::Both).await;
+    let pid = engine.pid().to_string();
+    let cpu_at_heal = (cpu_of(&pid), cpu_of("self"));
+    to.link.apply_settled(Fault::Heal, Direction::Both).await;
     let healed = Instant::now();
-    let mut first = None;
-    let last = loop {
+    let healed_ms = crate::engine::output::wall_ms();
+    let cpu_at_last = loop {
         let s = stats(&http, engine.api).await?;
-        let now = Instant::now();
-        let connected = s.outputs.first().is_some_and(|o| o.connected);
-        if (connected || s.delivered > 0) && first.is_none() {
-            first = Some((now, s.delivered));
-        }
         if s.delivered >= records {
-            break now;
+            break (cpu_of(&pid), cpu_of("self"));
         }
-        if now.duration_since(healed) > Duration::from_secs(600) {
+        if healed.elapsed() > Duration::from_secs(600) {
             return Err(other(format!(
-                "{kind_name}: {} of {records} delivered after 10 minutes",
-                s.delivered
+                "{}: {} of {records} delivered after 10 minutes",
+                to.name, s.delivered
             )));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     drop(engine);
-    let (started, already) = first.unwrap_or((healed, 0));
-    // Rate over what was delivered after the first report; the time to reconnect is apart.
-    let engine_took = last.duration_since(started);
-    let engine_took = if already > 0 && records > already {
-        engine_took.mul_f64(records as f64 / (records - already) as f64)
-    } else {
-        engine_took
-    };
+    // The engine's own clock, not the polling's: from its first attempt opened to its last
+    // one closed, as `attempts.jsonl` says.
+    let (first_opened, last_closed) = attempt_span(&dir.join("data"))?;
+    let _ = std::fs::remove_dir_all(dir);
+    let per_record = |d: Duration| d / records.max(1) as u32;
+    Ok(EngineDrain {
+        took: Duration::from_millis(last_closed.saturating_sub(first_opened)),
+        reconnect: Duration::from_millis(first_opened.saturating_sub(healed_ms)),
+        cpu: per_record(cpu_at_last.0.saturating_sub(cpu_at_heal.0)),
+        link_cpu: per_record(cpu_at_last.1.saturating_sub(cpu_at_heal.1)),
+    })
+}
+
+/// The earliest `opened_ms` and the latest `closed_ms` in an engine's attempt journal.
+fn attempt_span(data: &Path) -> Result<(u64, u64), BenchError> {
+    use std::io::BufRead;
+    #[derive(serde::Deserialize)]
+    struct Span {
+        opened_ms: u64,
+        closed_ms: u64,
+    }
+    let file = std::fs::File::open(data.join("attempts.jsonl"))?;
+    let (mut first, mut last) = (u64::MAX, 0);
+    for line in std::io::BufReader::with_capacity(1 << 20, file).lines() {
+        let span: Span = serde_json::from_str(&line?).map_err(other)?;
+        first = first.min(span.opened_ms);
+        last = last.max(span.closed_ms);
+    }
+    if first > last {
+        return Err(other("the engine journalled no attempt"));
+    }
+    Ok((first, last))
+}
+
+/// Drains `records` held behind a refused link to a broker of `kind`, and sends the same
+/// records with the raw client through the same healed link to the same broker, in `rounds`
+/// that take turns (engine first in even rounds, raw client first in odd ones), so that load
+/// which comes or goes falls on both alike. `work` holds the brokers' and engines' files.
+pub async fn drain(
+    drill_exe: &Path,
+    work: &Path,
+    kind: OutputKind,
+    records: u64,
+    record_bytes: usize,
+    rounds: usize,
+) -> Result<Drain, BenchError> {
+    let dir = work.join(format!("drain-{kind:?}").to_lowercase());
+    std::fs::create_dir_all(&dir)?;
+    let to = Destination::start(&dir, kind).await?;
     let window = kind.default_window();
-    let raw = match kind {
-        OutputKind::Mqtt => {
-            raw_mqtt(link.listen_addr(), raw_topic, records, record_bytes, window).await?
+    let mut measured = Vec::new();
+    for round in 0..rounds.max(1) {
+        let mut engine = None;
+        let mut raw = None;
+        for engine_turn in [round % 2 == 0, round % 2 != 0] {
+            if engine_turn {
+                let topic = to.fresh("engine", round).await?;
+                engine = Some(
+                    engine_drain(
+                        drill_exe,
+                        &dir.join("engine"),
+                        &to,
+                        &topic,
+                        records,
+                        record_bytes,
+                    )
+                    .await?,
+                );
+                to.done_with("engine", round, &topic).await;
+            } else {
+                let topic = to.fresh("raw", round).await?;
+                to.link.apply_settled(Fault::Heal, Direction::Both).await;
+                let own = cpu_of("self");
+                let addr = to.link.listen_addr();
+                let took = match kind {
+                    OutputKind::Mqtt => {
+                        raw_mqtt(addr, &topic, records, record_bytes, window).await?
+                    }
+                    OutputKind::Nats => {
+                        raw_nats(addr, &topic, records, record_bytes, window).await?
+                    }
+                    OutputKind::Kafka => {
+                        raw_kafka(addr, &topic, records, record_bytes, window).await?
+                    }
+                };
+                let cpu = cpu_of("self").saturating_sub(own) / records.max(1) as u32;
+                raw = Some((took, cpu));
+                to.done_with("raw", round, &topic).await;
+            }
         }
-        OutputKind::Nats => {
-            raw_nats(link.listen_addr(), raw_topic, records, record_bytes, window).await?
-        }
-        OutputKind::Kafka => {
-            raw_kafka(link.listen_addr(), raw_topic, records, record_bytes, window).await?
-        }
-    };
-    drop(broker);
+        let (Some(e), Some((raw, raw_cpu))) = (engine, raw) else {
+            unreachable!("each round runs both");
+        };
+        eprintln!(
+            "drill bench: drain {} round {}: engine {:.1} s, raw client {:.1} s ({:.2}×)",
+            to.name,
+            round + 1,
+            e.took.as_secs_f64(),
+            raw.as_secs_f64(),
+            raw.as_secs_f64() / e.took.as_secs_f64()
+        );
+        measured.push(DrainRound {
+            engine: e.took,
+            reconnect: e.reconnect,
+            engine_cpu: e.cpu,
+            raw,
+            raw_cpu,
+            link_cpu: e.link_cpu,
+        });
+    }
     Ok(Drain {
-        kind: kind_name,
+        kind: to.name,
         records,
-        engine: engine_took,
-        reconnect: started.duration_since(healed),
-        raw,
+        rounds: measured,
         window,
-        note,
+        note: to.broker.version.clone(),
     })
 }
 

@@ -24,6 +24,12 @@ pub struct EngineOptions {
     pub parts: Vec<String>,
     /// Records in each drained backlog (`DRILL_BENCH_DRAIN`, default 1 000 000).
     pub drain_records: u64,
+    /// Rounds of engine drain and raw client taking turns, per destination
+    /// (`DRILL_BENCH_DRAIN_ROUNDS`, default 3).
+    pub drain_rounds: usize,
+    /// Destination kinds drained (`DRILL_BENCH_DESTINATIONS`, comma separated: `kafka`,
+    /// `nats`, `mqtt`; all by default).
+    pub destinations: Vec<OutputKind>,
     /// Held records at which the engine's memory is read (`DRILL_BENCH_HELD`, default
     /// `1000000,10000000`).
     pub held_marks: Vec<u64>,
@@ -50,6 +56,19 @@ impl EngineOptions {
                         .to_vec()
                 }),
             drain_records: number("DRILL_BENCH_DRAIN", 1_000_000),
+            drain_rounds: number("DRILL_BENCH_DRAIN_ROUNDS", 3).clamp(1, 100) as usize,
+            destinations: var("DRILL_BENCH_DESTINATIONS")
+                .map(|v| {
+                    v.split(',')
+                        .filter_map(|k| match k.trim() {
+                            "kafka" => Some(OutputKind::Kafka),
+                            "nats" => Some(OutputKind::Nats),
+                            "mqtt" => Some(OutputKind::Mqtt),
+                            _ => None,
+                        })
+                        .collect()
+                })
+                .unwrap_or_else(|| vec![OutputKind::Kafka, OutputKind::Nats, OutputKind::Mqtt]),
             held_marks: var("DRILL_BENCH_HELD")
                 .map(|v| {
                     v.split(',')
@@ -221,42 +240,7 @@ pub fn engine(drill_exe: &Path, dir: &Path, o: EngineOptions) -> Result<String, 
         out.push_str(&ingest_table(drill_exe, &work, &runtime, &o)?);
     }
     if o.runs("drain") {
-        out.push_str(&format!(
-            "\nBacklog drain: {} records held behind a refused link, then healed; the same records through the same healed link with the raw client. Rate from the moment the engine reports its output connected (probe answered) to its last delivery.\n\n",
-            o.drain_records
-        ));
-        out.push_str("| destination | engine | raw client | ratio | in flight | engine reconnect after heal |\n|---|---:|---:|---:|---:|---:|\n");
-        for kind in [OutputKind::Kafka, OutputKind::Nats, OutputKind::Mqtt] {
-            match runtime.block_on(depth::drain(
-                drill_exe,
-                &work,
-                kind,
-                o.drain_records,
-                o.record_bytes,
-            )) {
-                Ok(d) => {
-                    let engine = d.records as f64 / d.engine.as_secs_f64();
-                    let raw = d.records as f64 / d.raw.as_secs_f64();
-                    let client = match d.kind {
-                        "kafka" => "rdkafka FutureProducer",
-                        "nats" => "async-nats JetStream publish",
-                        _ => "drill's MQTT 5 QoS 1",
-                    };
-                    out.push_str(&format!(
-                        "| {} ({}) | {engine:.0} rec/s ({:.1} s) | {raw:.0} rec/s ({:.1} s, {client}) | {:.2}× | {} | {:.1} s |\n",
-                        d.kind,
-                        d.note,
-                        d.engine.as_secs_f64(),
-                        d.raw.as_secs_f64(),
-                        engine / raw,
-                        d.window,
-                        d.reconnect.as_secs_f64()
-                    ));
-                }
-                Err(e) => out.push_str(&format!("| {kind:?} | not measured: {e} | | | | |\n")),
-            }
-        }
-        out.push_str("\nTarget: drain ≥ 0.7× the raw client to the same broker.\n");
+        out.push_str(&drain_table(drill_exe, &work, &runtime, &o));
     }
     if o.runs("held") && !o.held_marks.is_empty() {
         let (marks, peak) = runtime.block_on(depth::held_memory(
@@ -289,6 +273,70 @@ pub fn engine(drill_exe: &Path, dir: &Path, o: EngineOptions) -> Result<String, 
         let _ = std::fs::remove_dir_all(&work);
     }
     Ok(out)
+}
+
+/// Backlog drains against the raw clients, [`depth::drain`] for each destination kind.
+fn drain_table(
+    drill_exe: &Path,
+    work: &Path,
+    runtime: &tokio::runtime::Runtime,
+    o: &EngineOptions,
+) -> String {
+    let mut out = format!(
+        "\nBacklog drain: {} records held behind a refused link, then healed; the same records through the same healed link with the raw client, as many in flight. {} rounds per destination, engine and raw client taking turns (engine first, then raw client first, ...), each on a fresh topic or stream. Engine time from the first attempt it opened to the last it closed, by its own journal (`attempts.jsonl`); reconnect: from the heal to that first attempt. CPU per record: the engine process; this process while the raw client ran (the raw client and the link); this process while the engine drained (the link alone, and polling).\n\n",
+        o.drain_records, o.drain_rounds
+    );
+    out.push_str("| destination | ratio per round | median round: engine | raw client | ratio | engine CPU/rec | raw client + link CPU/rec | link CPU/rec | in flight | reconnect after heal |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for &kind in &o.destinations {
+        let drained = runtime.block_on(depth::drain(
+            drill_exe,
+            work,
+            kind,
+            o.drain_records,
+            o.record_bytes,
+            o.drain_rounds,
+        ));
+        let d = match drained {
+            Ok(d) => d,
+            Err(e) => {
+                out.push_str(&format!(
+                    "| {kind:?} | not measured: {e} | | | | | | | | |\n"
+                ));
+                continue;
+            }
+        };
+        let client = match d.kind {
+            "kafka" => "rdkafka FutureProducer",
+            "nats" => "async-nats JetStream publish",
+            _ => "drill's MQTT 5 QoS 1",
+        };
+        let per_round: Vec<String> = d
+            .rounds
+            .iter()
+            .map(|r| format!("{:.2}×", r.ratio()))
+            .collect();
+        let m = d.median();
+        let rate = |took: Duration| d.records as f64 / took.as_secs_f64();
+        let micros = |cpu: Duration| format!("{:.1} µs", cpu.as_secs_f64() * 1e6);
+        out.push_str(&format!(
+            "| {} ({}) | {} | {:.0} rec/s ({:.1} s) | {:.0} rec/s ({:.1} s, {client}) | {:.2}× | {} | {} | {} | {} | {:.1} s |\n",
+            d.kind,
+            d.note,
+            per_round.join(", "),
+            rate(m.engine),
+            m.engine.as_secs_f64(),
+            rate(m.raw),
+            m.raw.as_secs_f64(),
+            m.ratio(),
+            micros(m.engine_cpu),
+            micros(m.raw_cpu),
+            micros(m.link_cpu),
+            d.window,
+            m.reconnect.as_secs_f64()
+        ));
+    }
+    out.push_str("\nTarget: drain ≥ 0.7× the raw client to the same broker.\n");
+    out
 }
 
 /// `uname -srm` and the core count, for the table's heading.
