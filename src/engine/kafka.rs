@@ -175,10 +175,12 @@ pub(super) async fn drive_kafka(
         };
         publish_stats(&shared, index, &out, true);
         let mut in_flight = FuturesUnordered::new();
+        let mut sends = Vec::new();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let lost: String = 'session: loop {
             journal.refill(&mut out);
-            for (tag, record) in out.next_attempts(std::time::Instant::now()) {
+            out.next_attempts_into(std::time::Instant::now(), &mut sends);
+            for (tag, record) in sends.drain(..) {
                 match producer.send_result(produce(&cfg.topic, &record)) {
                     Ok(delivery) => in_flight.push(
                         async move {

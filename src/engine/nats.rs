@@ -220,10 +220,12 @@ pub(super) async fn drive_nats(
             break;
         };
         publish_stats(&shared, index, &out, true);
+        let mut sends = Vec::new();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         let lost: String = 'conn: loop {
             journal.refill(&mut out);
-            for (tag, record) in out.next_attempts(std::time::Instant::now()) {
+            out.next_attempts_into(std::time::Instant::now(), &mut sends);
+            for (tag, record) in sends.drain(..) {
                 let mut headers = async_nats::HeaderMap::new();
                 headers.insert(async_nats::header::NATS_MESSAGE_ID, record.key.as_str());
                 let payload = bytes::Bytes::copy_from_slice(record.data.as_bytes());
