@@ -6,6 +6,9 @@
 //! - A half-open link (answers swallowed) ends attempts `possibly_sent`; after the heal they go
 //!   again with the same `Nats-Msg-Id`, and the stream holds exactly one copy of each record:
 //!   read-back count = accepted count.
+//! - A publish that lands and is never answered (a silent subscriber, no stream) ends
+//!   `possibly_sent` after the answer timeout, spends no refusal, and is stored once when a
+//!   stream captures the subject.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -239,6 +242,56 @@ async fn a_half_open_link_leaves_exactly_one_copy_of_each_record() {
         total, 600,
         "resends were deduplicated by Nats-Msg-Id: no extra copy"
     );
+    rig.engine.stop(Duration::from_secs(5)).await;
+    rig.broker.stop().await;
+}
+
+/// A publish that lands but is never answered, on a connection that is otherwise fine (pings
+/// answered): a plain subscriber takes the subject and no stream does, so the server has a
+/// responder (no "no responders") and no PubAck ever comes. The output's answer timeout (the
+/// oldest open attempt's age) must end the attempts `possibly_sent`, count no refusal, and
+/// send again after the probe; once a stream captures the subject, each record is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_nobody_answers_ends_possibly_sent_after_the_answer_timeout() {
+    use futures::StreamExt;
+    let mut rig = rig(1 << 20).await;
+    let addr = rig.engine.addr();
+    let client = async_nats::connect(rig.broker.addr.to_string())
+        .await
+        .unwrap();
+    let js = jetstream::new(client.clone());
+    js.delete_stream(STREAM).await.unwrap();
+    let mut silent = client.subscribe(SUBJECT).await.unwrap();
+    client.flush().await.unwrap();
+    ingest(addr, (0..20).map(|i| line(i, 180))).await;
+    let landed = tokio::time::timeout(Duration::from_secs(30), silent.next())
+        .await
+        .expect("the publishes reach the subject");
+    assert!(landed.is_some());
+    let started = Instant::now();
+    let during = wait_stats(&rig.engine, "20 attempts possibly_sent", |s| {
+        s.attempts.possibly_sent >= 20
+    })
+    .await;
+    println!(
+        "unanswered publishes ended possibly_sent after {:?} (answer timeout 2 s): {:?}",
+        started.elapsed(),
+        during.attempts
+    );
+    assert_eq!((during.delivered, during.attempts.refused), (0, 0));
+    js.create_stream(jetstream::stream::Config {
+        name: STREAM.to_string(),
+        subjects: vec![SUBJECT.to_string()],
+        duplicate_window: Duration::from_secs(120),
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let after = wait_stats(&rig.engine, "20 delivered", |s| s.delivered == 20).await;
+    assert_eq!(after.attempts.refused, 0);
+    let (copies, total) = stream_copies(rig.broker.addr).await;
+    assert_eq!((copies.len(), total), (20, 20), "one copy each");
     rig.engine.stop(Duration::from_secs(5)).await;
     rig.broker.stop().await;
 }

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::config::OutputConfig;
 use super::journal::{Journal, ToOutput};
-use super::output::{Answer, Output, wall_ms};
+use super::output::{Answer, Output};
 use super::session::OutputSide;
 use super::stats::publish_stats;
 
@@ -284,11 +284,9 @@ pub(super) async fn drive_nats(
                     if matches!(client.connection_state(), async_nats::connection::State::Disconnected) {
                         break "connection lost".to_string();
                     }
-                    if let Some(oldest) = out.oldest_open_ms() {
-                        let waited = Duration::from_millis(wall_ms().saturating_sub(oldest));
-                        if waited > answer_timeout {
-                            break format!("no PubAck within {answer_timeout:?}");
-                        }
+                    let waited = out.oldest_open_waited(std::time::Instant::now());
+                    if waited.is_some_and(|w| w > answer_timeout) {
+                        break format!("no PubAck within {answer_timeout:?}");
                     }
                     journal.housekeeping(&out, &shared, index);
                 }

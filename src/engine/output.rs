@@ -130,7 +130,10 @@ struct Entry {
 #[derive(Debug)]
 struct Open {
     entry: Entry,
+    /// When it opened, for the journal (wall clock).
     opened_ms: u64,
+    /// When it opened, for timeouts (monotonic: a wall-clock step neither fires nor holds them).
+    opened: Instant,
     #[cfg(feature = "mutants")]
     marks: mutant::OpenMarks,
 }
@@ -492,6 +495,7 @@ impl Output {
                 Open {
                     entry,
                     opened_ms,
+                    opened: now,
                     #[cfg(feature = "mutants")]
                     marks: mutant::OpenMarks::new(now),
                 },
@@ -624,9 +628,12 @@ impl Output {
         effects
     }
 
-    /// The age of the oldest open attempt.
-    pub fn oldest_open_ms(&self) -> Option<u64> {
-        self.open.values().map(|o| o.opened_ms).min()
+    /// How long the oldest open attempt has waited for its answer at `now`.
+    pub fn oldest_open_waited(&self, now: Instant) -> Option<Duration> {
+        self.open
+            .values()
+            .map(|o| now.saturating_duration_since(o.opened))
+            .max()
     }
 }
 
@@ -697,6 +704,7 @@ impl Output {
                 Open {
                     entry,
                     opened_ms: wall_ms(),
+                    opened: now,
                     marks,
                 },
             );
@@ -832,6 +840,20 @@ mod tests {
             .collect()
     }
 
+    impl Output {
+        /// Opens at most `n` attempts at `now` (the window permitting); their tags.
+        fn next_attempts_into_vec(&mut self, now: Instant, n: usize) -> Vec<u16> {
+            let window = std::mem::replace(&mut self.window, self.open.len() + n);
+            let tags = self
+                .next_attempts(now)
+                .into_iter()
+                .map(|(t, _)| t)
+                .collect();
+            self.window = window;
+            tags
+        }
+    }
+
     fn pkids(packets: &[Packet]) -> Vec<u16> {
         packets
             .iter()
@@ -870,6 +892,27 @@ mod tests {
         assert!(out.next_sends(now).is_empty(), "window is full");
         assert!(out.open_keys_unique());
         assert_eq!(out.waiting(), 10);
+    }
+
+    /// The answer timeout of the JetStream output reads this: the oldest attempt still open,
+    /// measured on the monotonic clock from when it opened.
+    #[test]
+    fn the_oldest_open_attempt_says_how_long_an_answer_is_awaited() {
+        let mut out = Output::new("o", "t", Order::InOrder, policy(), 3);
+        out.ingest(records(3));
+        let t0 = Instant::now();
+        assert_eq!(out.oldest_open_waited(t0), None, "nothing open");
+        let first = out.next_attempts_into_vec(t0, 2);
+        let later = t0 + Duration::from_secs(5);
+        let second = out.next_attempts_into_vec(later, 1);
+        let at = t0 + Duration::from_secs(10);
+        assert_eq!(out.oldest_open_waited(at), Some(Duration::from_secs(10)));
+        for tag in first {
+            out.on_answer(tag, Answer::Accepted, at);
+        }
+        assert_eq!(out.oldest_open_waited(at), Some(Duration::from_secs(5)));
+        out.on_answer(second[0], Answer::Accepted, at);
+        assert_eq!(out.oldest_open_waited(at), None);
     }
 
     #[test]
