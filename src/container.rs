@@ -1,18 +1,15 @@
 //! The container runtime: brokers as containers, started and removed through testcontainers.
 //!
-//! Official images by default (`eclipse-mosquitto:2`, `nats:2.11`, `apache/kafka:3.9.1`), each
-//! overridable by `DRILL_IMAGE_MQTT`, `DRILL_IMAGE_NATS`, `DRILL_IMAGE_KAFKA` (pinned digests,
-//! offline mirrors, or the `drill-local/*` images `ci/images.sh` builds from local binaries).
-//! drill runs the broker binary itself (entrypoint + arguments), so an image only needs the
-//! binary where the official image has it: `/usr/sbin/mosquitto`, `/nats-server`; a Kafka
-//! image is either `apache/kafka` (configured by environment, KRaft single node) or, when its
-//! name says `drill-local/kafka` or `tansu`, tansu at `/usr/local/bin/tansu`.
+//! A destination kind says how its broker runs in a container — the image (an official one by
+//! default, overridable by `DRILL_IMAGE_<KIND>`: pinned digests, offline mirrors, or the
+//! `drill-local/*` images `ci/images.sh` builds from local binaries), the entrypoint, arguments,
+//! environment and files ([`Launch`]), and how to tell it answers its protocol ([`Ready`]) — in
+//! its own `dest/<kind>/broker.rs`. This module knows no kind: it pulls, starts, publishes,
+//! kills, pauses, restarts and removes.
 //!
 //! Every container carries the labels `drill=1` and `drill.run=<run id>`, publishes its one
 //! port on 127.0.0.1 only, and is removed when its [`ContainerBroker`] is stopped or dropped
-//! (normal end, error, SIGINT, SIGTERM, panic). A NATS server advertises the proxy's address,
-//! never its own; a Kafka broker advertises its own published address (fixed in advance), which
-//! the Kafka-aware link rewrites in its answers.
+//! (normal end, error, SIGINT, SIGTERM, panic).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -23,20 +20,16 @@ use testcontainers::core::{ContainerPort, IntoContainerPort};
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-use crate::brokers::BrokerError;
-use crate::scenario::DestinationKind;
+use futures::future::BoxFuture;
+
+use crate::process::StartError;
 
 /// The label every drill container carries (for finding leftovers: `docker ps -a --filter
 /// label=drill`).
 pub const LABEL: &str = "drill";
 
-/// The image for a destination kind: the environment's override, else the official image.
-pub fn image_for(kind: DestinationKind) -> String {
-    let (var, official) = match kind {
-        DestinationKind::Mqtt => ("DRILL_IMAGE_MQTT", "eclipse-mosquitto:2"),
-        DestinationKind::Nats => ("DRILL_IMAGE_NATS", "nats:2.11"),
-        DestinationKind::Kafka => ("DRILL_IMAGE_KAFKA", "apache/kafka:3.9.1"),
-    };
+/// The image to run: the environment variable `var`'s override, else the official image.
+pub fn image_for(var: &str, official: &str) -> String {
     std::env::var(var)
         .ok()
         .filter(|v| !v.trim().is_empty())
@@ -121,7 +114,7 @@ pub async fn remove_labelled(docker: &Docker, run: &str) {
 pub struct ContainerBroker {
     container: Option<ContainerAsync<GenericImage>>,
     docker: Docker,
-    kind: DestinationKind,
+    ready: Ready,
     port: ContainerPort,
     /// Where it listens on this machine (127.0.0.1 and the published port).
     pub addr: SocketAddr,
@@ -163,8 +156,8 @@ impl ContainerBroker {
     /// Starts the (killed or stopped) container again, and waits (at most 60 s) until the
     /// broker answers. Its published port may change: the new address is returned, and the
     /// caller points the proxy link at it.
-    pub async fn restart(&mut self) -> Result<SocketAddr, BrokerError> {
-        let fail = |why: String| BrokerError::Start {
+    pub async fn restart(&mut self) -> Result<SocketAddr, StartError> {
+        let fail = |why: String| StartError {
             what: format!("container {}", self.image),
             why,
         };
@@ -190,10 +183,21 @@ impl ContainerBroker {
             .and_then(|p| p.parse::<u16>().ok())
             .ok_or_else(|| fail(format!("no published port for {key} after the restart")))?;
         self.addr = ([127, 0, 0, 1], port).into();
-        wait_answers(self.kind, self.addr)
+        wait_answers(self.ready, self.addr)
             .await
             .map_err(|e| fail(format!("no answer on {} within 60 s: {e}", self.addr)))?;
         Ok(self.addr)
+    }
+
+    /// The report's name for it: the image and its short id.
+    pub fn describe(&self) -> String {
+        let short: String = self
+            .image_id
+            .trim_start_matches("sha256:")
+            .chars()
+            .take(12)
+            .collect();
+        format!("{} (image {short})", self.image)
     }
 
     /// Removes the container.
@@ -204,113 +208,29 @@ impl ContainerBroker {
     }
 }
 
-/// How the broker binary is started inside the container.
-struct Launch {
-    entrypoint: &'static str,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
-    files: Vec<(String, Vec<u8>)>,
-    port: u16,
+/// How a broker binary is started inside the container: said by its destination kind.
+pub struct Launch {
+    pub entrypoint: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Files copied in before it starts: path → contents.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// The one port it listens on inside the container.
+    pub port: u16,
+    /// Publish it on this host port (a broker that advertises its own address must know it in
+    /// advance); `None`: a port Docker picks.
+    pub host_port: Option<u16>,
 }
 
-fn launch(
-    kind: DestinationKind,
-    image: &str,
-    advertise: SocketAddr,
-    message_limit: Option<usize>,
-) -> Launch {
-    match kind {
-        DestinationKind::Mqtt => {
-            let mut conf = "listener 1883 0.0.0.0\nallow_anonymous true\nuser root\npersistence true\npersistence_location /tmp/\nmax_queued_messages 0\nmax_queued_bytes 0\nmax_inflight_messages 0\nmax_keepalive 65535\n".to_string();
-            if let Some(limit) = message_limit {
-                conf.push_str(&format!("message_size_limit {limit}\n"));
-            }
-            Launch {
-                entrypoint: "/usr/sbin/mosquitto",
-                args: vec!["-c".into(), "/tmp/drill-mosquitto.conf".into()],
-                env: Vec::new(),
-                files: vec![("/tmp/drill-mosquitto.conf".into(), conf.into_bytes())],
-                port: 1883,
-            }
-        }
-        DestinationKind::Nats => Launch {
-            entrypoint: "/nats-server",
-            args: vec![
-                "-js".into(),
-                "-sd".into(),
-                "/tmp/js".into(),
-                "-p".into(),
-                "4222".into(),
-                "--client_advertise".into(),
-                advertise.to_string(),
-            ],
-            env: Vec::new(),
-            files: Vec::new(),
-            port: 4222,
-        },
-        DestinationKind::Kafka
-            if image.contains("drill-local/kafka") || image.contains("tansu") =>
-        {
-            Launch {
-                entrypoint: "/usr/local/bin/tansu",
-                args: vec![
-                    "broker".into(),
-                    "--listener-url".into(),
-                    "tcp://0.0.0.0:9092".into(),
-                    "--advertised-listener-url".into(),
-                    format!("tcp://{advertise}"),
-                    "--storage-engine".into(),
-                    "memory://tansu/".into(),
-                ],
-                env: Vec::new(),
-                files: Vec::new(),
-                port: 9092,
-            }
-        }
-        DestinationKind::Kafka => Launch {
-            entrypoint: "/etc/kafka/docker/run",
-            args: Vec::new(),
-            env: [
-                ("KAFKA_NODE_ID", "1".to_string()),
-                ("KAFKA_PROCESS_ROLES", "broker,controller".to_string()),
-                (
-                    "KAFKA_LISTENERS",
-                    "PLAINTEXT://:9092,CONTROLLER://:9093".to_string(),
-                ),
-                (
-                    "KAFKA_ADVERTISED_LISTENERS",
-                    format!("PLAINTEXT://{advertise}"),
-                ),
-                ("KAFKA_CONTROLLER_LISTENER_NAMES", "CONTROLLER".to_string()),
-                (
-                    "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP",
-                    "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT".to_string(),
-                ),
-                (
-                    "KAFKA_CONTROLLER_QUORUM_VOTERS",
-                    "1@localhost:9093".to_string(),
-                ),
-                ("KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1".to_string()),
-                (
-                    "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
-                    "1".to_string(),
-                ),
-                ("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1".to_string()),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
-            files: Vec::new(),
-            port: 9092,
-        },
-    }
-}
+/// Whether the broker at an address answers its own protocol (an MQTT CONNECT, a JetStream
+/// account-info request, a Kafka metadata request): the kind's readiness check.
+pub type Ready = fn(SocketAddr) -> BoxFuture<'static, Result<(), String>>;
 
 /// Waits (at most 60 s) until the broker at `addr` answers its protocol.
-async fn wait_answers(kind: DestinationKind, addr: SocketAddr) -> Result<(), String> {
+async fn wait_answers(ready: Ready, addr: SocketAddr) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match tokio::time::timeout(Duration::from_secs(5), answers(kind, addr)).await {
+        match tokio::time::timeout(Duration::from_secs(5), ready(addr)).await {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) if Instant::now() > deadline => return Err(e),
             Err(_) if Instant::now() > deadline => return Err("no answer".to_string()),
@@ -319,69 +239,33 @@ async fn wait_answers(kind: DestinationKind, addr: SocketAddr) -> Result<(), Str
     }
 }
 
-/// Whether the broker at `addr` answers its own protocol: an MQTT CONNECT, a JetStream
-/// account-info request, a Kafka metadata request (to the bootstrap connection itself).
-pub async fn answers(kind: DestinationKind, addr: SocketAddr) -> Result<(), String> {
-    let limit = Duration::from_secs(3);
-    match kind {
-        DestinationKind::Mqtt => crate::mqtt::connect(addr, "drill-ready", limit, limit)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string()),
-        DestinationKind::Nats => {
-            let client = async_nats::ConnectOptions::new()
-                .ignore_discovered_servers()
-                .connection_timeout(limit)
-                .connect(addr.to_string())
-                .await
-                .map_err(|e| e.to_string())?;
-            tokio::time::timeout(limit, async_nats::jetstream::new(client).query_account())
-                .await
-                .map_err(|_| "no account-info answer".to_string())?
-                .map(drop)
-                .map_err(|e| e.to_string())
-        }
-        DestinationKind::Kafka => {
-            use rdkafka::producer::Producer;
-            let producer: rdkafka::producer::BaseProducer = rdkafka::ClientConfig::new()
-                .set("bootstrap.servers", addr.to_string())
-                .create()
-                .map_err(|e| e.to_string())?;
-            tokio::task::spawn_blocking(move || {
-                producer
-                    .client()
-                    .fetch_metadata(None, limit)
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            })
-            .await
-            .map_err(|e| e.to_string())?
-        }
-    }
+/// Where a broker runs as a container: the engine, the image and its id.
+pub struct Placement {
+    pub docker: Docker,
+    pub image: String,
+    pub image_id: String,
 }
 
-/// Starts a broker of `kind` from `image` (already present), labelled with `run`, its port
-/// published on 127.0.0.1. Returns once the broker answers its protocol there.
+/// Starts `plan` from the placement's image (already present), labelled with `run`, its port
+/// published on 127.0.0.1. Returns once the broker answers its protocol there (`ready`).
 pub async fn start(
-    docker: Docker,
-    kind: DestinationKind,
-    image: &str,
-    image_id: String,
+    at: Placement,
+    plan: Launch,
     run: &str,
-    advertise: SocketAddr,
-    message_limit: Option<usize>,
-) -> Result<ContainerBroker, BrokerError> {
-    let plan = launch(kind, image, advertise, message_limit);
+    ready: Ready,
+) -> Result<ContainerBroker, StartError> {
+    let Placement {
+        docker,
+        image,
+        image_id,
+    } = at;
+    let image = image.as_str();
     let (name, tag) = split_image(image);
     let port = plan.port.tcp();
     let binding = format!("{}/tcp", plan.port);
-    // A Kafka broker advertises its own published address, so that port is fixed in advance.
-    let host_port = match kind {
-        DestinationKind::Kafka => advertise.port().to_string(),
-        _ => String::new(),
-    };
+    let host_port = plan.host_port.map(|p| p.to_string()).unwrap_or_default();
     let mut request = GenericImage::new(name, tag)
-        .with_entrypoint(plan.entrypoint)
+        .with_entrypoint(&plan.entrypoint)
         .with_exposed_port(port)
         .with_cmd(plan.args)
         .with_label(LABEL, "1")
@@ -408,7 +292,7 @@ pub async fn start(
     for (path, bytes) in plan.files {
         request = request.with_copy_to(path, bytes);
     }
-    let fail = |why: String| BrokerError::Start {
+    let fail = |why: String| StartError {
         what: format!("container {image}"),
         why,
     };
@@ -427,14 +311,14 @@ pub async fn start(
     let addr: SocketAddr = ([127, 0, 0, 1], host_port).into();
     // The published port accepts connections before the broker does (Docker's proxy answers
     // for it): wait for the protocol's own answer.
-    if let Err(e) = wait_answers(kind, addr).await {
+    if let Err(e) = wait_answers(ready, addr).await {
         let _ = container.rm().await;
         return Err(fail(format!("no answer on {addr} within 60 s: {e}")));
     }
     Ok(ContainerBroker {
         container: Some(container),
         docker,
-        kind,
+        ready,
         port,
         addr,
         image: image.to_string(),

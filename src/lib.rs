@@ -2,22 +2,30 @@
 //!
 //! It starts a real broker, puts a fault proxy in front of it, drives a store-and-forward
 //! engine through a scripted outage, reads every record back from the broker and closes a
-//! ledger: `held = delivered + waiting + failed + lost`. The parts follow DESIGN.md §2, one
-//! module each, data flowing top to bottom: [`scenario`] → [`brokers`] → [`proxy`] →
-//! [`engine`] (driven through [`sut`]) ← [`workload`]; [`verify`] reads back, [`report`] judges
-//! and writes, [`runner`] plays one drill.
+//! ledger: `held = delivered + waiting + failed + lost`. The parts follow DESIGN.md §2, data
+//! flowing top to bottom: [`scenario`] (YAML → `Plan`) → [`runner`] (one drill: [`dest`]
+//! provisions the destination kind's broker and [`proxy`] links, [`sut`] starts the engine —
+//! [`engine`], or the user's — [`workload`] feeds it, the kind's reader reads back) →
+//! [`report`] (judge the runner's facts, render them). Leaf modules carry the words they share:
+//! [`promise`], [`units`], [`credentials`], [`seed`], [`located`], [`process`].
 
 pub mod bench;
-pub mod brokers;
 pub mod container;
 pub mod control;
+pub mod credentials;
+pub mod dest;
 pub mod engine;
+pub mod located;
 pub mod mqtt;
 pub mod powerfs;
+pub mod process;
+pub mod promise;
 pub mod proxy;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod seed;
 pub mod sut;
+pub mod units;
 pub mod verify;
 pub mod workload;

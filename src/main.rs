@@ -10,9 +10,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+use drill::dest::Runtime;
 use drill::engine;
 use drill::proxy::Proxy;
-use drill::scenario::RuntimeChoice;
 
 #[derive(Parser)]
 #[command(
@@ -43,7 +43,7 @@ enum Command {
         seed: Option<u64>,
         /// Override the scenario's broker runtime.
         #[arg(long, value_enum)]
-        runtime: Option<RuntimeChoice>,
+        runtime: Option<Runtime>,
     },
     /// Run every test-only mutant of the built-in engine against the catalogue and print
     /// mutant × drill → caught / missed (builds with the `mutants` feature only).
@@ -262,26 +262,7 @@ async fn dispatch(command: Command) -> u8 {
         Command::Engine {
             config,
             action: None,
-        } => {
-            let Some(config) = config else {
-                eprintln!("drill engine: give --config FILE (the engine's engine.yaml)");
-                return INVALID;
-            };
-            let config = match engine::EngineConfig::load(&config) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("drill engine: {e}");
-                    return INVALID;
-                }
-            };
-            match engine::run(config, cancel).await {
-                Ok(()) => PASS,
-                Err(e) => {
-                    eprintln!("drill engine: {e}");
-                    INFRASTRUCTURE
-                }
-            }
-        }
+        } => run_engine(config, cancel).await,
         Command::Engine {
             action: Some(EngineAction::Failed { what }),
             ..
@@ -313,41 +294,66 @@ async fn dispatch(command: Command) -> u8 {
             runs,
             kafka_records,
         } => {
-            let Ok(exe) = std::env::current_exe() else {
-                eprintln!("drill bench: cannot find my own executable");
-                return INFRASTRUCTURE;
+            let options = drill::bench::Options {
+                bytes,
+                pings: pings.max(10),
+                runs: runs.max(1),
+                kafka_records,
             };
-            let measured = tokio::task::spawn_blocking(move || match what {
-                BenchTarget::Proxy => drill::bench::proxy(
-                    &exe,
-                    drill::bench::Options {
-                        bytes,
-                        pings: pings.max(10),
-                        runs: runs.max(1),
-                        kafka_records,
-                    },
-                ),
-                BenchTarget::Engine => {
-                    let dir = std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir());
-                    let options = drill::bench::EngineOptions::from_env();
-                    drill::bench::engine(&exe, &dir, options)
-                }
-            })
-            .await;
-            match measured {
-                Ok(Ok(table)) => {
-                    println!("{table}");
-                    PASS
-                }
-                Ok(Err(e)) => {
-                    eprintln!("drill bench: {e}");
-                    INFRASTRUCTURE
-                }
-                Err(e) => {
-                    eprintln!("drill bench: {e}");
-                    INFRASTRUCTURE
-                }
-            }
+            bench(what, options).await
+        }
+    }
+}
+
+/// `drill engine --config FILE`: the built-in engine with this build's destination kinds.
+async fn run_engine(config: Option<PathBuf>, cancel: CancellationToken) -> u8 {
+    let Some(config) = config else {
+        eprintln!("drill engine: give --config FILE (the engine's engine.yaml)");
+        return INVALID;
+    };
+    let config = match engine::EngineConfig::load(&config, &drill::dest::SINKS) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("drill engine: {e}");
+            return INVALID;
+        }
+    };
+    match engine::run(config, &drill::dest::SINKS, cancel).await {
+        Ok(()) => PASS,
+        Err(e) => {
+            eprintln!("drill engine: {e}");
+            INFRASTRUCTURE
+        }
+    }
+}
+
+/// `drill bench proxy|engine`: prints the table of ratios it measured.
+async fn bench(what: BenchTarget, options: drill::bench::Options) -> u8 {
+    let Ok(exe) = std::env::current_exe() else {
+        eprintln!("drill bench: cannot find my own executable");
+        return INFRASTRUCTURE;
+    };
+    let measured = tokio::task::spawn_blocking(move || match what {
+        BenchTarget::Proxy => drill::bench::proxy(&exe, options),
+        BenchTarget::Engine => {
+            let dir = std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir());
+            let options = drill::bench::EngineOptions::from_env();
+            drill::bench::engine(&exe, &dir, options)
+        }
+    })
+    .await;
+    match measured {
+        Ok(Ok(table)) => {
+            println!("{table}");
+            PASS
+        }
+        Ok(Err(e)) => {
+            eprintln!("drill bench: {e}");
+            INFRASTRUCTURE
+        }
+        Err(e) => {
+            eprintln!("drill bench: {e}");
+            INFRASTRUCTURE
         }
     }
 }
@@ -358,7 +364,7 @@ async fn failed(what: FailedAction) -> u8 {
         FailedAction::List { config } => (config, None, false),
         FailedAction::Replay { config, key } => (config, key, true),
     };
-    let config = match engine::EngineConfig::load(&config) {
+    let config = match engine::EngineConfig::load(&config, &drill::dest::SINKS) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("drill engine failed: {e}");

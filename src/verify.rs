@@ -1,26 +1,33 @@
-//! Reading back and reconciling: what reached the destination, by harness id.
+//! What reached the destination, and the reconciliation by harness id.
 //!
-//! The [`Reader`] subscribes straight to the broker (never through the proxy) before the
-//! workload starts, and records every copy it receives with its write key. [`reconcile`] then
-//! compares what the source was told was accepted with what arrived: missing, duplicates (with
-//! and without the original's write key), reordered (per key), unexpected, and the fate of
-//! ingests whose answer was lost. If the reader itself lost its connection, that is a *verifier*
-//! fault and is reported as such — never as engine loss. [`read_stream`] reads a whole JetStream
-//! stream the same way, straight from the server.
+//! Each destination kind's reader (`src/dest/<kind>/read.rs`) reads straight from the broker
+//! (never through the proxy) and turns every message into [`Arrival`]s with a [`Decoder`]: the
+//! harness ids found in it and the write key where the engine put it ([`WriteKeyPlace`]).
+//! [`reconcile`] then compares what the source was told was accepted with what arrived:
+//! missing, duplicates (with and without the original's write key), reordered (per key),
+//! unexpected, and the fate of ingests whose answer was lost. If a reader itself may have
+//! missed copies, that is a *verifier* fault ([`Received::verifier_fault`]) and is reported as
+//! such — never as engine loss. This module knows no destination kind.
 
-use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
+use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
-use tokio_util::sync::CancellationToken;
 
-use crate::mqtt::{self, Packet, PubAck, PubAckReason};
-use crate::scenario::{Secrets, WriteKeyPlace};
+use crate::credentials::Secrets;
 use crate::workload::{Ingested, Sent};
+
+/// Where, at the destination, an engine puts each record's write key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteKeyPlace {
+    /// In the message's metadata where the destination kind keeps such things, by name: an
+    /// MQTT user property, a Kafka header, a JetStream header (`Nats-Msg-Id`). The kind's
+    /// reader looks it up.
+    Meta(String),
+    /// A field of the message's JSON (dotted path for nested fields).
+    JsonField(String),
+}
 
 /// One copy seen at the destination.
 #[derive(Debug, Clone)]
@@ -28,6 +35,40 @@ pub struct Arrival {
     pub id: Option<String>,
     pub write_key: Option<String>,
     pub at: Duration,
+    /// A digest of the record's `pad` as it arrived (the run of letters after `pad` that
+    /// follows the id), when the message carries one: compared with what the source sent, it
+    /// shows a record that arrived altered (a torn write trusted, a truncated body).
+    pub pad: Option<u64>,
+}
+
+/// The digest [`Arrival::pad`] holds.
+pub fn pad_digest(pad: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    rustc_hash::FxBuildHasher.hash_one(pad)
+}
+
+/// How far after an id its record's `pad` may begin (`","key":"k12","seq":12345,"pad":"`,
+/// escaped or not).
+const PAD_WITHIN: usize = 120;
+
+/// The digest of the `pad` that follows an id ending at `end` in `text`, if one does.
+fn pad_after(text: &[u8], end: usize) -> Option<u64> {
+    let window = text.get(end..(end + PAD_WITHIN).min(text.len()))?;
+    let at = memchr::memmem::find(window, b"pad")? + 3;
+    let rest = &text[end + at..];
+    // `":"`, or `\":\"` when the record travels as an escaped string.
+    let quote = rest
+        .iter()
+        .take(8)
+        .position(|b| *b != b'"' && *b != b'\\' && *b != b':')?;
+    if !rest[..quote].contains(&b':') {
+        return None;
+    }
+    let letters = rest[quote..]
+        .iter()
+        .take_while(|b| b.is_ascii_lowercase())
+        .count();
+    Some(pad_digest(&rest[quote..quote + letters]))
 }
 
 #[derive(Debug, Default)]
@@ -78,38 +119,52 @@ impl Decoder {
 
     /// Every distinct harness id in `payload`, in order of appearance.
     pub fn ids(&self, payload: &[u8]) -> Vec<String> {
-        let mut ids = self.run_ids(payload);
+        self.ids_at(payload).into_iter().map(|(id, _)| id).collect()
+    }
+
+    /// Every distinct harness id in `payload`, with where its first occurrence ends (`None`:
+    /// taken from a JSON `id` field, not found in place).
+    fn ids_at(&self, payload: &[u8]) -> Vec<(String, Option<usize>)> {
+        let mut ids: Vec<(String, Option<usize>)> = self
+            .run_ids(payload)
+            .into_iter()
+            .map(|(id, end)| (id, Some(end)))
+            .collect();
         if ids.is_empty()
             && let Some(id) = serde_json::from_slice::<serde_json::Value>(payload)
                 .ok()
                 .and_then(|v| v.get("id")?.as_str().map(str::to_string))
         {
-            ids.push(id);
+            ids.push((id, None));
         }
         ids
     }
 
-    fn run_ids(&self, payload: &[u8]) -> Vec<String> {
-        let mut ids: Vec<String> = Vec::new();
+    /// The run's ids in `payload`, each with the byte offset where it ends.
+    fn run_ids(&self, payload: &[u8]) -> Vec<(String, usize)> {
+        let mut ids: Vec<(String, usize)> = Vec::new();
         if self.run.is_empty() {
             return ids;
         }
-        let text = String::from_utf8_lossy(payload);
-        let mut rest: &str = &text;
-        while let Some(i) = rest.find(self.run.as_str()) {
+        // Offsets are into `payload` itself: the search runs over its bytes (an id is ASCII).
+        let text = payload;
+        let mut rest: &[u8] = text;
+        let finder = memchr::memmem::Finder::new(self.run.as_bytes());
+        let digits = |s: &[u8]| s.iter().take_while(|c| c.is_ascii_digit()).count();
+        while let Some(i) = finder.find(rest) {
             let after = &rest[i + self.run.len()..];
-            let digits = |s: &str| s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-            let parsed = after.strip_prefix('k').and_then(|k| {
+            let parsed = after.strip_prefix(b"k").and_then(|k| {
                 let n = digits(k);
-                let seq_part = k[n..].strip_prefix('/')?;
+                let seq_part = k[n..].strip_prefix(b"/")?;
                 let m = digits(seq_part);
                 (n > 0 && m > 0).then(|| self.run.len() + 1 + n + 1 + m)
             });
             match parsed {
                 Some(len) => {
-                    let id = &rest[i..i + len];
-                    if !ids.iter().any(|x| x == id) {
-                        ids.push(id.to_string());
+                    let id = String::from_utf8_lossy(&rest[i..i + len]).into_owned();
+                    let end = text.len() - rest.len() + i + len;
+                    if !ids.iter().any(|(x, _)| *x == id) {
+                        ids.push((id, end));
                     }
                     rest = &rest[i + len..];
                 }
@@ -119,12 +174,12 @@ impl Decoder {
         ids
     }
 
-    /// Adds one message to `into`: an arrival per id, or one without an id.
-    /// `meta` reads the write key from the message's metadata, for the place configured.
+    /// Adds one message to `into`: an arrival per id, or one without an id. `meta` reads a
+    /// value of the message's metadata by name (the kind's reader knows how).
     pub fn add(
         &self,
         payload: &[u8],
-        meta: impl Fn(&WriteKeyPlace) -> Option<String>,
+        meta: impl Fn(&str) -> Option<String>,
         at: Duration,
         into: &mut Received,
     ) {
@@ -141,9 +196,9 @@ impl Decoder {
                         })
                     })
             }
-            Some(place) => meta(place),
+            Some(WriteKeyPlace::Meta(name)) => meta(name),
         };
-        let ids = self.ids(payload);
+        let ids = self.ids_at(payload);
         if ids.is_empty() {
             if into.unexpected_examples.len() < UNEXPECTED_EXAMPLES {
                 let text = String::from_utf8_lossy(payload);
@@ -154,23 +209,19 @@ impl Decoder {
                 id: None,
                 write_key,
                 at,
+                pad: None,
             });
             return;
         }
-        for id in ids {
+        for (id, end) in ids {
             into.arrivals.push(Arrival {
                 id: Some(id),
                 write_key: write_key.clone(),
                 at,
+                pad: end.and_then(|end| pad_after(payload, end)),
             });
         }
     }
-}
-
-/// The MQTT read-back: one subscriber connected directly to the broker.
-pub struct Reader {
-    pub received: Arc<Mutex<Received>>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 /// How the verifier reaches a broker the user runs: its credentials, and where the drill's
@@ -182,113 +233,6 @@ pub struct Access {
     pub first_sequence: Option<u64>,
     /// Kafka: each partition's end offset when the drill started.
     pub offsets: Vec<(i32, i64)>,
-}
-
-impl Reader {
-    /// Connects, subscribes to `topic` at QoS 1 and starts recording arrivals relative to `t0`.
-    pub async fn start(
-        broker: SocketAddr,
-        topic: &str,
-        t0: Instant,
-        cancel: CancellationToken,
-    ) -> Result<Reader, mqtt::MqttError> {
-        let decoder = Decoder::builtin(WriteKeyPlace::MqttUserProperty(
-            mqtt::WRITE_KEY_PROPERTY.to_string(),
-        ));
-        Reader::start_with(broker, topic, decoder, t0, cancel).await
-    }
-
-    /// [`Reader::start`], finding ids and write keys with `decoder`.
-    pub async fn start_with(
-        broker: SocketAddr,
-        topic: &str,
-        decoder: Decoder,
-        t0: Instant,
-        cancel: CancellationToken,
-    ) -> Result<Reader, mqtt::MqttError> {
-        Reader::start_as(broker, topic, decoder, t0, cancel, None).await
-    }
-
-    /// [`Reader::start_with`], logging in as `login` (an external broker's credentials).
-    pub async fn start_as(
-        broker: SocketAddr,
-        topic: &str,
-        decoder: Decoder,
-        t0: Instant,
-        cancel: CancellationToken,
-        login: Option<mqtt::Login>,
-    ) -> Result<Reader, mqtt::MqttError> {
-        let limit = Duration::from_secs(10);
-        let mut session = mqtt::connect_as(
-            broker,
-            "drill-verifier",
-            Duration::from_secs(60),
-            limit,
-            login,
-        )
-        .await?;
-        session.subscribe(topic, limit).await?;
-        let received = Arc::new(Mutex::new(Received::default()));
-        let sink = received.clone();
-        let task = tokio::spawn(async move {
-            let (mut tx, mut rx) = session.framed.split();
-            let mut ping = tokio::time::interval(Duration::from_secs(20));
-            let fault = loop {
-                tokio::select! {
-                    packet = rx.next() => match packet {
-                        Some(Ok(mqtt::Inbound::Packet(Packet::Publish(p)))) => {
-                            let meta = |place: &WriteKeyPlace| match place {
-                                WriteKeyPlace::MqttUserProperty(name) => mqtt::user_property(&p, name),
-                                _ => None,
-                            };
-                            if let Ok(mut r) = sink.lock() { decoder.add(&p.payload, meta, t0.elapsed(), &mut r); }
-                            if p.pkid != 0 {
-                                let ack = PubAck { pkid: p.pkid, reason: PubAckReason::Success, properties: None };
-                                if let Err(e) = tx.send(Packet::PubAck(ack)).await {
-                                    break Some(format!("verifier could not acknowledge: {e}"));
-                                }
-                            }
-                        }
-                        Some(Ok(_)) => {}
-                        Some(Err(e)) => break Some(format!("verifier connection error: {e}")),
-                        None => break Some("verifier connection closed by the broker".to_string()),
-                    },
-                    _ = ping.tick() => {
-                        if let Err(e) = tx.send(Packet::PingReq(mqtt::PingReq)).await {
-                            break Some(format!("verifier ping failed: {e}"));
-                        }
-                    }
-                    _ = cancel.cancelled() => break None,
-                }
-            };
-            if let Some(f) = fault
-                && let Ok(mut r) = sink.lock()
-            {
-                r.verifier_fault = Some(f);
-            }
-        });
-        Ok(Reader { received, task })
-    }
-
-    pub fn count(&self) -> usize {
-        self.received.lock().map(|r| r.arrivals.len()).unwrap_or(0)
-    }
-
-    pub async fn stop(self) -> Received {
-        self.task.abort();
-        let _ = self.task.await;
-        match Arc::try_unwrap(self.received) {
-            Ok(m) => m.into_inner().unwrap_or_default(),
-            Err(shared) => {
-                let r = shared.lock().map(|r| Received {
-                    arrivals: r.arrivals.clone(),
-                    verifier_fault: r.verifier_fault.clone(),
-                    unexpected_examples: r.unexpected_examples.clone(),
-                });
-                r.unwrap_or_default()
-            }
-        }
-    }
 }
 
 /// The reconciliation of one drill, by harness id.
@@ -327,6 +271,11 @@ pub struct Reconciliation {
     pub missing_examples: Vec<String>,
     /// Ids that arrived more than once, for the report.
     pub duplicate_examples: Vec<String>,
+    /// Copies whose record arrived with other bytes than the source sent (its `pad` differs):
+    /// a torn or truncated record passed on as if whole.
+    pub altered: u64,
+    /// Ids of the first altered copies, for the report.
+    pub altered_examples: Vec<String>,
 }
 
 /// Compares what the source sent with what arrived.
@@ -356,6 +305,14 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
             continue;
         };
         let (record, ingested) = &sent.order[i];
+        if a.pad
+            .is_some_and(|p| p != pad_digest(record.pad.as_bytes()))
+        {
+            rec.altered += 1;
+            if rec.altered_examples.len() < 10 {
+                rec.altered_examples.push(record.id.clone());
+            }
+        }
         if copies[i] == 0 {
             first[i] = at as u32;
             // Order among first copies, per key.
@@ -379,6 +336,13 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
         }
         copies[i] += 1;
     }
+    tally(sent, &copies, &same_key, &mut rec);
+    rec
+}
+
+/// The second phase of [`reconcile`]: each record's copies (and copies with the original's
+/// write key) counted into missing, delivered, duplicates and the ingest's answers.
+fn tally(sent: &Sent, copies: &[u32], same_key: &[u32], rec: &mut Reconciliation) {
     for (i, (record, ingested)) in sent.order.iter().enumerate() {
         let (found, extra, same) = (
             u64::from(copies[i]),
@@ -427,400 +391,6 @@ pub fn reconcile(sent: &Sent, received: &Received) -> Reconciliation {
             }
         }
     }
-    rec
-}
-
-/// The read-back side of a drill: a live MQTT subscriber, or a JetStream stream read whole once
-/// the drill has drained. Both connect to the broker directly, never through the proxy.
-pub enum ReadBack {
-    Mqtt(Reader),
-    Stream {
-        /// Every node (a cluster's read-back goes to whichever answers).
-        servers: Vec<SocketAddr>,
-        stream: String,
-        js: Box<async_nats::jetstream::Context>,
-        t0: std::time::SystemTime,
-        decoder: Decoder,
-        access: Access,
-    },
-    /// A Kafka topic, read whole from the broker at `bootstrap` at the end (the broker
-    /// advertises itself; only the engine's Kafka-aware link rewrites addresses).
-    Topic {
-        bootstrap: SocketAddr,
-        topic: String,
-        t0: std::time::SystemTime,
-        decoder: Decoder,
-        access: Access,
-    },
-}
-
-impl ReadBack {
-    /// Watches a stream (it must exist); `t0` is the drill's start as wall time.
-    pub async fn stream(
-        servers: Vec<SocketAddr>,
-        stream: &str,
-        t0: std::time::SystemTime,
-        decoder: Decoder,
-        access: Access,
-    ) -> Result<ReadBack, String> {
-        let addrs: Vec<async_nats::ServerAddr> = servers
-            .iter()
-            .filter_map(|a| format!("nats://{a}").parse().ok())
-            .collect();
-        let client = crate::brokers::nats_options(&access.secrets)
-            .await?
-            .name("drill-verifier-count")
-            .ignore_discovered_servers()
-            .connect(addrs)
-            .await
-            .map_err(|e| format!("verifier cannot connect to {servers:?}: {e}"))?;
-        Ok(ReadBack::Stream {
-            servers,
-            stream: stream.to_string(),
-            js: Box::new(async_nats::jetstream::new(client)),
-            t0,
-            decoder,
-            access,
-        })
-    }
-
-    /// Reads from `servers` from now on (a broker container restarted on a new host port).
-    pub fn point_at(&mut self, now: Vec<SocketAddr>) {
-        if let ReadBack::Stream { servers, .. } = self {
-            *servers = now;
-        }
-    }
-
-    /// How many copies have arrived so far, where that can be known without reading them
-    /// (not for Kafka: its reported end offsets are not trusted).
-    pub async fn count(&self) -> Option<usize> {
-        match self {
-            ReadBack::Mqtt(r) => Some(r.count()),
-            // Bounded: a progress line must never wait on a broker that is down.
-            ReadBack::Stream { js, stream, .. } => {
-                let ask = async {
-                    let mut s = js.get_stream(stream).await.ok()?;
-                    s.info().await.ok().map(|i| i.state.messages as usize)
-                };
-                tokio::time::timeout(Duration::from_millis(500), ask)
-                    .await
-                    .ok()
-                    .flatten()
-            }
-            ReadBack::Topic { .. } => None,
-        }
-    }
-
-    /// Everything that arrived.
-    pub async fn stop(self) -> Received {
-        match self {
-            ReadBack::Mqtt(r) => r.stop().await,
-            ReadBack::Stream {
-                servers,
-                stream,
-                t0,
-                decoder,
-                access,
-                ..
-            } => {
-                let mut last = Received::default();
-                for server in servers {
-                    match read_stream_with(
-                        server,
-                        &stream,
-                        Duration::from_secs(120),
-                        Some(t0),
-                        &decoder,
-                        &access,
-                    )
-                    .await
-                    {
-                        Ok(r) if r.verifier_fault.is_none() => return r,
-                        Ok(r) => last = r,
-                        Err(e) => last.verifier_fault = Some(e),
-                    }
-                }
-                last
-            }
-            ReadBack::Topic {
-                bootstrap,
-                topic,
-                t0,
-                decoder,
-                access,
-            } => read_topic_with(
-                bootstrap,
-                &topic,
-                Duration::from_secs(120),
-                Some(t0),
-                decoder,
-                access,
-            )
-            .await
-            .unwrap_or_else(|e| Received {
-                verifier_fault: Some(e),
-                ..Received::default()
-            }),
-        }
-    }
-}
-
-/// Reads a whole JetStream stream straight from the server (never through the proxy): every
-/// message from the first sequence to the last, with its `Nats-Msg-Id` as the write key. The
-/// count read is checked against the stream's own message count; a shortfall is a *verifier*
-/// fault, never engine loss.
-///
-/// With `t0` (the drill's start as wall time), each arrival is stamped with the server's own
-/// time of storing it, relative to `t0`; otherwise with the time it was read.
-pub async fn read_stream(
-    server: SocketAddr,
-    stream: &str,
-    limit: Duration,
-    t0: Option<std::time::SystemTime>,
-) -> Result<Received, String> {
-    read_stream_with(
-        server,
-        stream,
-        limit,
-        t0,
-        &Decoder::builtin(WriteKeyPlace::NatsMsgId),
-        &Access::default(),
-    )
-    .await
-}
-
-/// [`read_stream`], finding ids and write keys with `decoder`.
-pub async fn read_stream_with(
-    server: SocketAddr,
-    stream: &str,
-    limit: Duration,
-    t0: Option<std::time::SystemTime>,
-    decoder: &Decoder,
-    access: &Access,
-) -> Result<Received, String> {
-    use async_nats::jetstream::{self, consumer};
-    let client = crate::brokers::nats_options(&access.secrets)
-        .await?
-        .name("drill-verifier")
-        .ignore_discovered_servers()
-        .connect(server.to_string())
-        .await
-        .map_err(|e| format!("verifier cannot connect to {server}: {e}"))?;
-    let js = jetstream::new(client);
-    let mut handle = js
-        .get_stream(stream)
-        .await
-        .map_err(|e| format!("verifier: stream {stream}: {e}"))?;
-    let state = handle
-        .info()
-        .await
-        .map_err(|e| format!("verifier: stream {stream} info: {e}"))?
-        .state
-        .clone();
-    // Reading from the drill's first sequence: what the stream holds from there on.
-    let (expected, deliver_policy) = match access.first_sequence {
-        Some(first) if first > 1 => (
-            (state.last_sequence + 1).saturating_sub(first.max(state.first_sequence)),
-            consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: first,
-            },
-        ),
-        _ => (state.messages, consumer::DeliverPolicy::All),
-    };
-    let reader: consumer::PullConsumer = handle
-        .create_consumer(consumer::pull::Config {
-            deliver_policy,
-            ack_policy: consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| format!("verifier: consumer on {stream}: {e}"))?;
-    let mut messages = reader
-        .messages()
-        .await
-        .map_err(|e| format!("verifier: reading {stream}: {e}"))?;
-    let mut received = Received::default();
-    let mut read = 0u64;
-    let started = Instant::now();
-    while read < expected {
-        let left = limit.saturating_sub(started.elapsed());
-        match tokio::time::timeout(left, messages.next()).await {
-            Ok(Some(Ok(m))) => {
-                read += 1;
-                let stored = t0.and_then(|t0| {
-                    let at = m.info().ok()?.published.unix_timestamp_nanos();
-                    let t0 = t0.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as i128;
-                    Some(Duration::from_nanos(u64::try_from(at - t0).unwrap_or(0)))
-                });
-                let meta = |place: &WriteKeyPlace| match place {
-                    WriteKeyPlace::NatsMsgId => m
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-                        .map(|v| v.as_str().to_string()),
-                    _ => None,
-                };
-                decoder.add(
-                    &m.payload,
-                    meta,
-                    stored.unwrap_or_else(|| started.elapsed()),
-                    &mut received,
-                );
-            }
-            Ok(Some(Err(e))) => {
-                received.verifier_fault = Some(format!("verifier: reading {stream}: {e}"));
-                break;
-            }
-            Ok(None) | Err(_) => {
-                received.verifier_fault = Some(format!(
-                    "verifier read {read} of the {expected} messages in stream {stream} within {limit:?}"
-                ));
-                break;
-            }
-        }
-    }
-    Ok(received)
-}
-
-/// Reads a whole Kafka topic: every partition from the earliest offset until the broker says
-/// partition EOF, with the `write-key` header. The end offsets the broker reports are not
-/// trusted (the Kafka-protocol broker used here reports stale high watermarks): the reader goes
-/// on until every partition reached EOF and then listens one more second; anything that
-/// arrives meanwhile re-opens that partition. A reader that stops early would count engine
-/// loss that is not there, so a timeout is reported as a *verifier* fault.
-///
-/// With `t0` (the drill's start as wall time), arrivals are stamped with the record's
-/// timestamp relative to `t0`.
-pub async fn read_topic(
-    bootstrap: SocketAddr,
-    topic: &str,
-    limit: Duration,
-    t0: Option<std::time::SystemTime>,
-) -> Result<Received, String> {
-    let decoder = Decoder::builtin(WriteKeyPlace::KafkaHeader("write-key".to_string()));
-    read_topic_with(bootstrap, topic, limit, t0, decoder, Access::default()).await
-}
-
-/// [`read_topic`], finding ids and write keys with `decoder`.
-pub async fn read_topic_with(
-    bootstrap: SocketAddr,
-    topic: &str,
-    limit: Duration,
-    t0: Option<std::time::SystemTime>,
-    decoder: Decoder,
-    access: Access,
-) -> Result<Received, String> {
-    let topic = topic.to_string();
-    tokio::task::spawn_blocking(move || {
-        read_topic_blocking(bootstrap, &topic, limit, t0, &decoder, &access)
-    })
-    .await
-    .map_err(|e| format!("verifier: {e}"))?
-}
-
-fn read_topic_blocking(
-    bootstrap: SocketAddr,
-    topic: &str,
-    limit: Duration,
-    t0: Option<std::time::SystemTime>,
-    decoder: &Decoder,
-    access: &Access,
-) -> Result<Received, String> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    use rdkafka::error::KafkaError;
-    use rdkafka::message::{Headers, Message};
-    let consumer: BaseConsumer =
-        crate::brokers::kafka_config(&bootstrap.to_string(), &access.secrets)
-            .set("group.id", format!("drill-verifier-{}", std::process::id()))
-            .set("enable.partition.eof", "true")
-            .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
-            .create()
-            .map_err(|e| format!("verifier: {e}"))?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .map_err(|e| format!("verifier: metadata of {topic}: {e}"))?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .iter()
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    if partitions.is_empty() {
-        return Err(format!("verifier: topic {topic} has no partitions"));
-    }
-    let mut assignment = rdkafka::TopicPartitionList::new();
-    for &p in &partitions {
-        // From where the drill started (an existing topic's older records are not its).
-        let from = access
-            .offsets
-            .iter()
-            .find(|(q, _)| *q == p)
-            .map_or(rdkafka::Offset::Beginning, |(_, o)| {
-                rdkafka::Offset::Offset(*o)
-            });
-        assignment
-            .add_partition_offset(topic, p, from)
-            .map_err(|e| format!("verifier: {e}"))?;
-    }
-    consumer
-        .assign(&assignment)
-        .map_err(|e| format!("verifier: {e}"))?;
-    let t0_ms = t0
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as i64);
-    let started = Instant::now();
-    let mut at_eof: HashSet<i32> = HashSet::new();
-    let mut all_eof_since: Option<Instant> = None;
-    let mut received = Received::default();
-    loop {
-        if started.elapsed() > limit {
-            received.verifier_fault = Some(format!(
-                "verifier read {} records from {topic} but {} of {} partitions never reached EOF within {limit:?}",
-                received.arrivals.len(),
-                partitions.len() - at_eof.len(),
-                partitions.len()
-            ));
-            return Ok(received);
-        }
-        if let Some(since) = all_eof_since
-            && since.elapsed() > Duration::from_secs(1)
-        {
-            return Ok(received);
-        }
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                at_eof.remove(&m.partition());
-                all_eof_since = None;
-                let at = match (m.timestamp().to_millis(), t0_ms) {
-                    (Some(ts), Some(t0)) => {
-                        Duration::from_millis(u64::try_from(ts - t0).unwrap_or(0))
-                    }
-                    _ => started.elapsed(),
-                };
-                let meta = |place: &WriteKeyPlace| match place {
-                    WriteKeyPlace::KafkaHeader(name) => m.headers().and_then(|h| {
-                        h.iter()
-                            .find(|h| h.key == name.as_str())
-                            .and_then(|h| h.value)
-                            .map(|v| String::from_utf8_lossy(v).into_owned())
-                    }),
-                    _ => None,
-                };
-                decoder.add(m.payload().unwrap_or_default(), meta, at, &mut received);
-            }
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                at_eof.insert(p);
-                if at_eof.len() == partitions.len() && all_eof_since.is_none() {
-                    all_eof_since = Some(Instant::now());
-                }
-            }
-            Some(Err(e)) => {
-                received.verifier_fault = Some(format!("verifier: reading {topic}: {e}"));
-                return Ok(received);
-            }
-            None => {}
-        }
-    }
 }
 
 #[cfg(test)]
@@ -843,6 +413,7 @@ mod tests {
             id: Some(format!("r/{key}/{seq}")),
             write_key: Some(wk.to_string()),
             at: Duration::ZERO,
+            pad: None,
         }
     }
 
@@ -926,6 +497,42 @@ mod tests {
             d.ids(b"run-77/k1/2 run-7/k/2 run-7/kx run-7/k1/")
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_record_that_arrives_with_other_bytes_is_altered() {
+        let d = Decoder::new("r", None);
+        let mut r = record("k0", 7);
+        r.id = "r/k0/7".to_string();
+        r.pad = "qwertyuiop".to_string();
+        let whole = serde_json::to_vec(&r).unwrap();
+        let escaped =
+            serde_json::to_vec(&serde_json::json!({ "message": String::from_utf8_lossy(&whole) }))
+                .unwrap();
+        let mut torn = whole.clone();
+        let n = torn.len();
+        torn[n - 6..].fill(0);
+        let truncated = &whole[..whole.len() - 4];
+        let mut got = Received::default();
+        for payload in [
+            &whole[..],
+            &escaped,
+            &torn,
+            truncated,
+            br#"{"id":"r/k0/7"}"#,
+        ] {
+            d.add(payload, |_| None, Duration::ZERO, &mut got);
+        }
+        let want = Some(pad_digest(b"qwertyuiop"));
+        let pads: Vec<bool> = got.arrivals.iter().map(|a| a.pad == want).collect();
+        assert_eq!(pads, [true, true, false, false, false]);
+        assert_eq!(got.arrivals[4].pad, None, "no pad carried: not judged");
+        let sent = Sent {
+            order: vec![(r, accepted("w0"))],
+        };
+        let rec = reconcile(&sent, &got);
+        assert_eq!((rec.altered, rec.duplicates), (2, 4));
+        assert_eq!(rec.altered_examples, ["r/k0/7", "r/k0/7"]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Every record carries its harness id in the payload — `<run>/<key>/<sequence>` — so the
 //! verifier can reconcile by id whatever the engine does to it. The generator is seeded
 //! (SplitMix64): the same seed gives the same keys and payloads. Each record's ingest answer
-//! (see [`crate::sut::ingest`]) is recorded: `accepted` (held, with the write key if the engine
+//! (an [`IngestAnswer`] from its [`Intake`]) is recorded: `accepted` (held, with the write key if the engine
 //! told it), `not_accepted`, or `unknown` (the answer was lost — the engine killed
 //! mid-request). This module never retries an ingest whose answer is unknown: that would hide
 //! exactly what a drill must count.
@@ -15,28 +15,36 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::scenario::WorkloadSpec;
-use crate::sut::{Ingest, IngestAnswer};
+use crate::seed::Seeded;
 
-/// SplitMix64: small, fast, and the same everywhere.
+/// What a scenario's `workload:` asks for, validated.
 #[derive(Debug, Clone)]
-pub struct Seeded(u64);
+pub struct WorkloadSpec {
+    pub rate_per_s: f64,
+    pub duration: Duration,
+    pub keys: u32,
+    pub payload_bytes: usize,
+    /// Indices of records the destination will refuse.
+    pub poison: Vec<u64>,
+}
 
-impl Seeded {
-    pub fn new(seed: u64) -> Seeded {
-        Seeded(seed)
+impl WorkloadSpec {
+    /// The broker's message size limit when a drill has poison records: well above every
+    /// ordinary record, well below a poison one.
+    pub fn message_limit(&self) -> usize {
+        (self.payload_bytes * 4).max(16 * 1024)
     }
 
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    /// How large a poison record's payload is made.
+    pub fn poison_bytes(&self) -> usize {
+        self.message_limit() + 4096
     }
+}
 
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
+impl WorkloadSpec {
+    /// How many records a complete run generates.
+    pub fn total_records(&self) -> u64 {
+        (self.rate_per_s * self.duration.as_secs_f64()).round() as u64
     }
 }
 
@@ -106,6 +114,24 @@ impl Generator {
     }
 }
 
+/// What the engine said of one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IngestAnswer {
+    /// Held, with the write key if the engine told it.
+    Accepted(Option<String>),
+    /// The answer was lost: the engine may or may not hold it.
+    Unknown,
+    /// The engine refused it, or the request never reached it.
+    NotAccepted(String),
+}
+
+/// Where the workload's records go: the system under test's ingest (`sut::Ingest`). One
+/// answer per record, in order; an answer that never came is [`IngestAnswer::Unknown`], never
+/// retried.
+pub trait Intake: Send {
+    fn send(&mut self, records: &[Record]) -> impl Future<Output = Vec<IngestAnswer>> + Send;
+}
+
 /// What the source knows of one record after posting it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ingested {
@@ -153,7 +179,7 @@ pub async fn drive(
     spec: WorkloadSpec,
     run: String,
     seed: u64,
-    mut ingest: Ingest,
+    mut ingest: impl Intake,
     t0: Instant,
     sent: Arc<Mutex<Sent>>,
     cancel: CancellationToken,

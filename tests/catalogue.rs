@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const TAGS: [&str; 5] = ["ci", "long", "soak", "containers", "finding"];
+const TAGS: [&str; 6] = ["ci", "full", "long", "soak", "containers", "finding"];
 
 fn catalogue() -> Vec<drill::scenario::Plan> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
@@ -55,7 +55,7 @@ fn every_catalogue_drill_says_what_it_reproduces_and_is_tagged_by_cost() {
     // The outage longer than librdkafka's own 300 s default runs on every pull request.
     assert!(plans.iter().any(|p| {
         p.tags.iter().any(|t| t == "ci")
-            && p.destination.kind == drill::scenario::DestinationKind::Kafka
+            && p.destination.kind.name() == "kafka"
             && drill::scenario::longest_outage(&p.faults, p.workload.duration)
                 >= Duration::from_secs(360)
     }));
@@ -67,6 +67,75 @@ fn every_catalogue_drill_says_what_it_reproduces_and_is_tagged_by_cost() {
         );
     }
     assert!(plans.iter().any(|p| p.name == "mqtt-cut-60m"));
+}
+
+/// The fault families a `full` selftest plays on every destination kind, and how a drill is
+/// told to belong to one.
+fn families(plan: &drill::scenario::Plan) -> Vec<&'static str> {
+    use drill::proxy::{Direction, Fault};
+    use drill::scenario::{FaultAction, ProcessAction};
+    let mut found = Vec::new();
+    if !plan.workload.poison.is_empty() {
+        found.push("poison");
+    }
+    for f in &plan.faults {
+        found.push(match &f.what {
+            FaultAction::Link { spec, .. } if spec.fault == Fault::Strand => "strand",
+            FaultAction::Link { spec, .. }
+                if spec.fault == Fault::Swallow && spec.direction == Direction::Downstream =>
+            {
+                "half-open"
+            }
+            FaultAction::Link { spec, .. }
+                if matches!(spec.fault, Fault::Refuse | Fault::Swallow) =>
+            {
+                "cut"
+            }
+            FaultAction::Engine {
+                action: ProcessAction::Kill,
+                ..
+            } => "kill",
+            FaultAction::Engine {
+                action: ProcessAction::PowerCut,
+                ..
+            } => "power cut",
+            FaultAction::Engine {
+                action: ProcessAction::FillDisk,
+                ..
+            } => "disk full",
+            _ => continue,
+        });
+    }
+    found
+}
+
+/// Every family (cut, half-open, strand, kill, power cut, disk full, poison) has a `full`
+/// drill on MQTT, JetStream and Kafka — but poison on Kafka, which cannot refuse one record
+/// (README, "Mutants on every kind").
+#[test]
+fn the_full_tag_plays_every_fault_family_on_every_kind() {
+    let plans = catalogue();
+    for kind in ["mqtt", "nats", "kafka"] {
+        for family in [
+            "cut",
+            "half-open",
+            "strand",
+            "kill",
+            "power cut",
+            "disk full",
+            "poison",
+        ] {
+            if (kind, family) == ("kafka", "poison") {
+                continue;
+            }
+            assert!(
+                plans.iter().any(|p| p.destination.kind.name() == kind
+                    && p.tags.iter().any(|t| t == "full")
+                    && families(p).contains(&family)),
+                "no `full` drill plays {family} on {kind}"
+            );
+        }
+    }
 }
 
 /// Root and /dev/fuse (the power cut and the full disk need them). Under CI=true a missing one
@@ -106,30 +175,31 @@ fn the_ci_catalogue_catches_every_mutant_and_passes_the_correct_engine() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     println!("{stdout}\n{}", String::from_utf8_lossy(&o.stderr));
     println!("selftest took {:?}", started.elapsed());
+    let matrix = std::fs::read_to_string(out.join("selftest/selftest.md")).unwrap_or_default();
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("selftest/selftest.json")).unwrap())
             .unwrap();
     assert_eq!(
         json["missed"],
         serde_json::json!([]),
-        "mutants no drill caught"
+        "mutants no drill caught by their signature:\n{matrix}"
     );
     assert_eq!(
         json["false_alarms"],
         serde_json::json!([]),
-        "the correct engine failed"
+        "the correct engine failed (or skipped a planned fault):\n{matrix}"
     );
     assert_eq!(
         json["errors"],
         serde_json::json!([]),
-        "drills that could not run"
+        "drills that could not run:\n{matrix}"
     );
-    assert_eq!(json["ok"], true);
-    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(json["ok"], true, "{matrix}");
+    assert_eq!(o.status.code(), Some(0), "{matrix}");
     let rows = json["rows"].as_array().unwrap();
     assert!(
-        rows.len() >= 15,
-        "the correct engine and at least 14 mutants"
+        rows.len() >= 16,
+        "the correct engine and at least 15 mutants"
     );
     assert!(
         rows[0]["cells"]
@@ -138,6 +208,16 @@ fn the_ci_catalogue_catches_every_mutant_and_passes_the_correct_engine() {
             .iter()
             .all(|c| c["outcome"] == "pass")
     );
+    // Every mutant caught by its signature on a `ci` drill, conclusively.
+    for row in &rows[1..] {
+        let cells = row["cells"].as_array().unwrap();
+        assert!(
+            cells.iter().any(|c| c["outcome"] == "caught"),
+            "{} is not caught by {}:\n{matrix}",
+            row["engine"],
+            row["signature"]
+        );
+    }
 }
 
 /// Without the `mutants` feature there is nothing to test the catalogue against: the selftest
@@ -234,6 +314,12 @@ fn only_the_power_cut_catches_an_engine_that_acknowledges_before_fdatasync() {
             - l["failed"].as_u64().unwrap(),
         "lost is exactly what the ledger cannot account for"
     );
+    // Where they were last seen: acknowledged, not yet synced, never sent (the link was
+    // refused): every one never left the engine.
+    let seen = &cut["lost_last_seen"];
+    assert_eq!(seen["never_left"]["count"].as_u64(), Some(lost), "{seen:#}");
+    assert_eq!(seen["no_answer"]["count"], 0, "{seen:#}");
+    assert_eq!(seen["broker_lost"]["count"], 0, "{seen:#}");
     let (kill_code, kill) = &results[1];
     assert_eq!(
         *kill_code,
@@ -251,5 +337,48 @@ fn only_the_power_cut_catches_an_engine_that_acknowledges_before_fdatasync() {
             .starts_with("power cut (SIGKILL; ")),
         "{:#}",
         cut["faults"]
+    );
+}
+
+/// An engine that keeps its buffer as if in memory, killed in the middle of a swallowed link:
+/// it forgets what it held. The report says where each lost record was last seen: those the
+/// engine had sent into the swallowing link left it and got no answer, the rest never left it;
+/// the classes add up to what was lost.
+#[cfg(feature = "mutants")]
+#[test]
+fn memory_only_killed_mid_outage_loses_records_and_says_where_they_were_last_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/engine-crash.yaml");
+    let o = Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(["run", "--runtime", "process", "--out"])
+        .arg(dir.path())
+        .arg(&scenario)
+        .env("DRILL_MUTANT", "memory-only")
+        .output()
+        .unwrap();
+    let text = std::fs::read_to_string(dir.path().join("engine-crash/report.json"))
+        .unwrap_or_else(|e| panic!("{e}\n{}", String::from_utf8_lossy(&o.stdout)));
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", r["headline"]);
+    let lost = r["ledger"]["lost"].as_u64().unwrap();
+    assert!(lost > 0);
+    let seen = &r["lost_last_seen"];
+    let class = |c: &str| seen[c]["count"].as_u64().unwrap();
+    println!("memory-only, killed mid-swallow: {seen:#}");
+    assert_eq!(
+        class("never_left") + class("no_answer") + class("broker_lost"),
+        lost,
+        "{seen:#}"
+    );
+    assert!(class("never_left") > 0, "{seen:#}");
+    assert_eq!(
+        class("broker_lost"),
+        0,
+        "mosquitto lost nothing it acknowledged"
+    );
+    let md = std::fs::read_to_string(dir.path().join("engine-crash/report.md")).unwrap();
+    assert!(
+        md.contains("## Where the lost records were last seen"),
+        "{md}"
     );
 }

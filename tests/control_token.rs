@@ -33,7 +33,7 @@ async fn until_up(url: &str, token: &str) {
 
 #[tokio::test]
 async fn a_proxy_api_bound_to_all_addresses_needs_its_token() {
-    let port = drill::brokers::free_port().unwrap();
+    let port = drill::process::free_port().unwrap();
     let api = format!("0.0.0.0:{port}");
     let refused = Command::new(env!("CARGO_BIN_EXE_drill"))
         .args(["proxy", "--api", &api])
@@ -63,7 +63,7 @@ async fn a_proxy_api_bound_to_all_addresses_needs_its_token() {
 #[tokio::test]
 async fn an_engine_api_bound_to_all_addresses_needs_its_token() {
     let dir = tempfile::tempdir().unwrap();
-    let port = drill::brokers::free_port().unwrap();
+    let port = drill::process::free_port().unwrap();
     let config = dir.path().join("engine.yaml");
     std::fs::write(
         &config,

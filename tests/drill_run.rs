@@ -478,3 +478,42 @@ fn a_power_cut_without_fuse_exits_3_with_one_line() {
         "no verdict without the fault"
     );
 }
+
+/// A crash point whose operation never comes (no file of that name) cut nothing: the drill is
+/// inconclusive (exit 1) and says which point was never reached — never a pass. Needs FUSE and
+/// root, as every power cut: under CI their absence fails the test.
+#[test]
+fn a_crash_point_never_reached_makes_the_drill_inconclusive() {
+    if !Path::new("/dev/fuse").exists() || !nix::unistd::geteuid().is_root() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "a power cut needs /dev/fuse and root, which CI has"
+        );
+        eprintln!("skipped: needs /dev/fuse and root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "nocrash",
+        "name: nocrash\ndestination: { kind: mqtt }\nworkload: { rate: 20/s, duration: 4s }\nfaults:\n  - { at: 1s, target: engine, action: power_cut, crash_at: { op: fdatasync, path: no-such-file }, restart_after: 1s }\n",
+    );
+    let ran = run_drill(&file, "nocrash", &["--runtime", "process"]);
+    let o = &ran.output;
+    assert_eq!(o.status.code(), Some(1), "{}", show(o));
+    let why = ran.report["inconclusive"].to_string();
+    assert!(
+        why.contains("its crash point (fdatasync #1 on no-such-file) was never reached"),
+        "{why}"
+    );
+}
+
+/// A stranded Kafka connection (silent for good, never reset): the built-in engine's producer
+/// must notice within its answer timeout and deliver again. It did not before librdkafka's
+/// `socket.timeout.ms` was set to the answer timeout (no delivery for 36 s, 1,601 waiting).
+#[test]
+fn a_stranded_kafka_connection_is_noticed_within_the_answer_timeout() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/kafka-strand.yaml");
+    let ran = run_drill(file.to_str().unwrap(), "kafka-strand", &[]);
+    assert_clean_pass(&ran);
+}

@@ -8,18 +8,20 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use drill::brokers;
+use drill::dest::Runtime;
+use drill::dest::mqtt::read::Reader;
 use drill::engine::{EngineConfig, OutputConfig};
-use drill::scenario::{RuntimeChoice, WorkloadSpec};
+use drill::seed::Seeded;
 use drill::sut::EngineProcess;
-use drill::verify::{self, Reader};
-use drill::workload::{self, Ingested, Seeded, Sent};
+use drill::verify;
+use drill::workload::WorkloadSpec;
+use drill::workload::{self, Ingested, Sent};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_sigkills_lose_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = brokers::start_mqtt(RuntimeChoice::Auto, dir.path(), None)
+    let mut broker = drill::dest::mqtt::broker::start_mqtt(Runtime::Auto, dir.path(), None)
         .await
         .unwrap();
     let cancel = CancellationToken::new();
@@ -27,11 +29,11 @@ async fn a_hundred_sigkills_lose_nothing_acknowledged() {
     let reader = Reader::start(broker.addr, "t/crash", t0, cancel.clone())
         .await
         .unwrap();
-    let port = brokers::free_port().unwrap();
+    let port = drill::process::free_port().unwrap();
     let config = EngineConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], port)),
         data_dir: dir.path().join("engine-data"),
-        outputs: vec![OutputConfig::mqtt("mqtt", broker.addr, "t/crash")],
+        outputs: vec![OutputConfig::new("mqtt", "mqtt", broker.addr, "t/crash")],
         disk: drill::engine::DiskLimits {
             segment_bytes: 32 * 1024,
             ..Default::default()

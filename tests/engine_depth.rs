@@ -15,12 +15,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use drill::brokers;
-use drill::engine::{EngineConfig, OutputConfig, OutputKind};
+use drill::engine::{EngineConfig, OutputConfig};
+use drill::promise::Promise;
 use drill::proxy::{Direction, Fault, Link};
-use drill::scenario::Promise;
 use drill::sut::EngineProcess;
-use drill::verify;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -76,7 +74,7 @@ async fn ingest(engine: SocketAddr, from: u64, to: u64) {
 async fn a_million_held_in_flat_memory_then_drained_whole() {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().to_path_buf();
-    let broker = brokers::start_nats(&work, None, None)
+    let broker = drill::dest::nats::broker::start_nats(&work, None, None)
         .await
         .expect("nats-server is installed (ci/setup.sh)");
     let client = async_nats::connect(broker.addr.to_string()).await.unwrap();
@@ -96,14 +94,13 @@ async fn a_million_held_in_flat_memory_then_drained_whole() {
         .unwrap();
     link.apply_settled(Fault::Refuse, Direction::Both).await;
     let config = EngineConfig {
-        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {
-            kind: OutputKind::Nats,
             promise: Promise::EffectivelyOnce,
             // The kind's own window: as many publishes in flight as JetStream takes.
             window: 0,
-            ..OutputConfig::mqtt("js", link.listen_addr(), SUBJECT)
+            ..OutputConfig::new("nats", "js", link.listen_addr(), SUBJECT)
         }],
         disk: Default::default(),
     };
@@ -163,9 +160,10 @@ async fn a_million_held_in_flat_memory_then_drained_whole() {
     assert!(highest <= RSS_LIMIT, "{highest} bytes while draining");
 
     // Every record read back from the stream, exactly once.
-    let got = verify::read_stream(broker.addr, STREAM, Duration::from_secs(120), None)
-        .await
-        .unwrap();
+    let got =
+        drill::dest::nats::read::read_stream(broker.addr, STREAM, Duration::from_secs(120), None)
+            .await
+            .unwrap();
     assert!(got.verifier_fault.is_none(), "{:?}", got.verifier_fault);
     let mut ids = HashSet::with_capacity(RECORDS as usize);
     for a in &got.arrivals {

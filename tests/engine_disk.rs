@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use drill::brokers;
 use drill::engine::{DiskLimits, EngineConfig, OutputConfig};
 use drill::sut::EngineProcess;
 
@@ -49,10 +48,11 @@ async fn a_full_disk_refuses_ingest_evicts_nothing_and_recovers() {
     let filler = disk.0.join("filler");
     std::fs::write(&filler, vec![0u8; 1536 * 1024]).unwrap();
     let config = EngineConfig {
-        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: disk.0.join("data"),
         // A destination that refuses every connection: ingest alone is under test.
-        outputs: vec![OutputConfig::mqtt(
+        outputs: vec![OutputConfig::new(
+            "mqtt",
             "nowhere",
             "127.0.0.1:9".parse().unwrap(),
             "t",

@@ -9,10 +9,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use drill::brokers;
+use drill::dest::Runtime;
 use drill::engine::{DiskLimits, EngineConfig, OutputConfig};
 use drill::proxy::{Direction, Fault, Link};
-use drill::scenario::RuntimeChoice;
 use drill::sut::EngineProcess;
 use tokio_util::sync::CancellationToken;
 
@@ -43,7 +42,7 @@ async fn failed_journal_writes_on_a_full_disk_are_counted_and_said() {
         return;
     }
     let _disk = Tmpfs(disk.clone());
-    let mut broker = brokers::start_mqtt(RuntimeChoice::Process, dir.path(), None)
+    let mut broker = drill::dest::mqtt::broker::start_mqtt(Runtime::Process, dir.path(), None)
         .await
         .expect("mosquitto is installed (ci/setup.sh)");
     let link = Link::start(
@@ -56,9 +55,14 @@ async fn failed_journal_writes_on_a_full_disk_are_counted_and_said() {
     .unwrap();
     link.apply_settled(Fault::Refuse, Direction::Both).await;
     let config = EngineConfig {
-        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: disk.join("data"),
-        outputs: vec![OutputConfig::mqtt("mqtt", link.listen_addr(), "t/errors")],
+        outputs: vec![OutputConfig::new(
+            "mqtt",
+            "mqtt",
+            link.listen_addr(),
+            "t/errors",
+        )],
         // No reserve: the disk may fill to the last byte (ingest is done by then).
         disk: DiskLimits {
             warn_below_bytes: 0,

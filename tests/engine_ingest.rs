@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use drill::brokers;
 use drill::engine::{EngineConfig, MAX_INGEST_BODY, MAX_RECORD, OutputConfig};
 use drill::sut::EngineProcess;
 
@@ -12,10 +11,11 @@ use drill::sut::EngineProcess;
 async fn bad_batches_are_refused_whole_with_the_line_or_the_limit() {
     let dir = tempfile::tempdir().unwrap();
     let config = EngineConfig {
-        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: dir.path().join("data"),
         // A destination that refuses every connection: ingest alone is under test.
-        outputs: vec![OutputConfig::mqtt(
+        outputs: vec![OutputConfig::new(
+            "mqtt",
             "nowhere",
             "127.0.0.1:9".parse().unwrap(),
             "t",

@@ -12,18 +12,16 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drill::brokers::{self, Broker};
-use drill::engine::{DurText, EngineConfig, OutputConfig, OutputKind, RefusalConfig, Stats};
+use drill::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig, Stats};
+use drill::promise::{Order, Promise};
 use drill::proxy::{Direction, Fault, Link};
-use drill::scenario::{Order, Promise};
 use drill::sut::EngineProcess;
-use drill::verify;
 use tokio_util::sync::CancellationToken;
 
 const TOPIC: &str = "drill-t";
 
 struct Rig {
-    broker: Broker,
+    broker: drill::dest::kafka::broker::LocalKafka,
     link: Link,
     engine: EngineProcess,
     _dir: tempfile::TempDir,
@@ -33,7 +31,7 @@ struct Rig {
 async fn rig() -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().to_path_buf();
-    let port = brokers::free_port().unwrap();
+    let port = drill::process::free_port().unwrap();
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let link = Link::start(
         "kafka",
@@ -43,17 +41,17 @@ async fn rig() -> Rig {
     )
     .await
     .unwrap();
-    let broker = brokers::start_kafka(&work, Some(port), Some(link.listen_addr()))
-        .await
-        .expect("tansu is installed (ci/setup.sh)");
-    brokers::create_topic(link.listen_addr(), TOPIC, 3)
+    let broker =
+        drill::dest::kafka::broker::start_kafka(&work, Some(port), Some(link.listen_addr()))
+            .await
+            .expect("tansu is installed (ci/setup.sh)");
+    drill::dest::kafka::topic::create_topic(link.listen_addr(), TOPIC, 3)
         .await
         .unwrap();
     let config = EngineConfig {
-        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {
-            kind: OutputKind::Kafka,
             promise: Promise::AtLeastOnce,
             order: Order::Any,
             keepalive: DurText(Duration::from_secs(1)),
@@ -66,7 +64,7 @@ async fn rig() -> Rig {
                     DurText(Duration::from_millis(400)),
                 ],
             }),
-            ..OutputConfig::mqtt("kafka", link.listen_addr(), TOPIC)
+            ..OutputConfig::new("kafka", "kafka", link.listen_addr(), TOPIC)
         }],
         disk: Default::default(),
     };
@@ -133,7 +131,7 @@ fn attempts(work: &Path) -> Vec<serde_json::Value> {
 /// Copies per harness id in the topic, and how many of the extra ones carry a write key that
 /// differs from the first copy's.
 async fn topic_copies(bootstrap: SocketAddr) -> (HashMap<String, u32>, usize, usize) {
-    let got = verify::read_topic(bootstrap, TOPIC, Duration::from_secs(60), None)
+    let got = drill::dest::kafka::read::read_topic(bootstrap, TOPIC, Duration::from_secs(60), None)
         .await
         .unwrap();
     assert!(got.verifier_fault.is_none(), "{:?}", got.verifier_fault);

@@ -16,19 +16,17 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use drill::brokers::{self, Broker};
-use drill::engine::{DurText, EngineConfig, OutputConfig, OutputKind, RefusalConfig, Stats};
+use drill::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig, Stats};
+use drill::promise::{Order, Promise};
 use drill::proxy::{Direction, Fault, Link};
-use drill::scenario::{Order, Promise};
 use drill::sut::EngineProcess;
-use drill::verify;
 use tokio_util::sync::CancellationToken;
 
 const STREAM: &str = "DRILL";
 const SUBJECT: &str = "drill.t";
 
 struct Rig {
-    broker: Broker,
+    broker: drill::dest::nats::broker::LocalNats,
     link: Link,
     engine: EngineProcess,
     _dir: tempfile::TempDir,
@@ -38,7 +36,7 @@ struct Rig {
 async fn rig(max_msg_size: i32) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().to_path_buf();
-    let broker = brokers::start_nats(&work, None, None)
+    let broker = drill::dest::nats::broker::start_nats(&work, None, None)
         .await
         .expect("nats-server is installed (ci/setup.sh)");
     let client = async_nats::connect(broker.addr.to_string()).await.unwrap();
@@ -58,10 +56,9 @@ async fn rig(max_msg_size: i32) -> Rig {
         .await
         .unwrap();
     let config = EngineConfig {
-        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {
-            kind: OutputKind::Nats,
             promise: Promise::EffectivelyOnce,
             order: Order::Any,
             keepalive: DurText(Duration::from_secs(1)),
@@ -74,7 +71,7 @@ async fn rig(max_msg_size: i32) -> Rig {
                     DurText(Duration::from_millis(400)),
                 ],
             }),
-            ..OutputConfig::mqtt("js", link.listen_addr(), SUBJECT)
+            ..OutputConfig::new("nats", "js", link.listen_addr(), SUBJECT)
         }],
         disk: Default::default(),
     };
@@ -140,7 +137,7 @@ fn attempts(work: &Path) -> Vec<serde_json::Value> {
 
 /// Copies per harness id in the stream.
 async fn stream_copies(broker: SocketAddr) -> (HashMap<String, u32>, usize) {
-    let got = verify::read_stream(broker, STREAM, Duration::from_secs(30), None)
+    let got = drill::dest::nats::read::read_stream(broker, STREAM, Duration::from_secs(30), None)
         .await
         .unwrap();
     assert!(got.verifier_fault.is_none(), "{:?}", got.verifier_fault);

@@ -9,12 +9,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drill::brokers;
+use drill::dest::Runtime;
+use drill::dest::mqtt::read::Reader;
 use drill::engine::{DurText, EngineConfig, OutputConfig, Stats};
 use drill::proxy::{Direction, Fault, Link};
-use drill::scenario::RuntimeChoice;
 use drill::sut::EngineProcess;
-use drill::verify::Reader;
 use tokio_util::sync::CancellationToken;
 
 const BATCH: usize = 100;
@@ -69,10 +68,10 @@ async fn one_cut_output_does_not_slow_the_other() {
     let work = dir.path();
     std::fs::create_dir_all(work.join("a")).unwrap();
     std::fs::create_dir_all(work.join("b")).unwrap();
-    let mut broker_a = brokers::start_mqtt(RuntimeChoice::Auto, &work.join("a"), None)
+    let mut broker_a = drill::dest::mqtt::broker::start_mqtt(Runtime::Auto, &work.join("a"), None)
         .await
         .unwrap();
-    let mut broker_b = brokers::start_mqtt(RuntimeChoice::Auto, &work.join("b"), None)
+    let mut broker_b = drill::dest::mqtt::broker::start_mqtt(Runtime::Auto, &work.join("b"), None)
         .await
         .unwrap();
     let cancel = CancellationToken::new();
@@ -96,11 +95,11 @@ async fn one_cut_output_does_not_slow_the_other() {
         ..o
     };
     let config = EngineConfig {
-        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![
-            quick(OutputConfig::mqtt("a", link_a.listen_addr(), "t/a")),
-            quick(OutputConfig::mqtt("b", link_b.listen_addr(), "t/b")),
+            quick(OutputConfig::new("mqtt", "a", link_a.listen_addr(), "t/a")),
+            quick(OutputConfig::new("mqtt", "b", link_b.listen_addr(), "t/b")),
         ],
         disk: Default::default(),
     };

@@ -9,11 +9,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use drill::brokers;
+use drill::dest::mqtt::read::Reader;
 use drill::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig};
-use drill::scenario::Order;
+use drill::promise::Order;
 use drill::sut::EngineProcess;
-use drill::verify::Reader;
 use tokio_util::sync::CancellationToken;
 
 struct Mosquitto(Child);
@@ -26,7 +25,8 @@ impl Drop for Mosquitto {
 }
 
 async fn mosquitto(dir: &Path, port: u16, limit: Option<usize>) -> Mosquitto {
-    let bin = brokers::mosquitto_path().expect("mosquitto is installed (ci/setup.sh)");
+    let bin =
+        drill::dest::mqtt::broker::mosquitto_path().expect("mosquitto is installed (ci/setup.sh)");
     let conf = dir.join(format!("m-{port}-{}.conf", limit.unwrap_or(0)));
     let mut text = format!("listener {port} 127.0.0.1\nallow_anonymous true\nuser root\n");
     if let Some(limit) = limit {
@@ -92,7 +92,7 @@ async fn wait_until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> 
 async fn ten_counted_refusals_then_failed_then_one_copy_on_replay() {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path();
-    let port = brokers::free_port().unwrap();
+    let port = drill::process::free_port().unwrap();
     let broker: SocketAddr = ([127, 0, 0, 1], port).into();
     let mut mq = mosquitto(work, port, Some(2000)).await;
     let cancel = CancellationToken::new();
@@ -101,7 +101,7 @@ async fn ten_counted_refusals_then_failed_then_one_copy_on_replay() {
         .await
         .unwrap();
     let config = EngineConfig {
-        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {
             order: Order::Any,
@@ -115,7 +115,7 @@ async fn ten_counted_refusals_then_failed_then_one_copy_on_replay() {
                     DurText(Duration::from_millis(400)),
                 ],
             }),
-            ..OutputConfig::mqtt("mqtt", broker, "t/refusals")
+            ..OutputConfig::new("mqtt", "mqtt", broker, "t/refusals")
         }],
         disk: Default::default(),
     };

@@ -16,7 +16,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::run::{Ran, run_drill, run_drill_with, scenario, show};
-use drill::brokers;
 
 /// A drill of 12 s at 100 records/s with the link refused from 3 s to 7 s.
 fn drill_text(name: &str, destination: &str, link: &str) -> String {
@@ -67,10 +66,12 @@ async fn stream_exists(server: SocketAddr, name: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_external_nats_cluster_gets_the_managed_verdict_and_keeps_nothing_drill_made() {
     let dir = tempfile::tempdir().unwrap();
-    let ports: Vec<u16> = (0..3).map(|_| brokers::free_port().unwrap()).collect();
+    let ports: Vec<u16> = (0..3)
+        .map(|_| drill::process::free_port().unwrap())
+        .collect();
     let own: Vec<SocketAddr> = ports.iter().map(|p| ([127, 0, 0, 1], *p).into()).collect();
     // A cluster of the user's: its servers advertise themselves.
-    let _cluster = brokers::start_nats_cluster(dir.path(), &ports, &own)
+    let _cluster = drill::dest::nats::broker::start_nats_cluster(dir.path(), &ports, &own)
         .await
         .expect("nats-server is installed (ci/setup.sh)");
     let servers = own
@@ -206,7 +207,7 @@ fn mosquitto_with_password(dir: &Path) -> (std::process::Child, SocketAddr) {
         .status()
         .expect("mosquitto_passwd is installed (Debian: mosquitto)");
     assert!(made.success());
-    let port = brokers::free_port().unwrap();
+    let port = drill::process::free_port().unwrap();
     let conf = dir.join("mosquitto.conf");
     std::fs::write(
         &conf,
@@ -216,13 +217,14 @@ fn mosquitto_with_password(dir: &Path) -> (std::process::Child, SocketAddr) {
         ),
     )
     .unwrap();
-    let child = std::process::Command::new(brokers::mosquitto_path().expect("mosquitto"))
-        .arg("-c")
-        .arg(&conf)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let child =
+        std::process::Command::new(drill::dest::mqtt::broker::mosquitto_path().expect("mosquitto"))
+            .arg("-c")
+            .arg(&conf)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(addr).is_err() {
@@ -275,10 +277,10 @@ fn an_external_mqtt_broker_takes_credentials_from_the_environment_only() {
 async fn an_external_kafka_broker_gets_the_managed_verdict_and_older_records_are_not_read() {
     let dir = tempfile::tempdir().unwrap();
     // The user's broker advertises itself; it already holds a topic with records of its own.
-    let broker = brokers::start_kafka(dir.path(), None, None)
+    let broker = drill::dest::kafka::broker::start_kafka(dir.path(), None, None)
         .await
         .expect("tansu is installed (ci/setup.sh)");
-    brokers::create_topic(broker.addr, "site-data", 1)
+    drill::dest::kafka::topic::create_topic(broker.addr, "site-data", 1)
         .await
         .unwrap();
     let bootstrap = broker.addr.to_string();

@@ -1,13 +1,15 @@
 //! Property-based fuzzing on the stable toolchain (proptest): whatever the input, these never
 //! panic, and what they accept is what they promise. `ci/fuzz.sh` runs each target for a given
-//! time (`PROPTEST_CASES` per round); the suite runs each with proptest's default case count.
-//! A failure proptest finds is saved under `proptest-regressions/` and replayed first on every
-//! later run: commit it.
+//! time (`PROPTEST_CASES` per round; `ci/test.sh` gives all of them 3 minutes); the suite runs
+//! each with proptest's default case count. A failure proptest finds is saved in
+//! `tests/fuzz.proptest-regressions` and replayed first on every later run: commit it.
 //!
 //! Targets: the scenario parser (random text, and mutations of every file in `scenarios/`), the
-//! engine's NDJSON batch check, the record log's recovery (real segment files truncated and
-//! corrupted at random), the MQTT packet decoder, and the JSON of the proxy's control APIs
-//! (drill's and the Toxiproxy-shaped one; only fault-setting routes, so nothing binds a port).
+//! engine's NDJSON batch check, the record log's recovery (real segment files cut short and
+//! corrupted at random, judged frame by frame against what was written), the MQTT decoder
+//! (random bytes, and packets built from their structure and cut anyhow), the MQTT tap against
+//! a model of the session, and the JSON of the proxy's control APIs (drill's and the
+//! Toxiproxy-shaped one; only fault-setting routes, so nothing binds a port).
 
 use std::path::Path;
 
@@ -96,53 +98,292 @@ proptest! {
             }
         }
     }
+
+    /// Packets built from their structure, encoded, cut into chunks anyhow: the decoder gives
+    /// back exactly the packets, in order (a PUBACK as its packet id and reason code).
+    #[test]
+    fn the_mqtt_decoder_reads_back_packets_cut_anyhow(
+        items in proptest::collection::vec(mqtt_item(), 1..24),
+        cuts in proptest::collection::vec(any::<usize>(), 0..16),
+    ) {
+        let wire: Vec<u8> = items.iter().flat_map(encode).collect();
+        let mut codec = drill::mqtt::DrillCodec;
+        let mut buf = BytesMut::new();
+        let mut decoded = Vec::new();
+        for chunk in chunks(&wire, &cuts) {
+            buf.extend_from_slice(chunk);
+            while let Some(inbound) = codec.decode(&mut buf).map_err(|e| TestCaseError::fail(format!("{e:?}")))? {
+                decoded.push(inbound);
+            }
+        }
+        prop_assert!(buf.is_empty(), "{} bytes left undecoded", buf.len());
+        prop_assert_eq!(decoded.len(), items.len());
+        for (item, inbound) in items.iter().zip(&decoded) {
+            match (item, inbound) {
+                (MqttItem::Ack { pkid, reason }, drill::mqtt::Inbound::Ack(ack)) => {
+                    prop_assert_eq!((ack.pkid, ack.code), (*pkid, reason_code(*reason)));
+                }
+                (item, drill::mqtt::Inbound::Packet(p)) => prop_assert_eq!(&packet(item), p),
+                (item, other) => prop_assert!(false, "{item:?} came back as {other:?}"),
+            }
+        }
+    }
+
+    /// The MQTT tap, fed the engine's side and the broker's side cut into chunks anyhow, notes
+    /// exactly the ids a model of the session says went up and were acknowledged.
+    #[test]
+    fn the_mqtt_tap_notes_exactly_what_crossed(
+        items in proptest::collection::vec(mqtt_item(), 1..24),
+        cuts in proptest::collection::vec(any::<usize>(), 0..16),
+    ) {
+        use drill::proxy::tap::{TapLog, TapMaker};
+        let (up, down): (Vec<&MqttItem>, Vec<&MqttItem>) =
+            items.iter().partition(|i| !matches!(i, MqttItem::Ack { .. }));
+        let up_wire: Vec<u8> = up.iter().flat_map(|i| encode(i)).collect();
+        let down_wire: Vec<u8> = down.iter().flat_map(|i| encode(i)).collect();
+        let maker = drill::dest::mqtt::tap::MqttTaps { ids: drill::proxy::tap::IdFinder::new(RUN) };
+        let log = TapLog::default();
+        let mut tap = maker.tap();
+        for chunk in chunks(&up_wire, &cuts) {
+            tap.left(chunk, &log);
+            tap.up(chunk, &log);
+        }
+        for chunk in chunks(&down_wire, &cuts) {
+            tap.down(chunk, &log);
+        }
+        // The model: a QoS 1 PUBLISH waits under its packet id (a later one with the same id
+        // takes its place); a PUBACK below 0x80 confirms what waits under its id.
+        let (mut sent, mut acked, mut waiting) = (Vec::new(), Vec::new(), std::collections::HashMap::new());
+        let (mut frames, mut unreadable) = (0u64, 0u64);
+        for item in &up {
+            if let MqttItem::Publish { qos1, pkid, ids, .. } = item {
+                frames += 1;
+                unreadable += u64::from(ids.is_empty());
+                sent.extend(ids.iter().copied());
+                if *qos1 {
+                    waiting.insert(*pkid, ids.clone());
+                }
+            }
+        }
+        for item in &down {
+            if let MqttItem::Ack { pkid, reason } = item
+                && let Some(ids) = waiting.remove(pkid)
+                && reason_code(*reason) < 0x80
+            {
+                acked.extend(ids);
+            }
+        }
+        let seen = log.seen();
+        let as_set = |v: &[(u32, u64)]| v.iter().copied().collect::<std::collections::BTreeSet<_>>();
+        let of = |ids: Vec<drill::proxy::tap::TapId>| ids.into_iter().map(|t| (t.key, t.seq)).collect::<std::collections::BTreeSet<_>>();
+        prop_assert_eq!(of(seen.sent.keys().copied().collect()), as_set(&sent));
+        prop_assert_eq!(of(seen.left.iter().copied().collect()), as_set(&sent));
+        prop_assert_eq!(of(seen.acked.iter().copied().collect()), as_set(&acked));
+        prop_assert_eq!((seen.frames, seen.unreadable), (frames, unreadable));
+    }
+}
+
+/// The run the structured MQTT targets' ids belong to.
+const RUN: &str = "fuzz";
+
+/// One MQTT packet, as a strategy builds it.
+#[derive(Debug, Clone)]
+enum MqttItem {
+    /// A PUBLISH whose payload carries `ids` (with a decoy that is no id: a leading zero).
+    Publish {
+        qos1: bool,
+        pkid: u16,
+        topic: String,
+        ids: Vec<(u32, u64)>,
+        write_key: Option<String>,
+        filler: Vec<u8>,
+    },
+    Ack {
+        pkid: u16,
+        reason: u8,
+    },
+    Ping,
+}
+
+fn mqtt_item() -> impl Strategy<Value = MqttItem> {
+    let publish = (
+        any::<bool>(),
+        1u16..=u16::MAX,
+        "[a-e/]{1,20}",
+        proptest::collection::vec((0u32..1000, any::<u64>()), 0..4),
+        proptest::option::of("[a-z0-9-]{1,30}"),
+        proptest::collection::vec(any::<u8>(), 0..300),
+    )
+        .prop_map(
+            |(qos1, pkid, topic, ids, write_key, filler)| MqttItem::Publish {
+                qos1,
+                pkid: if qos1 { pkid } else { 0 },
+                topic,
+                ids,
+                write_key,
+                // Bytes that cannot start an id: the tap must find ids around them, not in them.
+                filler: filler.into_iter().map(|b| b & 0x3f).collect(),
+            },
+        );
+    let ack = (1u16..=u16::MAX, 0u8..9).prop_map(|(pkid, reason)| MqttItem::Ack { pkid, reason });
+    prop_oneof![6 => publish, 3 => ack, 1 => Just(MqttItem::Ping)]
+}
+
+/// The reason codes a PUBACK carries, by index.
+fn reason(i: u8) -> drill::mqtt::PubAckReason {
+    use drill::mqtt::PubAckReason::*;
+    [
+        Success,
+        NoMatchingSubscribers,
+        UnspecifiedError,
+        ImplementationSpecificError,
+        NotAuthorized,
+        TopicNameInvalid,
+        PacketIdentifierInUse,
+        QuotaExceeded,
+        PayloadFormatInvalid,
+    ][usize::from(i) % 9]
+}
+
+fn reason_code(i: u8) -> u8 {
+    [0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99][usize::from(i) % 9]
+}
+
+fn packet(item: &MqttItem) -> drill::mqtt::Packet {
+    use drill::mqtt::{Packet, PingReq, PubAck, Publish, QoS};
+    match item {
+        MqttItem::Publish {
+            qos1,
+            pkid,
+            topic,
+            ids,
+            write_key,
+            filler,
+        } => {
+            let mut payload = filler.clone();
+            for (k, s) in ids {
+                payload.extend_from_slice(
+                    format!("{{\"id\":\"{RUN}/k{k}/{s}\",\"x\":\"{RUN}/k0{k}/{s}\"}}").as_bytes(),
+                );
+            }
+            let qos = if *qos1 {
+                QoS::AtLeastOnce
+            } else {
+                QoS::AtMostOnce
+            };
+            match write_key {
+                Some(key) if *qos1 => {
+                    drill::mqtt::publish_with_key(topic, *pkid, payload.into(), key)
+                }
+                _ => {
+                    let mut p = Publish::new(topic.as_str(), qos, payload, None);
+                    p.pkid = *pkid;
+                    Packet::Publish(p)
+                }
+            }
+        }
+        MqttItem::Ack { pkid, reason: r } => Packet::PubAck(PubAck {
+            pkid: *pkid,
+            reason: reason(*r),
+            properties: None,
+        }),
+        MqttItem::Ping => Packet::PingReq(PingReq),
+    }
+}
+
+fn encode(item: &MqttItem) -> Vec<u8> {
+    use tokio_util::codec::Encoder;
+    let mut out = BytesMut::new();
+    drill::mqtt::DrillCodec
+        .encode(packet(item), &mut out)
+        .unwrap();
+    out.to_vec()
+}
+
+/// `bytes` cut at the given points (taken modulo its length), in order.
+fn chunks<'a>(bytes: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let mut at: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+    at.push(0);
+    at.push(bytes.len());
+    at.sort_unstable();
+    at.windows(2).map(|w| &bytes[w[0]..w[1]]).collect()
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases_or(32), ..ProptestConfig::default() })]
 
-    /// Real segment files written by the log, then cut and corrupted at random: reopening never
-    /// panics, and what it recovers is a subset of what was written, in order.
+    /// Real segment files written by the log, then one cut short and corrupted at random:
+    /// reopening always succeeds; every record of another segment, and every batch that ends
+    /// before the first damaged byte, is recovered; no record whose frame was damaged or cut
+    /// comes back, nothing comes back out of order, and the active segment's last batch comes
+    /// back whole or not at all.
     #[test]
-    fn the_log_recovers_from_random_truncation_and_corruption(
-        batches in proptest::collection::vec(1usize..6, 1..8),
-        cut in any::<u64>(), flips in proptest::collection::vec((any::<u64>(), any::<u8>()), 0..4)
+    fn the_log_recovers_every_record_before_the_damage_and_invents_none(
+        batches in proptest::collection::vec(1usize..6, 1..10),
+        victim in any::<usize>(), cut in any::<u64>(),
+        flips in proptest::collection::vec((any::<u64>(), any::<u8>()), 0..4)
     ) {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("log");
-        let mut written = Vec::new();
+        // Each record's frame: its segment, its byte range there, and its batch.
+        let mut written: Vec<(drill::engine::log::StoredRecord, std::ops::Range<u64>, usize)> = Vec::new();
         {
             let (mut log, _, _) = drill::engine::log::RecordLog::open(&data, 512).unwrap();
             for (b, n) in batches.iter().enumerate() {
                 let lines: Vec<String> = (0..*n).map(|i| format!("{{\"b\":{b},\"i\":{i}}}")).collect();
-                written.extend(lines.clone());
-                log.append(lines).unwrap();
-            }
-        }
-        let mut segments: Vec<_> = std::fs::read_dir(&data).unwrap().flatten()
-            .map(|e| e.path())
-            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("records-")))
-            .collect();
-        segments.sort();
-        let victim = &segments[(cut as usize) % segments.len()];
-        let mut bytes = std::fs::read(victim).unwrap();
-        if !bytes.is_empty() {
-            bytes.truncate((cut as usize) % (bytes.len() + 1));
-            for (at, b) in &flips {
-                if !bytes.is_empty() {
-                    let i = (*at as usize) % bytes.len();
-                    bytes[i] ^= b | 1;
+                for r in log.append(lines).unwrap() {
+                    let start = written.iter().rev().find(|(w, _, _)| w.segment == r.segment).map_or(0, |(_, at, _)| at.end);
+                    let end = start + 8 + 8 + 1 + r.data.len() as u64;
+                    written.push(((*r).clone(), start..end, b));
                 }
             }
         }
-        std::fs::write(victim, &bytes).unwrap();
-        if let Ok((_, records, _)) = drill::engine::log::RecordLog::open(&data, 512) {
-            let mut rest = written.iter();
-            for r in records {
-                let text = r.data.clone();
-                prop_assert!(rest.any(|w| *w == text), "recovered a record never written, or out of order: {text}");
+        let segment_of = |first: u64| data.join(format!("records-{first:020}.log"));
+        let mut segments: Vec<u64> = written.iter().map(|(r, _, _)| r.segment).collect();
+        segments.dedup();
+        let victim = segments[victim % segments.len()];
+        let path = segment_of(victim);
+        let mut bytes = std::fs::read(&path).unwrap();
+        prop_assert_eq!(Some(bytes.len() as u64), written.iter().filter(|(r, _, _)| r.segment == victim).map(|(_, at, _)| at.end).max());
+        bytes.truncate((cut as usize) % (bytes.len() + 1));
+        let mut damaged: Vec<u64> = vec![bytes.len() as u64];
+        for (at, b) in &flips {
+            if !bytes.is_empty() {
+                let i = (*at as usize) % bytes.len();
+                bytes[i] ^= b | 1;
+                damaged.push(i as u64);
             }
         }
+        let first_damage = *damaged.iter().min().unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+
+        let recovered = drill::engine::log::RecordLog::open(&data, 512);
+        prop_assert!(recovered.is_ok(), "the log did not reopen: {:?}", recovered.err());
+        let (_, records, _) = recovered.unwrap();
+        let by_seq: std::collections::HashMap<u64, &drill::engine::log::StoredRecord> =
+            records.iter().map(|r| (r.seq, r.as_ref())).collect();
+        prop_assert!(records.windows(2).all(|w| w[0].seq < w[1].seq), "out of order");
+        let active = *segments.last().unwrap();
+        let last_batch = written.last().unwrap().2;
+        for (w, at, batch) in &written {
+            let hit = w.segment == victim
+                && (at.end > bytes.len() as u64 || damaged.iter().any(|d| at.contains(d)));
+            let batch_end = written.iter().filter(|(_, _, b)| b == batch).map(|(_, at, _)| at.end).max().unwrap_or(at.end);
+            let before = w.segment != victim || batch_end <= first_damage;
+            match by_seq.get(&w.seq) {
+                Some(r) => {
+                    prop_assert_eq!((&r.data, &r.key), (&w.data, &w.key), "seq {} came back changed", w.seq);
+                    prop_assert!(!hit, "seq {} came back from a damaged frame", w.seq);
+                }
+                None => prop_assert!(!before, "seq {} (batch {batch}) lay before the damage and was lost", w.seq),
+            }
+        }
+        // The active segment's last batch: whole or not at all.
+        let tail: Vec<bool> = written.iter().filter(|(w, _, b)| w.segment == active && *b == last_batch)
+            .map(|(w, _, _)| by_seq.contains_key(&w.seq)).collect();
+        prop_assert!(tail.iter().all(|k| *k) || tail.iter().all(|k| !*k), "the last batch came back in part: {tail:?}");
+        // Nothing comes back that was never written.
+        prop_assert!(records.iter().all(|r| written.iter().any(|(w, _, _)| w.seq == r.seq)));
     }
 }
 

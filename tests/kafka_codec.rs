@@ -329,14 +329,14 @@ async fn capture_fixtures() {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     std::fs::create_dir_all(fixtures()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let port = drill::brokers::free_port().unwrap();
+    let port = drill::process::free_port().unwrap();
     let broker_addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let tap_addr = tap(broker_addr);
     // The broker advertises the tap, so every librdkafka connection passes it.
-    let broker = drill::brokers::start_kafka(dir.path(), Some(port), Some(tap_addr))
+    let broker = drill::dest::kafka::broker::start_kafka(dir.path(), Some(port), Some(tap_addr))
         .await
         .expect("tansu is installed");
-    drill::brokers::create_topic(tap_addr, "drill", 1)
+    drill::dest::kafka::topic::create_topic(tap_addr, "drill", 1)
         .await
         .unwrap();
 

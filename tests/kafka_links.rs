@@ -17,12 +17,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drill::brokers;
-use drill::engine::{DurText, EngineConfig, OutputConfig, OutputKind, Stats};
+use drill::engine::{DurText, EngineConfig, OutputConfig, Stats};
+use drill::promise::{Order, Promise};
 use drill::proxy::{Direction, Fault, Link};
-use drill::scenario::{Order, Promise};
 use drill::sut::EngineProcess;
-use drill::verify;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -31,15 +29,14 @@ const TOPIC: &str = "drill-links";
 
 async fn engine_to(link: &Link, work: &Path) -> EngineProcess {
     let config = EngineConfig {
-        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {
-            kind: OutputKind::Kafka,
             promise: Promise::AtLeastOnce,
             order: Order::Any,
             keepalive: DurText(Duration::from_secs(1)),
             answer_timeout: DurText(Duration::from_secs(2)),
-            ..OutputConfig::mqtt("kafka", link.listen_addr(), TOPIC)
+            ..OutputConfig::new("kafka", "kafka", link.listen_addr(), TOPIC)
         }],
         disk: Default::default(),
     };
@@ -79,7 +76,7 @@ async fn wait_stats(engine: &EngineProcess, what: &str, cond: impl Fn(&Stats) ->
 
 /// Distinct records in the topic, read straight from the broker.
 async fn in_topic(broker: SocketAddr) -> usize {
-    let got = verify::read_topic(broker, TOPIC, Duration::from_secs(60), None)
+    let got = drill::dest::kafka::read::read_topic(broker, TOPIC, Duration::from_secs(60), None)
         .await
         .unwrap();
     assert!(got.verifier_fault.is_none(), "{:?}", got.verifier_fault);
@@ -107,10 +104,12 @@ async fn refuse_with(kafka_aware: bool) -> Refused {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path();
     // The broker advertises itself, as a user's broker does.
-    let broker = brokers::start_kafka(work, None, None)
+    let broker = drill::dest::kafka::broker::start_kafka(work, None, None)
         .await
         .expect("tansu is installed (ci/setup.sh)");
-    brokers::create_topic(broker.addr, TOPIC, 1).await.unwrap();
+    drill::dest::kafka::topic::create_topic(broker.addr, TOPIC, 1)
+        .await
+        .unwrap();
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let cancel = CancellationToken::new();
     let link = if kafka_aware {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use drill::powerfs::{CutReport, PowerFs};
+use drill::powerfs::{CrashOp, CrashPoint, CutReport, PowerFs};
 
 /// A mounted power-cut filesystem over a fresh backing directory. Fields drop in order: the
 /// mount goes before the directories under it.
@@ -120,19 +120,72 @@ fn unsynced_writes_are_read_back_then_lost_in_a_power_cut() {
     );
     drop(f);
 
-    let cut = rig.fs.power_cut();
+    let cut = rig.fs.power_cut(false);
     assert_eq!(
         cut,
         CutReport {
             files: 1,
             writes: 2,
-            bytes: 18
+            bytes: 18,
+            torn: 0,
         }
     );
     assert_eq!(fs::read(&path).unwrap(), b"synced\n");
     assert_eq!(fs::metadata(&path).unwrap().len(), 7);
     assert_eq!(rig.fs.unsynced_bytes(), 0);
-    assert_eq!(rig.fs.power_cut(), CutReport::default());
+    assert_eq!(rig.fs.power_cut(false), CutReport::default());
+}
+
+/// A crash point on the third fdatasync of a `*.log`, torn: the process's third fdatasync(2)
+/// fails with EIO, the file on disk holds the first two synced appends whole and the third
+/// append but its last sector (zeros, the size kept); nothing changes until power is back.
+#[test]
+fn a_crash_point_on_the_third_fdatasync_leaves_a_torn_tail() {
+    let rig = rig_or_skip!();
+    let path = rig.mnt("records-1.log");
+    let mut f = File::create(&path).unwrap();
+    let mut marks = File::create(rig.mnt("marks")).unwrap();
+    rig.fs.arm(CrashPoint {
+        op: CrashOp::Fdatasync,
+        path: "*.log".to_string(),
+        nth: 3,
+        torn: true,
+    });
+    for (i, byte) in [b'a', b'b'].into_iter().enumerate() {
+        f.write_all(&[byte; 700]).unwrap();
+        f.sync_data().unwrap();
+        marks.write_all(&[byte]).unwrap();
+        marks.sync_data().unwrap(); // not a *.log: not counted
+        assert!(rig.fs.take_crash().is_none(), "fdatasync {} of 3", i + 1);
+    }
+    f.write_all(&[b'c'; 700]).unwrap();
+    let err = f
+        .sync_data()
+        .expect_err("the third fdatasync is where power goes");
+    assert_eq!(err.raw_os_error(), Some(nix::libc::EIO));
+    let crash = rig.fs.take_crash().expect("the crash point fired");
+    assert_eq!((crash.cut.files, crash.cut.torn), (1, 1));
+    assert!(f.write_all(b"more").is_err(), "no power: no change");
+    drop((f, marks));
+    let disk = fs::read(rig.backing("records-1.log")).unwrap();
+    assert_eq!(disk.len(), 2100, "the torn append's size reached the disk");
+    assert!(disk[..1400].iter().all(|b| *b == b'a' || *b == b'b'));
+    // 2100 - 1 = 2099: the last sector begins at 2048.
+    assert!(disk[1400..2048].iter().all(|b| *b == b'c'));
+    assert!(disk[2048..].iter().all(|b| *b == 0));
+    assert_eq!(
+        fs::read(&path).unwrap(),
+        disk,
+        "a reader sees what the disk holds"
+    );
+    rig.fs.revive();
+    OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(b"d")
+        .unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().len(), 2101);
 }
 
 #[test]
@@ -151,7 +204,7 @@ fn fdatasync_makes_a_write_survive_and_a_later_append_does_not() {
     assert_eq!(fs::read(rig.backing("journal.jsonl")).unwrap(), acked);
     assert_eq!(fs::metadata(&path).unwrap().len(), acked.len() as u64 + 9);
 
-    let cut = rig.fs.power_cut();
+    let cut = rig.fs.power_cut(false);
     assert_eq!((cut.files, cut.writes, cut.bytes), (1, 1, 9));
     assert_eq!(fs::read(&path).unwrap(), acked);
     assert_eq!(fs::read(rig.backing("journal.jsonl")).unwrap(), acked);
@@ -159,11 +212,11 @@ fn fdatasync_makes_a_write_survive_and_a_later_append_does_not() {
     // A truncate is held like a write: synced it stays, unsynced it is undone.
     f.set_len(9).unwrap();
     assert_eq!(fs::metadata(&path).unwrap().len(), 9);
-    rig.fs.power_cut();
+    rig.fs.power_cut(false);
     assert_eq!(fs::read(&path).unwrap(), acked);
     f.set_len(9).unwrap();
     f.sync_all().unwrap();
-    rig.fs.power_cut();
+    rig.fs.power_cut(false);
     assert_eq!(fs::read(&path).unwrap(), b"{\"id\":1}\n");
 }
 
@@ -197,7 +250,7 @@ fn a_killed_writer_loses_its_unsynced_tail_and_a_new_process_sees_only_synced_by
     assert_eq!(content, b"acked 1\nnot acked 2\n");
     assert_eq!(size, 20);
 
-    let cut = rig.fs.power_cut();
+    let cut = rig.fs.power_cut(false);
     assert_eq!((cut.files, cut.bytes), (1, 12));
     let (content, size) = read_by_new_process(&path);
     assert_eq!(content, b"acked 1\n");
@@ -227,7 +280,7 @@ fn atomic_replace_readdir_mkdir_and_unlink_pass_through() {
     assert_eq!(names(rig.mnt.path()), ["state.json", "state.json.tmp"]);
     fs::rename(&tmp, &state).unwrap();
     assert_eq!(names(rig.mnt.path()), ["state.json"]);
-    assert_eq!(rig.fs.power_cut(), CutReport::default());
+    assert_eq!(rig.fs.power_cut(false), CutReport::default());
     assert_eq!(fs::read(&state).unwrap(), b"{\"v\":2}");
     assert_eq!(fs::read(rig.backing("state.json")).unwrap(), b"{\"v\":2}");
 
@@ -235,7 +288,7 @@ fn atomic_replace_readdir_mkdir_and_unlink_pass_through() {
     fs::write(&tmp, b"{\"v\":3}").unwrap();
     fs::rename(&tmp, &state).unwrap();
     assert_eq!(fs::read(&state).unwrap(), b"{\"v\":3}");
-    assert_eq!(rig.fs.power_cut().bytes, 7);
+    assert_eq!(rig.fs.power_cut(false).bytes, 7);
     assert_eq!(fs::read(&state).unwrap(), b"");
 
     // Directories: made, renamed with their files, listed, removed.

@@ -9,12 +9,12 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drill::brokers::{self, Broker};
-use drill::engine::{self, DurText, EngineConfig, OutputConfig, OutputKind};
+use drill::dest::Runtime;
+use drill::dest::mqtt::read::Reader;
+use drill::engine::{DurText, EngineConfig, OutputConfig};
+use drill::promise::Promise;
 use drill::proxy::{Direction, Fault, Link};
-use drill::scenario::{Promise, RuntimeChoice};
 use drill::sut::EngineProcess;
-use drill::verify::{self, Reader};
 use tokio_util::sync::CancellationToken;
 
 async fn ingest(engine: SocketAddr, from: usize, count: usize) {
@@ -49,7 +49,7 @@ async fn delivered(engine: &EngineProcess, count: u64) {
 /// number of probes that were answered while the engine held records.
 async fn probes_during_an_outage(work: &Path, link: &Link, output: OutputConfig) -> usize {
     let config = EngineConfig {
-        listen: ([127, 0, 0, 1], brokers::free_port().unwrap()).into(),
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {
             keepalive: DurText(Duration::from_secs(1)),
@@ -74,7 +74,7 @@ async fn probes_during_an_outage(work: &Path, link: &Link, output: OutputConfig)
     let started = Instant::now();
     let mut answered = 0;
     for _ in 0..30 {
-        if engine::probe(&direct).await.is_ok() {
+        if drill::dest::probe(&direct).await.is_ok() {
             answered += 1;
         }
     }
@@ -117,7 +117,7 @@ async fn link_to(upstream: SocketAddr) -> Link {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_probes_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker: Broker = brokers::start_mqtt(RuntimeChoice::Process, dir.path(), None)
+    let mut broker = drill::dest::mqtt::broker::start_mqtt(Runtime::Process, dir.path(), None)
         .await
         .expect("mosquitto is installed (ci/setup.sh)");
     let reader = Reader::start(
@@ -132,7 +132,7 @@ async fn mqtt_probes_write_nothing() {
     let answered = probes_during_an_outage(
         dir.path(),
         &link,
-        OutputConfig::mqtt("mqtt", link.listen_addr(), "t/probe"),
+        OutputConfig::new("mqtt", "mqtt", link.listen_addr(), "t/probe"),
     )
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -149,10 +149,10 @@ async fn mqtt_probes_write_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_probes_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = brokers::start_nats(dir.path(), None, None)
+    let mut broker = drill::dest::nats::broker::start_nats(dir.path(), None, None)
         .await
         .expect("nats-server is installed (ci/setup.sh)");
-    brokers::create_stream(
+    drill::dest::nats::stream::create_stream(
         broker.addr,
         "PROBE",
         "t.probe",
@@ -167,15 +167,15 @@ async fn jetstream_probes_write_nothing() {
         dir.path(),
         &link,
         OutputConfig {
-            kind: OutputKind::Nats,
             promise: Promise::EffectivelyOnce,
-            ..OutputConfig::mqtt("js", link.listen_addr(), "t.probe")
+            ..OutputConfig::new("nats", "js", link.listen_addr(), "t.probe")
         },
     )
     .await;
-    let got = verify::read_stream(broker.addr, "PROBE", Duration::from_secs(30), None)
-        .await
-        .unwrap();
+    let got =
+        drill::dest::nats::read::read_stream(broker.addr, "PROBE", Duration::from_secs(30), None)
+            .await
+            .unwrap();
     let (copies, distinct) = exactly_once(got.arrivals.into_iter().map(|a| a.id));
     println!(
         "jetstream: {answered} probes answered during the outage; {copies} messages for {distinct} records"
@@ -188,26 +188,31 @@ async fn jetstream_probes_write_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_probes_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let port = brokers::free_port().unwrap();
+    let port = drill::process::free_port().unwrap();
     let link = link_to(([127, 0, 0, 1], port).into()).await;
-    let mut broker = brokers::start_kafka(dir.path(), Some(port), Some(link.listen_addr()))
-        .await
-        .expect("tansu is installed (ci/setup.sh)");
-    brokers::create_topic(link.listen_addr(), "probe", 1)
+    let mut broker =
+        drill::dest::kafka::broker::start_kafka(dir.path(), Some(port), Some(link.listen_addr()))
+            .await
+            .expect("tansu is installed (ci/setup.sh)");
+    drill::dest::kafka::topic::create_topic(link.listen_addr(), "probe", 1)
         .await
         .unwrap();
     let answered = probes_during_an_outage(
         dir.path(),
         &link,
         OutputConfig {
-            kind: OutputKind::Kafka,
-            ..OutputConfig::mqtt("kafka", link.listen_addr(), "probe")
+            ..OutputConfig::new("kafka", "kafka", link.listen_addr(), "probe")
         },
     )
     .await;
-    let got = verify::read_topic(link.listen_addr(), "probe", Duration::from_secs(60), None)
-        .await
-        .unwrap();
+    let got = drill::dest::kafka::read::read_topic(
+        link.listen_addr(),
+        "probe",
+        Duration::from_secs(60),
+        None,
+    )
+    .await
+    .unwrap();
     let (copies, distinct) = exactly_once(got.arrivals.into_iter().map(|a| a.id));
     println!(
         "kafka: {answered} probes answered during the outage; {copies} records for {distinct} read back"

@@ -89,3 +89,54 @@ fn a_fault_after_the_workload_is_invalid_unless_said_and_then_inconclusive() {
         "{headline}"
     );
 }
+
+/// Kafka's arrival times are the producer's, so a bypass cannot be seen by time; the links' tap
+/// sees it: an engine (drill's own, run as a user's engine) given the broker's own address
+/// instead of the link delivers through a refused link, and the drill is inconclusive.
+#[tokio::test]
+async fn a_kafka_engine_that_goes_around_the_proxy_is_caught_by_the_tap() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = drill::dest::kafka::broker::start_kafka(dir.path(), None, None)
+        .await
+        .expect("tansu is installed (ci/setup.sh)");
+    let own = broker.addr;
+    std::fs::write(
+        dir.path().join("engine.yaml.tmpl"),
+        format!(
+            "listen: \"{{ingest}}\"\ndata_dir: \"{{data_dir}}\"\noutputs:\n  - {{{{ name: out, kind: kafka, address: \"{own}\", topic: bypass }}}}\n"
+        ),
+    )
+    .unwrap();
+    let text = format!(
+        r#"name: kafka-bypass
+destination: {{ kind: kafka, runtime: external, bootstrap: ["{own}"], topic: bypass, create: true }}
+system:
+  command: [drill, engine, --config, "{{work_dir}}/engine.yaml"]
+  files: {{ engine.yaml: engine.yaml.tmpl }}
+  ingest: {{ kind: http, path: /ingest }}
+  ready: {{ http: /stats }}
+  stats: {{ path: /stats }}
+  write_key: {{ kafka_header: write-key }}
+  promise: at_least_once
+workload: {{ rate: 50/s, duration: 12s }}
+faults:
+  - {{ at: 3s, link: kafka, fault: refuse, for: 6s }}
+expect: {{ lost: 0, duplicates: 0 }}
+"#
+    );
+    let path = dir.path().to_path_buf();
+    let (o, report) = tokio::task::spawn_blocking(move || run(&path, "kafka-bypass", &text))
+        .await
+        .unwrap();
+    broker.stop().await;
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert_eq!(report["ledger"]["lost"], 0, "only the bypass fails it");
+    let why = report["inconclusive"].as_array().unwrap();
+    assert!(
+        why.iter().any(|w| w
+            .as_str()
+            .unwrap_or("")
+            .contains("records reached the destination without crossing the link")),
+        "{why:?}"
+    );
+}

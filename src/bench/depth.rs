@@ -14,18 +14,17 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use futures::{SinkExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::BenchError;
 use super::engine::record_line;
-use crate::brokers;
-use crate::engine::{OutputKind, Stats};
+use crate::dest::{BenchBroker, BenchKind, Kind};
+use crate::engine::Stats;
 use crate::proxy::{Direction, Fault, Link};
-use crate::scenario::RuntimeChoice;
 
-fn other(e: impl std::fmt::Display) -> BenchError {
+pub(super) fn other(e: impl std::fmt::Display) -> BenchError {
     BenchError::Io(std::io::Error::other(e.to_string()))
 }
 
@@ -217,109 +216,67 @@ fn cpu_of(pid: &str) -> Duration {
 
 /// One destination for every round of a drain: a broker of its kind and the in-process link
 /// in front of it (refused while a backlog builds, healed for the drain and the raw client).
-struct Destination {
-    kind: OutputKind,
-    name: &'static str,
-    broker: brokers::Broker,
-    link: Link,
+/// A bench broker with a drill link in front of it (the link started first, so a broker that
+/// advertises an address is told the link's). Also the tap bench's path (`taps.rs`).
+pub(super) struct Destination {
+    pub(super) kind: Kind,
+    pub(super) bench: &'static dyn BenchKind,
+    pub(super) broker: BenchBroker,
+    pub(super) link: Link,
 }
 
 impl Destination {
-    async fn start(dir: &Path, kind: OutputKind) -> Result<Destination, BenchError> {
+    pub(super) async fn start(dir: &Path, kind: Kind) -> Result<Destination, BenchError> {
+        let Some(bench) = kind.entry().bench else {
+            return Err(other(format!("{} takes no part in the bench", kind.name())));
+        };
         let any: SocketAddr = "127.0.0.1:0".parse().map_err(other)?;
-        let start_link = |upstream: SocketAddr| async move {
-            Link::start("bench", any, upstream, CancellationToken::new())
-                .await
-                .map_err(other)
+        // The link first: a broker that advertises an address is told the link's.
+        let port = crate::process::free_port()?;
+        let upstream = SocketAddr::from(([127, 0, 0, 1], port));
+        let link = Link::start("bench", any, upstream, CancellationToken::new())
+            .await
+            .map_err(other)?;
+        let advertise = link.listen_addr();
+        let at = crate::dest::BenchAt {
+            dir,
+            port,
+            advertise,
         };
-        let (broker, link, name) = match kind {
-            OutputKind::Mqtt => {
-                let b = brokers::start_mqtt(RuntimeChoice::Process, dir, None)
-                    .await
-                    .map_err(other)?;
-                let link = start_link(b.addr).await?;
-                (b, link, "mqtt")
-            }
-            OutputKind::Nats => {
-                let port = brokers::free_port()?;
-                let link = start_link(([127, 0, 0, 1], port).into()).await?;
-                let b = brokers::start_nats(dir, Some(port), Some(link.listen_addr()))
-                    .await
-                    .map_err(other)?;
-                (b, link, "nats")
-            }
-            OutputKind::Kafka => {
-                let port = brokers::free_port()?;
-                let link = start_link(([127, 0, 0, 1], port).into()).await?;
-                let b = brokers::start_kafka(dir, Some(port), Some(link.listen_addr()))
-                    .await
-                    .map_err(other)?;
-                (b, link, "kafka")
-            }
-        };
+        let broker = bench.start(at).await.map_err(other)?;
+        link.set_upstream(broker.addr);
         Ok(Destination {
             kind,
-            name,
+            bench,
             broker,
             link,
         })
     }
 
-    /// A fresh topic (Kafka), stream (JetStream) or topic name (MQTT) for one run of `who`
-    /// (`engine` or `raw`) in `round`: what each publishes to, named apart from every other.
-    async fn fresh(&self, who: &str, round: usize) -> Result<String, BenchError> {
-        match self.kind {
-            OutputKind::Mqtt => Ok(format!("bench/{who}/{round}")),
-            OutputKind::Nats => {
-                let subject = format!("bench.{who}.{round}");
-                brokers::create_stream(
-                    self.broker.addr,
-                    &stream_name(who, round),
-                    &subject,
-                    Duration::from_secs(120),
-                    None,
-                    1,
-                )
-                .await
-                .map_err(other)?;
-                Ok(subject)
-            }
-            OutputKind::Kafka => {
-                let topic = format!("bench-{who}-{round}");
-                brokers::create_topic(self.link.listen_addr(), &topic, 1)
-                    .await
-                    .map_err(other)?;
-                Ok(topic)
-            }
+    /// One run of `who` (`engine` or `raw`) in `round`.
+    pub(super) fn run<'a>(&self, who: &'a str, round: usize) -> crate::dest::BenchRun<'a> {
+        crate::dest::BenchRun {
+            broker: self.broker.addr,
+            via: self.link.listen_addr(),
+            who,
+            round,
         }
+    }
+
+    /// A fresh topic, stream or topic name for one run of `who` (`engine` or `raw`) in
+    /// `round`: what each publishes to, named apart from every other.
+    async fn fresh(&self, who: &str, round: usize) -> Result<String, BenchError> {
+        self.bench.fresh(self.run(who, round)).await.map_err(other)
     }
 
     /// Frees what [`Destination::fresh`] made once its run is measured (a million records a
     /// run add up in a broker's memory over the rounds).
     async fn done_with(&self, who: &str, round: usize, topic: &str) {
-        let none = crate::scenario::Secrets::default();
-        let gone = match self.kind {
-            OutputKind::Mqtt => Ok(()),
-            OutputKind::Nats => {
-                brokers::external::delete_nats_stream(
-                    self.broker.addr,
-                    &stream_name(who, round),
-                    &none,
-                )
-                .await
-            }
-            OutputKind::Kafka => {
-                brokers::external::delete_kafka_topic(self.link.listen_addr(), topic, &none).await
-            }
-        };
+        let gone = self.bench.done_with(self.run(who, round), topic).await;
         if let Err(e) = gone {
-            eprintln!("drill bench: {}: {e} (left in place)", self.name);
+            eprintln!("drill bench: {}: {e} (left in place)", self.kind.name());
         }
     }
-}
-
-fn stream_name(who: &str, round: usize) -> String {
-    format!("{}{round}", who.to_uppercase())
 }
 
 /// What one engine drain measured.
@@ -344,7 +301,7 @@ async fn engine_drain(
     let http = reqwest::Client::new();
     let _ = std::fs::remove_dir_all(dir);
     to.link.apply_settled(Fault::Refuse, Direction::Both).await;
-    let engine = EngineChild::start(drill_exe, dir, to.name, to.link.listen_addr(), topic)?;
+    let engine = EngineChild::start(drill_exe, dir, to.kind.name(), to.link.listen_addr(), topic)?;
     fill(&http, engine.api, records, 1000, 8, record_bytes).await?;
     let held = stats(&http, engine.api).await?;
     if held.held != records || held.delivered != 0 {
@@ -366,7 +323,8 @@ async fn engine_drain(
         if healed.elapsed() > Duration::from_secs(600) {
             return Err(other(format!(
                 "{}: {} of {records} delivered after 10 minutes",
-                to.name, s.delivered
+                to.kind.name(),
+                s.delivered
             )));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -413,15 +371,15 @@ fn attempt_span(data: &Path) -> Result<(u64, u64), BenchError> {
 pub async fn drain(
     drill_exe: &Path,
     work: &Path,
-    kind: OutputKind,
+    kind: Kind,
     records: u64,
     record_bytes: usize,
     rounds: usize,
 ) -> Result<Drain, BenchError> {
-    let dir = work.join(format!("drain-{kind:?}").to_lowercase());
+    let dir = work.join(format!("drain-{}", kind.name()));
     std::fs::create_dir_all(&dir)?;
     let to = Destination::start(&dir, kind).await?;
-    let window = kind.default_window();
+    let window = kind.sink().default_window();
     let mut measured = Vec::new();
     for round in 0..rounds.max(1) {
         let mut engine = None;
@@ -445,15 +403,15 @@ pub async fn drain(
                 let topic = to.fresh("raw", round).await?;
                 to.link.apply_settled(Fault::Heal, Direction::Both).await;
                 let own = cpu_of("self");
-                let took = raw_client(
-                    kind,
-                    to.link.listen_addr(),
-                    topic.clone(),
+                let run = crate::dest::RawRun {
+                    addr: to.link.listen_addr(),
+                    topic: topic.clone(),
                     records,
-                    record_bytes,
+                    bytes: record_bytes,
                     window,
-                )
-                .await?;
+                    line: record_line,
+                };
+                let took = to.bench.raw_client(run).await.map_err(other)?;
                 let cpu = cpu_of("self").saturating_sub(own) / records.max(1) as u32;
                 raw = Some((took, cpu));
                 to.done_with("raw", round, &topic).await;
@@ -464,7 +422,7 @@ pub async fn drain(
         };
         eprintln!(
             "drill bench: drain {} round {}: engine {:.1} s, raw client {:.1} s ({:.2}×)",
-            to.name,
+            to.kind.name(),
             round + 1,
             e.took.as_secs_f64(),
             raw.as_secs_f64(),
@@ -480,201 +438,12 @@ pub async fn drain(
         });
     }
     Ok(Drain {
-        kind: to.name,
+        kind: to.kind.name(),
         records,
         rounds: measured,
         window,
         note: to.broker.version.clone(),
     })
-}
-
-/// The raw client of `kind` sending `records` to `topic` at `addr`, on a runtime of its own
-/// like the engine's (not on this thread, which serves the link: in the engine's turn the link
-/// has this thread to itself, so it has here too). Returns how long it took.
-async fn raw_client(
-    kind: OutputKind,
-    addr: SocketAddr,
-    topic: String,
-    records: u64,
-    record_bytes: usize,
-    window: usize,
-) -> Result<Duration, BenchError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
-        let sent = tokio::runtime::Runtime::new()
-            .map_err(BenchError::from)
-            .and_then(|runtime| {
-                runtime.block_on(async {
-                    match kind {
-                        OutputKind::Mqtt => {
-                            raw_mqtt(addr, &topic, records, record_bytes, window).await
-                        }
-                        OutputKind::Nats => {
-                            raw_nats(addr, &topic, records, record_bytes, window).await
-                        }
-                        OutputKind::Kafka => {
-                            raw_kafka(addr, &topic, records, record_bytes, window).await
-                        }
-                    }
-                })
-            });
-        let _ = tx.send(sent);
-    });
-    rx.await
-        .map_err(|_| other("the raw client's thread ended without an answer"))?
-}
-
-/// The write key the raw clients carry, shaped like the engine's.
-fn raw_key(i: u64) -> String {
-    format!("0123456789abcdef-{i}")
-}
-
-/// The crate's MQTT 5 QoS 1 code: `window` publishes in flight, each with its write key.
-async fn raw_mqtt(
-    addr: SocketAddr,
-    topic: &str,
-    records: u64,
-    record_bytes: usize,
-    window: usize,
-) -> Result<Duration, BenchError> {
-    use crate::mqtt::{self, Inbound};
-    let session = mqtt::connect(
-        addr,
-        "bench-raw",
-        Duration::from_secs(30),
-        Duration::from_secs(10),
-    )
-    .await
-    .map_err(other)?;
-    let window = session
-        .connack
-        .properties
-        .as_ref()
-        .and_then(|p| p.receive_max)
-        .map_or(window, |m| window.min(usize::from(m.max(1))));
-    let (mut tx, rx) = session.framed.split();
-    let mut rx = rx.ready_chunks(256);
-    let started = Instant::now();
-    let (mut sent, mut acked, mut open) = (0u64, 0u64, 0usize);
-    while acked < records {
-        while open < window && sent < records {
-            let pkid = (sent % 65_535) as u16 + 1;
-            let payload = bytes::Bytes::from(record_line(sent, record_bytes).into_bytes());
-            tx.feed(mqtt::publish_with_key(topic, pkid, payload, &raw_key(sent)))
-                .await
-                .map_err(other)?;
-            sent += 1;
-            open += 1;
-        }
-        tx.flush().await.map_err(other)?;
-        let Some(packets) = rx.next().await else {
-            return Err(other("MQTT broker closed the connection"));
-        };
-        for p in packets {
-            if let Ok(Inbound::Ack(ack)) = p {
-                if !ack.accepted() {
-                    return Err(other(format!("MQTT broker refused: {}", ack.describe())));
-                }
-                acked += 1;
-                open = open.saturating_sub(1);
-            }
-        }
-    }
-    Ok(started.elapsed())
-}
-
-/// async-nats JetStream publishes with `Nats-Msg-Id`, `window` acks awaited at once.
-async fn raw_nats(
-    addr: SocketAddr,
-    subject: &str,
-    records: u64,
-    record_bytes: usize,
-    window: usize,
-) -> Result<Duration, BenchError> {
-    use async_nats::jetstream::{self, message::PublishMessage};
-    let client = async_nats::ConnectOptions::new()
-        .ignore_discovered_servers()
-        .connect(format!("nats://{addr}"))
-        .await
-        .map_err(other)?;
-    let js = jetstream::new(client);
-    let started = Instant::now();
-    let mut acks = FuturesUnordered::new();
-    let mut sent = 0u64;
-    let mut acked = 0u64;
-    while acked < records {
-        while acks.len() < window && sent < records {
-            let publish = PublishMessage::build()
-                .payload(bytes::Bytes::from(
-                    record_line(sent, record_bytes).into_bytes(),
-                ))
-                .message_id(raw_key(sent));
-            let ack = js
-                .send_publish(subject.to_string(), publish)
-                .await
-                .map_err(other)?;
-            acks.push(ack.into_future());
-            sent += 1;
-        }
-        match acks.next().await {
-            Some(Ok(_)) => acked += 1,
-            Some(Err(e)) => return Err(other(e)),
-            None => break,
-        }
-    }
-    Ok(started.elapsed())
-}
-
-/// rdkafka's FutureProducer with the engine's settings (idempotent, acks=all, no message
-/// timeout, linger 5 ms), the write key as key and header, `window` deliveries in flight.
-async fn raw_kafka(
-    addr: SocketAddr,
-    topic: &str,
-    records: u64,
-    record_bytes: usize,
-    window: usize,
-) -> Result<Duration, BenchError> {
-    use rdkafka::message::{Header, OwnedHeaders};
-    use rdkafka::producer::{FutureProducer, FutureRecord};
-    let producer: FutureProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", addr.to_string())
-        .set("client.id", "bench-raw")
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("message.timeout.ms", "0")
-        .set("linger.ms", "5")
-        .create()
-        .map_err(other)?;
-    let started = Instant::now();
-    let mut deliveries = FuturesUnordered::new();
-    let mut sent = 0u64;
-    let mut acked = 0u64;
-    while acked < records {
-        while deliveries.len() < window && sent < records {
-            let key = raw_key(sent);
-            let data = record_line(sent, record_bytes);
-            let headers = OwnedHeaders::new().insert(Header {
-                key: "write-key",
-                value: Some(key.as_str()),
-            });
-            let record = FutureRecord::to(topic)
-                .payload(data.as_str())
-                .key(key.as_str())
-                .headers(headers);
-            match producer.send_result(record) {
-                Ok(delivery) => deliveries.push(delivery),
-                Err((e, _)) => return Err(other(e)),
-            }
-            sent += 1;
-        }
-        match deliveries.next().await {
-            Some(Ok(Ok(_))) => acked += 1,
-            Some(Ok(Err((e, _)))) => return Err(other(e)),
-            Some(Err(_)) => return Err(other("delivery report dropped")),
-            None => break,
-        }
-    }
-    Ok(started.elapsed())
 }
 
 /// Engine memory with records held behind a refused destination: `(held, VmRSS)` at each of
@@ -741,6 +510,7 @@ pub fn reconcile(n: u64) -> Result<(Duration, u64, u64), BenchError> {
                 id: Some(format!("bench/k{}/{i}", i % 8)),
                 write_key: None,
                 at: Duration::from_millis(i / 1000 + 1),
+                pad: None,
             })
             .collect(),
         ..Received::default()

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::{BenchError, depth};
-use crate::engine::OutputKind;
+use crate::dest::Kind;
 
 /// How much `drill bench engine` measures. [`EngineOptions::from_env`] gives the published
 /// run; the variables below shrink it for a quick look.
@@ -29,7 +29,7 @@ pub struct EngineOptions {
     pub drain_rounds: usize,
     /// Destination kinds drained (`DRILL_BENCH_DESTINATIONS`, comma separated: `kafka`,
     /// `nats`, `mqtt`; all by default).
-    pub destinations: Vec<OutputKind>,
+    pub destinations: Vec<Kind>,
     /// Held records at which the engine's memory is read (`DRILL_BENCH_HELD`, default
     /// `1000000,10000000`).
     pub held_marks: Vec<u64>,
@@ -58,17 +58,13 @@ impl EngineOptions {
             drain_records: number("DRILL_BENCH_DRAIN", 1_000_000),
             drain_rounds: number("DRILL_BENCH_DRAIN_ROUNDS", 3).clamp(1, 100) as usize,
             destinations: var("DRILL_BENCH_DESTINATIONS")
-                .map(|v| {
-                    v.split(',')
-                        .filter_map(|k| match k.trim() {
-                            "kafka" => Some(OutputKind::Kafka),
-                            "nats" => Some(OutputKind::Nats),
-                            "mqtt" => Some(OutputKind::Mqtt),
-                            _ => None,
-                        })
+                .map(|v| v.split(',').filter_map(|k| Kind::parse(k.trim())).collect())
+                .unwrap_or_else(|| {
+                    Kind::ALL
+                        .into_iter()
+                        .filter(|k| k.entry().bench.is_some())
                         .collect()
-                })
-                .unwrap_or_else(|| vec![OutputKind::Kafka, OutputKind::Nats, OutputKind::Mqtt]),
+                }),
             held_marks: var("DRILL_BENCH_HELD")
                 .map(|v| {
                     v.split(',')

@@ -93,7 +93,7 @@ fn create_topic(bootstrap: SocketAddr) -> Result<(), BenchError> {
         .enable_all()
         .build()?;
     runtime
-        .block_on(crate::brokers::create_topic(bootstrap, TOPIC, 1))
+        .block_on(crate::dest::kafka::topic::create_topic(bootstrap, TOPIC, 1))
         .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))
 }
 
@@ -128,7 +128,7 @@ fn produce(bootstrap: SocketAddr, n: u64) -> Result<f64, BenchError> {
 
 /// The Kafka table, or why there is none (tansu not installed).
 pub fn measure(drill_exe: &Path, records: u64, runs: usize) -> Result<String, BenchError> {
-    let Some(bin) = crate::brokers::tansu_path() else {
+    let Some(bin) = crate::dest::kafka::broker::tansu_path() else {
         return Ok("\nKafka produce path: tansu is not installed (cargo install tansu --features dynostore,libsql): no Kafka table\n".to_string());
     };
     let mut children = Killed(Vec::new());

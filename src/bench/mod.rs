@@ -11,6 +11,7 @@
 mod depth;
 mod engine;
 mod kafka_link;
+mod taps;
 
 pub use depth::rss_of;
 pub use engine::{EngineOptions, engine};
@@ -270,6 +271,7 @@ pub fn proxy(drill_exe: &Path, o: Options) -> Result<String, BenchError> {
     let mut table = render(&results?, o, note);
     drop(children);
     table.push_str(&kafka_link::measure(drill_exe, o.kafka_records, o.runs)?);
+    table.push_str(&taps::measure(o.kafka_records, o.runs)?);
     Ok(table)
 }
 

@@ -9,7 +9,8 @@ use std::time::Instant;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use tokio_util::sync::CancellationToken;
 
-use drill::scenario::{Plan, RuntimeChoice};
+use drill::dest::Runtime;
+use drill::scenario::Plan;
 use drill::{report, runner, scenario};
 
 use super::{FAIL, INFRASTRUCTURE, INVALID, PASS};
@@ -26,7 +27,7 @@ pub struct Flags {
     pub paths: Vec<PathBuf>,
     pub out: PathBuf,
     pub seed: Option<u64>,
-    pub runtime: Option<RuntimeChoice>,
+    pub runtime: Option<Runtime>,
     pub tags: Vec<String>,
 }
 

@@ -1,6 +1,6 @@
 //! `engine.yaml`: what the engine is told, and the checks that refuse a configuration it could
-//! not honour (DESIGN.md §1.7: an output may declare only the promise it can keep). Defaults
-//! live here once. Owns no state and starts nothing.
+//! not honour (DESIGN.md §1.7: an output may declare only the promise it can keep, which its
+//! kind's [`SinkKind`] says). Defaults live here once. Owns no state and starts nothing.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use super::EngineError;
 use super::log;
-use crate::scenario::{Credentials, Dur, Order, Promise};
+use super::sink::{SinkKind, Sinks};
+use crate::credentials::Credentials;
+use crate::promise::{Order, Promise};
+use crate::units::Dur;
 
 /// `engine.yaml`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -57,7 +60,8 @@ impl Default for DiskLimits {
 #[serde(deny_unknown_fields)]
 pub struct OutputConfig {
     pub name: String,
-    pub kind: OutputKind,
+    /// The destination kind (`mqtt`, `nats`, `kafka`): a name the build's [`Sinks`] knows.
+    pub kind: String,
     /// The destination (for a drill: the proxy link in front of the broker).
     pub address: SocketAddr,
     /// More servers of the same destination (the other nodes of a NATS cluster, each through
@@ -79,8 +83,8 @@ pub struct OutputConfig {
     #[serde(default = "default_answer_timeout")]
     pub answer_timeout: DurText,
     /// Open attempts at once (deliveries in flight). Left out (or 0): the kind's own
-    /// ([`OutputKind::default_window`]), as many as the destination takes without harm. An
-    /// MQTT broker's Receive Maximum lowers it further.
+    /// ([`SinkKind::default_window`]), as many as the destination takes without harm. A
+    /// destination's own limit (an MQTT broker's Receive Maximum) lowers it further.
     #[serde(default)]
     pub window: usize,
     #[serde(default)]
@@ -93,20 +97,20 @@ pub struct OutputConfig {
 
 impl OutputConfig {
     /// The window in force: the configured one, or the kind's default.
-    pub fn window(&self) -> usize {
+    pub fn window_with(&self, kind: &dyn SinkKind) -> usize {
         if self.window == 0 {
-            self.kind.default_window()
+            kind.default_window()
         } else {
             self.window
         }
     }
 
-    /// An MQTT output with every default (at_least_once, in_order, 2 s keepalive, 3 s answer
-    /// timeout, 64 open attempts, 10 counted refusals backing off 1 s → 60 s).
-    pub fn mqtt(name: &str, address: SocketAddr, topic: &str) -> OutputConfig {
+    /// An output of `kind` with every default (at_least_once, in_order, 2 s keepalive, 3 s
+    /// answer timeout, 64 open attempts, 10 counted refusals backing off 1 s → 60 s).
+    pub fn new(kind: &str, name: &str, address: SocketAddr, topic: &str) -> OutputConfig {
         OutputConfig {
             name: name.to_string(),
-            kind: OutputKind::Mqtt,
+            kind: kind.to_string(),
             address,
             more_addresses: Vec::new(),
             topic: topic.to_string(),
@@ -118,41 +122,6 @@ impl OutputConfig {
             window: default_window(),
             refusals: None,
             credentials: Credentials::default(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum OutputKind {
-    /// MQTT 5, QoS 1; `topic` is the topic. Keeps `at_least_once`.
-    Mqtt,
-    /// NATS JetStream; `topic` is the subject a stream captures. Keeps `effectively_once`
-    /// within the stream's duplicate window (or `at_least_once`, if declared).
-    Nats,
-    /// Kafka (idempotent producer); `topic` is the topic. Keeps `at_least_once`.
-    Kafka,
-}
-
-impl OutputKind {
-    /// Deliveries in flight when the config gives no `window`: MQTT's QoS 1 window (further
-    /// capped by the broker's Receive Maximum), JetStream publishes awaiting their acks, Kafka
-    /// records in the producer's batches. Enough that draining a backlog runs at the speed of
-    /// the client library, not of one round trip per window.
-    pub fn default_window(self) -> usize {
-        match self {
-            OutputKind::Mqtt => 1024,
-            OutputKind::Nats => 4096,
-            OutputKind::Kafka => 16_384,
-        }
-    }
-
-    /// The strongest promise this kind of output can keep (DESIGN.md §1.7).
-    pub fn strongest_promise(self) -> Promise {
-        match self {
-            OutputKind::Mqtt => Promise::AtLeastOnce,
-            OutputKind::Nats => Promise::EffectivelyOnce,
-            OutputKind::Kafka => Promise::AtLeastOnce,
         }
     }
 }
@@ -192,7 +161,8 @@ fn default_window() -> usize {
 }
 
 impl EngineConfig {
-    pub fn load(path: &Path) -> Result<EngineConfig, EngineError> {
+    /// Reads and checks `engine.yaml`; `sinks` are the destination kinds this build has.
+    pub fn load(path: &Path, sinks: &dyn Sinks) -> Result<EngineConfig, EngineError> {
         let text = std::fs::read_to_string(path).map_err(|source| EngineError::ReadConfig {
             path: path.to_path_buf(),
             source,
@@ -207,11 +177,13 @@ impl EngineConfig {
                 message: format!("{at}{}", e.to_string().lines().next().unwrap_or("invalid")),
             }
         })?;
-        config.validate(path)?;
+        config.validate(path, sinks)?;
         Ok(config)
     }
 
-    fn validate(&self, path: &Path) -> Result<(), EngineError> {
+    /// Refuses what the engine could not honour: no outputs, a name used twice or unusable, an
+    /// unknown kind, a promise the kind cannot keep.
+    pub fn validate(&self, path: &Path, sinks: &dyn Sinks) -> Result<(), EngineError> {
         let err = |message: String| EngineError::Config {
             path: path.to_path_buf(),
             message,
@@ -229,20 +201,17 @@ impl EngineConfig {
                     o.name
                 )));
             }
+            let Some(kind) = sinks.kind(&o.kind) else {
+                return Err(err(format!(
+                    "output `{}`: unknown kind `{}`; this build has {}",
+                    o.name,
+                    o.kind,
+                    sinks.names().join(", ")
+                )));
+            };
             // DESIGN.md §1.7: claiming more than an output can keep is a configuration error.
-            let can = o.kind.strongest_promise();
+            let (can, why) = kind.strongest_promise();
             if o.promise.rank() > can.rank() {
-                let why = match o.kind {
-                    OutputKind::Mqtt => {
-                        "an MQTT 5 QoS 1 output keeps `at_least_once` (a lost PUBACK means a resend)"
-                    }
-                    OutputKind::Nats => {
-                        "a JetStream output keeps `effectively_once` only within the stream's duplicate window"
-                    }
-                    OutputKind::Kafka => {
-                        "a Kafka output keeps `at_least_once` (a new producer session after a crash may add a copy)"
-                    }
-                };
                 return Err(err(format!(
                     "output `{}` declares `{}`, but {why}; declare {} or less",
                     o.name,
@@ -277,6 +246,45 @@ impl EngineConfig {
 mod tests {
     use super::*;
 
+    /// Two kinds made up for the test: one keeps at_least_once, one effectively_once.
+    struct Kinds;
+    struct Kind(Promise);
+
+    impl SinkKind for Kind {
+        fn strongest_promise(&self) -> (Promise, &'static str) {
+            (self.0, "it says so")
+        }
+        fn default_window(&self) -> usize {
+            8
+        }
+        fn spawn(&self, _: crate::engine::OutputTask) -> tokio::task::JoinHandle<()> {
+            unreachable!("not started in this test")
+        }
+        fn probe<'a>(
+            &'a self,
+            _: &'a OutputConfig,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send + 'a>>
+        {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    static LEAST: Kind = Kind(Promise::AtLeastOnce);
+    static EXACTLY: Kind = Kind(Promise::EffectivelyOnce);
+
+    impl Sinks for Kinds {
+        fn kind(&self, name: &str) -> Option<&dyn SinkKind> {
+            match name {
+                "least" => Some(&LEAST),
+                "exactly" => Some(&EXACTLY),
+                _ => None,
+            }
+        }
+        fn names(&self) -> Vec<&'static str> {
+            vec!["least", "exactly"]
+        }
+    }
+
     fn config(outputs: Vec<OutputConfig>) -> EngineConfig {
         EngineConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -286,42 +294,34 @@ mod tests {
         }
     }
 
-    fn output(name: &str, kind: OutputKind, promise: Promise) -> OutputConfig {
+    fn output(name: &str, kind: &str, promise: Promise) -> OutputConfig {
         OutputConfig {
-            kind,
             promise,
-            ..OutputConfig::mqtt(name, "127.0.0.1:1".parse().unwrap(), "t")
+            ..OutputConfig::new(kind, name, "127.0.0.1:1".parse().unwrap(), "t")
         }
     }
 
     #[test]
     fn an_output_may_declare_only_what_it_can_keep() {
         let path = Path::new("engine.yaml");
-        let ok = |o: Vec<OutputConfig>| config(o).validate(path).map_err(|e| e.to_string());
-        assert!(ok(vec![output("m", OutputKind::Mqtt, Promise::AtLeastOnce)]).is_ok());
-        assert!(
-            ok(vec![output(
-                "n",
-                OutputKind::Nats,
-                Promise::EffectivelyOnce
-            )])
-            .is_ok()
-        );
-        let e = ok(vec![output(
-            "m",
-            OutputKind::Mqtt,
-            Promise::EffectivelyOnce,
-        )])
-        .unwrap_err();
+        let ok = |o: Vec<OutputConfig>| config(o).validate(path, &Kinds).map_err(|e| e.to_string());
+        assert!(ok(vec![output("m", "least", Promise::AtLeastOnce)]).is_ok());
+        assert!(ok(vec![output("n", "exactly", Promise::EffectivelyOnce)]).is_ok());
+        let e = ok(vec![output("m", "least", Promise::EffectivelyOnce)]).unwrap_err();
         assert!(e.contains("declare at_least_once or less"), "{e}");
-        let e = ok(vec![output("n", OutputKind::Nats, Promise::AtMostOnce)]).unwrap_err();
+        let e = ok(vec![output("n", "exactly", Promise::AtMostOnce)]).unwrap_err();
         assert!(e.contains("at_most_once"), "{e}");
         let e = ok(vec![
-            output("a", OutputKind::Mqtt, Promise::AtLeastOnce),
-            output("a", OutputKind::Nats, Promise::AtLeastOnce),
+            output("a", "least", Promise::AtLeastOnce),
+            output("a", "exactly", Promise::AtLeastOnce),
         ])
         .unwrap_err();
         assert!(e.contains("used twice"), "{e}");
         assert!(ok(vec![]).unwrap_err().contains("empty"));
+        let e = ok(vec![output("x", "amqp", Promise::AtLeastOnce)]).unwrap_err();
+        assert!(
+            e.contains("unknown kind `amqp`; this build has least, exactly"),
+            "{e}"
+        );
     }
 }

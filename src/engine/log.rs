@@ -145,6 +145,14 @@ fn look_at(bytes: &[u8], at: usize) -> AtOffset {
             need: HEADER + len as usize,
         };
     };
+    #[cfg(feature = "mutants")]
+    let crc = if mutant::is(Mutant::TrustTornTail) {
+        // MUTANT: a frame whose header and length are there is taken as written: a torn
+        // tail's zeros pass for data (DESIGN.md §1: nothing delivered but what was accepted).
+        crc32fast::hash(body)
+    } else {
+        crc
+    };
     if crc32fast::hash(body) != crc || std::str::from_utf8(&body[9..]).is_err() {
         return AtOffset::Bad;
     }
@@ -308,6 +316,55 @@ pub struct RecordLog {
     segment_bytes: u64,
 }
 
+/// In the active segment, the last batch stays only if whole and undamaged: how many of its
+/// pieces to keep.
+fn whole_batches(all: &[Piece]) -> usize {
+    let ends: Vec<usize> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p, Piece::Frame { end: true, .. }))
+        .map(|(i, _)| i)
+        .collect();
+    match ends.last() {
+        None => 0,
+        Some(&last) => {
+            let start = ends.len().checked_sub(2).map_or(0, |j| ends[j] + 1);
+            if all[start..=last]
+                .iter()
+                .any(|p| matches!(p, Piece::Gap { .. }))
+            {
+                start
+            } else {
+                last + 1
+            }
+        }
+    }
+}
+
+/// Counts the first `keep` pieces of a segment that starts at sequence `first` into
+/// `recovery`: records, sequences missing between frames (lost to damage), unreadable gaps.
+/// Returns the sequence after the last frame.
+fn account(all: Vec<Piece>, keep: usize, first: u64, path: &Path, recovery: &mut Recovery) -> u64 {
+    let mut expected = first;
+    for piece in all.into_iter().take(keep) {
+        match piece {
+            Piece::Frame { seq, .. } => {
+                if seq > expected {
+                    recovery.lost.push(expected..=seq - 1);
+                }
+                expected = seq + 1;
+                recovery.records += 1;
+            }
+            Piece::Gap { at, len } => recovery.damage.push(Damage {
+                segment: path.to_path_buf(),
+                offset: at as u64,
+                bytes: len as u64,
+            }),
+        }
+    }
+    expected
+}
+
 impl RecordLog {
     /// Opens (or creates) the log in `dir`, recovering a torn tail and reading past damage.
     /// Returns every intact record, oldest first: for tests and tools. The engine uses
@@ -359,51 +416,15 @@ impl RecordLog {
             let is_active = i + 1 == firsts.len();
             let (mut file, bytes) = open_and_read(&path)?;
             let all = pieces(&bytes);
-            // In the active segment, the last batch stays only if whole and undamaged.
             let keep = if is_active {
-                let ends: Vec<usize> = all
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, p)| matches!(p, Piece::Frame { end: true, .. }))
-                    .map(|(i, _)| i)
-                    .collect();
-                match ends.last() {
-                    None => 0,
-                    Some(&last) => {
-                        let start = ends.len().checked_sub(2).map_or(0, |j| ends[j] + 1);
-                        if all[start..=last]
-                            .iter()
-                            .any(|p| matches!(p, Piece::Gap { .. }))
-                        {
-                            start
-                        } else {
-                            last + 1
-                        }
-                    }
-                }
+                whole_batches(&all)
             } else {
                 all.len()
             };
             let cut = all.get(keep).map_or(bytes.len(), |p| match p {
                 Piece::Frame { at, .. } | Piece::Gap { at, .. } => *at,
             });
-            let mut expected = first;
-            for piece in all.into_iter().take(keep) {
-                match piece {
-                    Piece::Frame { seq, .. } => {
-                        if seq > expected {
-                            recovery.lost.push(expected..=seq - 1);
-                        }
-                        expected = seq + 1;
-                        recovery.records += 1;
-                    }
-                    Piece::Gap { at, len } => recovery.damage.push(Damage {
-                        segment: path.clone(),
-                        offset: at as u64,
-                        bytes: len as u64,
-                    }),
-                }
-            }
+            let expected = account(all, keep, first, &path, &mut recovery);
             if let Some(&next) = firsts.get(i + 1)
                 && next > expected
             {
@@ -620,6 +641,88 @@ struct ReadPosition {
     next_seq: u64,
 }
 
+/// What one read of a segment chunk covers: sequences `from..upto`, at most `max` records
+/// in all, and whether the chunk filled the buffer (more may follow in the file).
+#[derive(Clone, Copy)]
+struct Window {
+    from: u64,
+    upto: u64,
+    max: usize,
+    full: bool,
+}
+
+/// Where a scan of one chunk stopped: the offset reached, whether the reader is done for this
+/// call, and (a frame longer than the chunk) the buffer size it needs.
+struct Scanned {
+    at: usize,
+    stop: bool,
+    grow: Option<usize>,
+}
+
+/// Takes the records of one chunk (`bytes`, read at `pos`) into `into`, resyncing past
+/// damage on the next intact frame with a higher sequence, as recovery did.
+fn scan(
+    bytes: &[u8],
+    pos: &mut ReadPosition,
+    w: Window,
+    origin: Origin<'_>,
+    taken: &mut usize,
+    into: &mut Vec<StoredRecord>,
+) -> Scanned {
+    let mut at = 0;
+    let mut stop = false;
+    let mut grow = None;
+    while at < bytes.len() && *taken < w.max {
+        if pos.next_seq >= w.upto {
+            // Everything committed is read; what follows may be a batch still being
+            // written.
+            stop = true;
+            break;
+        }
+        match look_at(bytes, at) {
+            AtOffset::Frame(f) if f.seq >= pos.next_seq => {
+                if f.seq >= w.upto {
+                    stop = true;
+                    break;
+                }
+                if f.seq >= w.from {
+                    into.push(f.record(bytes, origin));
+                    *taken += 1;
+                }
+                pos.next_seq = f.seq + 1;
+                at += f.size;
+            }
+            AtOffset::Short { need } if w.full => {
+                // The chunk ends inside a frame: read on from it (a bigger chunk if the
+                // frame alone is larger than one).
+                if at == 0 {
+                    grow = Some(need);
+                }
+                break;
+            }
+            _ => {
+                // Damage (or the end of a closed segment's data): resync on the next
+                // intact frame with a higher sequence, as recovery did.
+                let next_seq = pos.next_seq;
+                match (at + 1..bytes.len()).find(|&q| {
+                    frame_at(bytes, q).is_some_and(|f| f.seq >= next_seq && f.seq < w.upto)
+                }) {
+                    Some(q) => at = q,
+                    None if w.full => {
+                        at = bytes.len().saturating_sub(MAX_HEADER_SLACK).max(at + 1);
+                        break;
+                    }
+                    None => {
+                        at = bytes.len();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    Scanned { at, stop, grow }
+}
+
 /// Reads one output's backlog from the record log, oldest first, a bounded chunk at a time:
 /// the backlog stays on disk, and only what the output is about to send is in memory.
 ///
@@ -725,57 +828,13 @@ impl LogReader {
                 segment: pos.segment,
                 key_prefix: &self.key_prefix,
             };
-            let mut at = 0;
-            let mut stop = false;
-            let mut grow = None;
-            while at < bytes.len() && taken < max {
-                if pos.next_seq >= upto {
-                    // Everything committed is read; what follows may be a batch still being
-                    // written.
-                    stop = true;
-                    break;
-                }
-                match look_at(bytes, at) {
-                    AtOffset::Frame(f) if f.seq >= pos.next_seq => {
-                        if f.seq >= upto {
-                            stop = true;
-                            break;
-                        }
-                        if f.seq >= from {
-                            into.push(f.record(bytes, origin));
-                            taken += 1;
-                        }
-                        pos.next_seq = f.seq + 1;
-                        at += f.size;
-                    }
-                    AtOffset::Short { need } if got == want => {
-                        // The chunk ends inside a frame: read on from it (a bigger chunk if the
-                        // frame alone is larger than one).
-                        if at == 0 {
-                            grow = Some(need);
-                        }
-                        break;
-                    }
-                    _ => {
-                        // Damage (or the end of a closed segment's data): resync on the next
-                        // intact frame with a higher sequence, as recovery did.
-                        let next_seq = pos.next_seq;
-                        match (at + 1..bytes.len()).find(|&q| {
-                            frame_at(bytes, q).is_some_and(|f| f.seq >= next_seq && f.seq < upto)
-                        }) {
-                            Some(q) => at = q,
-                            None if got == want => {
-                                at = bytes.len().saturating_sub(MAX_HEADER_SLACK).max(at + 1);
-                                break;
-                            }
-                            None => {
-                                at = bytes.len();
-                                break;
-                            }
-                        }
-                    }
-                }
-            }
+            let window = Window {
+                from,
+                upto,
+                max,
+                full: got == want,
+            };
+            let Scanned { at, stop, grow } = scan(bytes, pos, window, origin, &mut taken, into);
             pos.offset += at as u64;
             from = from.max(pos.next_seq);
             let caught_up = pos.next_seq >= upto;

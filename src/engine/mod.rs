@@ -14,8 +14,9 @@
 //!   (the disk check), [`log`] (the bytes on disk);
 //! - write keys, one open attempt per key, refusals counted, outcomes, order, the window:
 //!   [`output::Output`], the synchronous state machine of one output;
-//! - probes carry no data, an outage spends nothing: `session` and the destination drivers
-//!   (`mqtt`, `nats`, `kafka`);
+//! - probes carry no data, an outage spends nothing: [`session`], the one loop over a
+//!   destination's [`Sink`] (each kind's sink is in `src/dest/<kind>/sink.rs`; the engine
+//!   names no kind and speaks no protocol);
 //! - what an output must remember across a crash: `journal` and [`failed`];
 //! - the promise each output may declare: [`config`].
 //!
@@ -28,15 +29,13 @@ pub mod config;
 pub mod failed;
 mod ingest;
 mod journal;
-mod kafka;
 pub mod log;
-mod mqtt;
 #[cfg(feature = "mutants")]
 pub mod mutant;
-mod nats;
 pub mod output;
 pub mod seqset;
-mod session;
+pub mod session;
+pub mod sink;
 mod stats;
 mod writer;
 
@@ -51,9 +50,11 @@ use axum::routing::{get, post};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{DiskLimits, DurText, EngineConfig, OutputConfig, OutputKind, RefusalConfig};
+pub use config::{DiskLimits, DurText, EngineConfig, OutputConfig, RefusalConfig};
 pub use ingest::{MAX_INGEST_BODY, MAX_RECORD, check_batch, check_lines};
 pub use journal::ToOutput;
+pub use session::OutputTask;
+pub use sink::{Sink, SinkKind, Sinks};
 pub use stats::{AttemptCountsView, OutputStats, Stats};
 
 use journal::Journal;
@@ -133,8 +134,17 @@ struct LogState {
     settled: Vec<AtomicU64>,
 }
 
-/// Runs the engine until `cancel` fires. Prints `listening on ADDR` once ready.
-pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), EngineError> {
+/// Runs the engine until `cancel` fires, with the destination kinds `sinks` names. Prints
+/// `listening on ADDR` once ready.
+///
+/// In order: recover the log (and say what a crash left), start one worker per output
+/// (resumed from its journals), start the writer thread, serve the HTTP API until `cancel`;
+/// then wait for the workers and the writer to finish.
+pub async fn run(
+    config: EngineConfig,
+    sinks: &dyn Sinks,
+    cancel: CancellationToken,
+) -> Result<(), EngineError> {
     #[cfg(not(feature = "mutants"))]
     refuse_unbuilt_mutant()?;
     #[cfg(feature = "mutants")]
@@ -142,17 +152,16 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
     let (log, recovery) = RecordLog::recover(&config.data_dir, config.disk.segment_bytes)?;
     say_recovery(&recovery);
     let (ingest_tx, ingest_rx) = mpsc::channel::<WriterJob>(1024);
-    let damaged = recovery.lost_records();
     let log_state = Arc::new(LogState {
         first_seq: AtomicU64::new(log.first_seq()),
         segments: AtomicU64::new(log.segments() as u64),
         settled: config.outputs.iter().map(|_| AtomicU64::new(0)).collect(),
     });
-    let errors = Arc::new(AtomicU64::new(0));
+    let damaged = recovery.lost_records();
     let shared = Arc::new(Shared {
         held: Arc::new(AtomicU64::new(log.next_seq().saturating_sub(damaged))),
         key_prefix: log.key_prefix().to_string(),
-        errors: errors.clone(),
+        errors: Arc::new(AtomicU64::new(0)),
         damaged,
         log_state: log_state.clone(),
         data_dir: config.data_dir.clone(),
@@ -162,17 +171,50 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
         ingest: ingest_tx.clone(),
         to_outputs: Mutex::new(Vec::new()),
     });
+    let (to_outputs, drivers) = start_outputs(&config, sinks, &log, &recovery, &shared, &cancel)?;
+    // The writer thread: group commit, and deleting the segments every output is past.
+    let writer = writer::spawn(log, ingest_rx, shared.held.clone(), to_outputs, log_state);
+    let ticker = release_every_second(ingest_tx, cancel.clone());
+    let writer_watch = watch_writer(writer, cancel.clone());
+    serve(&config, shared.clone(), cancel).await?;
+    for d in drivers {
+        let _ = d.await;
+    }
+    let _ = ticker.await;
+    drop(shared);
+    let panicked = writer_watch.await.unwrap_or(true);
+    if panicked {
+        return Err(EngineError::Writer);
+    }
+    Ok(())
+}
 
+/// One worker per output, each resumed from its journals, on its kind's sink; the channels
+/// that reach them.
+fn start_outputs(
+    config: &EngineConfig,
+    sinks: &dyn Sinks,
+    log: &RecordLog,
+    recovery: &log::Recovery,
+    shared: &Arc<Shared>,
+    cancel: &CancellationToken,
+) -> Result<Workers, EngineError> {
     let mut to_outputs = Vec::new();
     let mut drivers = Vec::new();
     for (index, o) in config.outputs.iter().enumerate() {
-        let (journal, start) = Journal::open(
-            &config.data_dir,
-            &o.name,
-            log.first_seq(),
-            errors.clone(),
-            log.reader(),
-        )?;
+        let kind = sinks.kind(&o.kind).ok_or_else(|| EngineError::Config {
+            path: PathBuf::from("engine.yaml"),
+            message: format!(
+                "output `{}`: unknown kind `{}`; this build has {}",
+                o.name,
+                o.kind,
+                sinks.names().join(", ")
+            ),
+        })?;
+        let errors = shared.errors.clone();
+        let first = log.first_seq();
+        let (journal, start) =
+            Journal::open(&config.data_dir, &o.name, first, errors, log.reader())?;
         let refusals = o
             .refusals
             .as_ref()
@@ -183,71 +225,75 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
             })
             .unwrap_or_default();
         let out = journal::resume(
-            Output::new(&o.name, &o.topic, o.order, refusals, o.window()),
+            Output::new(&o.name, o.order, refusals, o.window_with(kind)),
             start,
-            log.first_seq(),
+            first,
             log.next_seq(),
             &recovery.lost,
         );
-        shared
-            .outputs
-            .lock()
-            .map(|mut v| {
-                v.push(OutputStats {
-                    name: o.name.clone(),
-                    ..OutputStats::default()
-                })
-            })
-            .ok();
+        if let Ok(mut v) = shared.outputs.lock() {
+            v.push(OutputStats {
+                name: o.name.clone(),
+                ..OutputStats::default()
+            });
+        }
         let (tx, rx) = mpsc::unbounded_channel::<ToOutput>();
         if let Ok(mut all) = shared.to_outputs.lock() {
             all.push(tx.clone());
         }
         to_outputs.push(tx);
-        let (cfg, shared, cancel) = (o.clone(), shared.clone(), cancel.clone());
-        drivers.push(match o.kind {
-            OutputKind::Mqtt => tokio::spawn(mqtt::drive_mqtt(
-                out, cfg, index, rx, journal, shared, cancel,
-            )),
-            OutputKind::Nats => tokio::spawn(nats::drive_nats(
-                out, cfg, index, rx, journal, shared, cancel,
-            )),
-            OutputKind::Kafka => tokio::spawn(kafka::drive_kafka(
-                out, cfg, index, rx, journal, shared, cancel,
-            )),
-        });
+        let (shared, cancel) = (shared.clone(), cancel.clone());
+        let task = OutputTask::new(out, o.clone(), index, rx, journal, shared, cancel);
+        drivers.push(kind.spawn(task));
     }
+    Ok((to_outputs, drivers))
+}
 
-    // The writer thread: group commit, and deleting the segments every output is past.
-    let writer = writer::spawn(log, ingest_rx, shared.held.clone(), to_outputs, log_state);
-    let ticker = {
-        let tx = ingest_tx;
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = every.tick() => { let _ = tx.try_send(WriterJob::Release); }
-                    _ = cancel.cancelled() => break,
-                }
-            }
-        })
-    };
+/// The outputs' channels and their workers.
+type Workers = (
+    Vec<mpsc::UnboundedSender<ToOutput>>,
+    Vec<tokio::task::JoinHandle<()>>,
+);
 
-    // A writer thread that panics can store nothing more: the engine stops (non-zero exit)
-    // rather than go on answering ingest with errors.
-    let writer_watch = {
-        let cancel = cancel.clone();
-        tokio::task::spawn_blocking(move || {
-            let panicked = writer.join().is_err();
-            if panicked {
-                eprintln!("drill engine: the writer thread panicked; stopping");
-                cancel.cancel();
+/// Asks the writer once a second to delete the segments every output is past.
+fn release_every_second(
+    tx: mpsc::Sender<WriterJob>,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = every.tick() => { let _ = tx.try_send(WriterJob::Release); }
+                _ = cancel.cancelled() => break,
             }
-            panicked
-        })
-    };
-    // Beyond loopback the API wants DRILL_TOKEN as a bearer token on every request.
+        }
+    })
+}
+
+/// A writer thread that panics can store nothing more: the engine stops (non-zero exit)
+/// rather than go on answering ingest with errors. `true` when it panicked.
+fn watch_writer(
+    writer: std::thread::JoinHandle<()>,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<bool> {
+    tokio::task::spawn_blocking(move || {
+        let panicked = writer.join().is_err();
+        if panicked {
+            eprintln!("drill engine: the writer thread panicked; stopping");
+            cancel.cancel();
+        }
+        panicked
+    })
+}
+
+/// The HTTP API (ingest, stats, failed messages) until `cancel`. Beyond loopback it wants
+/// `DRILL_TOKEN` as a bearer token on every request.
+async fn serve(
+    config: &EngineConfig,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) -> Result<(), EngineError> {
     let token = if config.listen.ip().is_loopback() {
         None
     } else {
@@ -259,7 +305,7 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
         .route("/failed", get(ingest::failed_list))
         .route("/failed/replay", post(ingest::failed_replay))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_INGEST_BODY));
-    let app = crate::control::guard(app, token).with_state(shared.clone());
+    let app = crate::control::guard(app, token).with_state(shared);
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| EngineError::Listen {
@@ -268,19 +314,9 @@ pub async fn run(config: EngineConfig, cancel: CancellationToken) -> Result<(), 
         })?;
     let bound = listener.local_addr().unwrap_or(config.listen);
     println!("listening on {bound}");
-    let stop = cancel.clone();
     let _ = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await;
-    for d in drivers {
-        let _ = d.await;
-    }
-    let _ = ticker.await;
-    drop(shared);
-    let panicked = writer_watch.await.unwrap_or(true);
-    if panicked {
-        return Err(EngineError::Writer);
-    }
     Ok(())
 }
 
@@ -310,17 +346,5 @@ fn say_recovery(recovery: &log::Recovery) {
             recovery.lost_records(),
             ranges.join(", ")
         );
-    }
-}
-
-/// One data-free probe of an output's destination, exactly as its worker makes it before
-/// (re)connecting: MQTT CONNECT + PINGREQ, a JetStream account-info request, a Kafka metadata
-/// request. For tests that show a probe writes nothing.
-pub async fn probe(cfg: &OutputConfig) -> Result<(), String> {
-    let name = format!("drill-probe-{}", cfg.name);
-    match cfg.kind {
-        OutputKind::Mqtt => mqtt::connect_and_probe(cfg, &name).await.map(drop),
-        OutputKind::Nats => nats::connect_and_probe(cfg, &name).await.map(drop),
-        OutputKind::Kafka => kafka::connect_and_probe(cfg, &name).await.map(drop),
     }
 }

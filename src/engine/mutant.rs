@@ -20,14 +20,10 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use futures::SinkExt;
-
-use super::config::OutputConfig;
 use super::journal::ToOutput;
-use super::log::{RecordLog, StoredRecord};
+use super::log::RecordLog;
 use super::writer::IngestJob;
 use super::{EngineError, Shared};
-use crate::mqtt::{self, Packet};
 
 /// The environment variable that names the mutant.
 pub const ENV: &str = super::MUTANT_ENV;
@@ -90,6 +86,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "no-keepalive",
         "MQTT: no PINGREQ and no answer timeout in a session; it sees a dead link only when TCP reports an error, so a link gone silent stalls it for good",
     ),
+    (
+        "trust-torn-tail",
+        "skips the frames' CRC check when it reads its log: after a power cut that tore the last write, the torn record (zeros where its last sector never landed) is recovered and sent as if whole",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -112,7 +112,7 @@ pub enum Mutant {
     /// Its journal has one attempt per record however often the record went on the wire: to
     /// this engine the copies are that one attempt.
     ResendOnTimer,
-    /// `OutputSide::connect` (every output kind). Caught by a `refuse` outage (20 s: 3446
+    /// `OutputTask::outage` in `session.rs` (every output kind). Caught by a `refuse` outage (20 s: 3446
     /// failed, expected 0; NATS, 12 s: 1789). Since outputs read their backlog from the log,
     /// "every waiting record" is every record in the output's read-ahead: each failed connect
     /// first reads on from the log, so an outage still fails the records that wait.
@@ -122,11 +122,12 @@ pub enum Mutant {
     /// the commit that stored it (kept per commit, not per record), whenever it is read from
     /// the log.
     ExpireByAge,
-    /// MQTT: `drive_mqtt`'s connect closure. Caught by `refuse` outages: a copy without the
+    /// MQTT: `MqttSink::connect` (`src/dest/mqtt/sink.rs`). Caught by `refuse` outages: a copy without the
     /// write key per outage, beyond `at_least_once` (five 2 s outages: 5). A keyless copy that
     /// arrives first, of a record whose attempt ended `possibly_sent`, passes for the original.
     ProbeWithOldestRecord,
-    /// MQTT: `connect_and_probe` and the tick of `drive_mqtt`. Caught by a `hang` longer than
+    /// MQTT: `connect_and_probe` and `MqttSession::tick` (`src/dest/mqtt/sink.rs`); the
+    /// session loop applies what the tick asks. Caught by a `hang` longer than
     /// refusals × (answer timeout + backoff) (20 s with `refusals: { max: 3, backoff: [200ms,
     /// 1s] }`: 104 failed, expected 0).
     LocalConnectedFlag,
@@ -150,15 +151,19 @@ pub enum Mutant {
     /// builds a backlog (`refuse` 20 s: 4107 reordered; NATS, 12 s: 2526). Newest first within
     /// the read-ahead: a backlog larger than it goes in reversed chunks, still reordered.
     ResendOutOfOrder,
-    /// MQTT: the tick of `drive_mqtt`. Sits through a `hang` or `swallow` until the heal ends
+    /// MQTT: `MqttSession::tick` (`src/dest/mqtt/sink.rs`). Sits through a `hang` or `swallow` until the heal ends
     /// the connection, so those pass it; caught by a `strand` (`mqtt-strand`): no delivery after it
     /// (the `recovery` expectation), records left waiting.
     NoKeepalive,
+    /// `look_at` in `super::log` (recovery and every reader). Caught by a torn power cut
+    /// (`power-cut-torn`: the torn record delivered with zeros in its body, `altered`, or with
+    /// its id torn, `unexpected`).
+    TrustTornTail,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 15] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -173,6 +178,7 @@ impl Mutant {
         Mutant::ForgetDeliveryMarks,
         Mutant::ResendOutOfOrder,
         Mutant::NoKeepalive,
+        Mutant::TrustTornTail,
     ];
 
     fn index(self) -> usize {
@@ -185,6 +191,40 @@ impl Mutant {
 
     pub fn about(self) -> &'static str {
         MUTANTS[self.index()].1
+    }
+
+    /// What a drill must find to have caught this mutant: the checks of `report.json`'s
+    /// expectations (`report::Check`, snake case) whose failure is its signature, and
+    /// `keyless_copies` (duplicates beyond the promise, some without the original's write
+    /// key). A drill that fails it for another reason (another expectation, inconclusive) has
+    /// not caught it.
+    pub fn signature(self) -> &'static [&'static str] {
+        match self {
+            Mutant::AckBeforeWrite
+            | Mutant::AckBeforeFdatasync
+            | Mutant::MemoryOnly
+            | Mutant::ExpireByAge
+            | Mutant::EvictOldestWhenFull => &["lost"],
+            Mutant::ResendOnTimer
+            | Mutant::SecondAttemptWhileOpen
+            | Mutant::ForgetDeliveryMarks => &["duplicates"],
+            Mutant::OutageSpendsAttempts | Mutant::LocalConnectedFlag => &["failed"],
+            Mutant::ProbeWithOldestRecord => &["keyless_copies"],
+            Mutant::DropRefusedSilently => &["lost", "failed"],
+            Mutant::ResendOutOfOrder => &["reordered"],
+            Mutant::NoKeepalive => &["recovery"],
+            Mutant::TrustTornTail => &["altered", "unexpected"],
+        }
+    }
+
+    /// The drill the selftest tries first for this mutant, where only one drill of the `ci`
+    /// catalogue plays the fault that catches it; the rest follow, shortest first, until one
+    /// catches it by its signature.
+    pub fn tried_first(self) -> Option<&'static str> {
+        match self {
+            Mutant::TrustTornTail => Some("power-cut-torn"),
+            _ => None,
+        }
     }
 
     /// The mutant called `name`, or an error that lists every known name.
@@ -365,70 +405,6 @@ pub(super) fn evict_oldest(shared: &Shared, n: usize) {
             let _ = tx.send(ToOutput::Evict(n));
         }
     }
-}
-
-/// `probe-with-oldest-record`: CONNECT/CONNACK, then the oldest waiting record published at
-/// QoS 0 without its write key as the "probe" (no answer is awaited: the publish went out).
-pub(super) async fn probe_with_record(
-    cfg: &OutputConfig,
-    client_id: &str,
-    record: &StoredRecord,
-) -> Result<mqtt::Session, String> {
-    let limit = cfg.answer_timeout.0;
-    let mut session = mqtt::connect(cfg.address, client_id, cfg.keepalive.0, limit)
-        .await
-        .map_err(|e| e.to_string())?;
-    let publish = mqtt::Publish::new(
-        &cfg.topic,
-        mqtt::QoS::AtMostOnce,
-        bytes::Bytes::from(record.data.clone().into_bytes()),
-        None,
-    );
-    tokio::time::timeout(limit, session.framed.send(Packet::Publish(publish)))
-        .await
-        .map_err(|_| format!("probe publish blocked for {limit:?}"))?
-        .map_err(|e| e.to_string())?;
-    Ok(session)
-}
-
-/// `local-connected-flag`: TCP connect and CONNECT sent, and "connected" at once: no CONNACK
-/// is awaited (it arrives later, as any packet, and is ignored).
-pub(super) async fn connect_without_answer(
-    cfg: &OutputConfig,
-    client_id: &str,
-) -> Result<mqtt::Session, String> {
-    let addr = cfg.address;
-    let limit = cfg.answer_timeout.0;
-    let socket = tokio::time::timeout(limit, tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| format!("no TCP connection within {limit:?}"))?
-        .map_err(|e| format!("{addr}: {e}"))?;
-    let _ = socket.set_nodelay(true);
-    let mut framed = tokio_util::codec::Framed::new(socket, mqtt::DrillCodec);
-    let connect = mqtt::Connect {
-        keep_alive: cfg.keepalive.0.as_secs().clamp(1, u16::MAX as u64) as u16,
-        client_id: client_id.to_string(),
-        clean_start: true,
-        properties: Some(mqtt::ConnectProperties {
-            session_expiry_interval: Some(0),
-            receive_maximum: Some(u16::MAX),
-            ..mqtt::ConnectProperties::new()
-        }),
-    };
-    tokio::time::timeout(limit, framed.send(Packet::Connect(connect, None, None)))
-        .await
-        .map_err(|_| format!("CONNECT blocked for {limit:?}"))?
-        .map_err(|e| e.to_string())?;
-    Ok(mqtt::Session {
-        addr,
-        framed,
-        // What the flag believes, not what the broker said.
-        connack: mqtt::ConnAck {
-            session_present: false,
-            code: mqtt::ConnectReturnCode::Success,
-            properties: None,
-        },
-    })
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
-//! One output of the engine: the attempt ledger as a state machine, and the MQTT 5 driver.
+//! One output of the engine: the attempt ledger as a state machine.
 //!
 //! [`Output`] is synchronous state (STYLE.md, crucible's `apply`): it decides what to send next,
 //! opens and closes attempts, and classifies outcomes. It never touches a socket, so it is unit
-//! tested without one. The drivers (`mqtt.rs`, `nats.rs`, `kafka.rs`) are the I/O side: they
-//! turn the socket, the ingest channel and timers into calls on `Output`, and persist what
+//! tested without one, and it names no protocol: an attempt is a record and a tag, an answer is
+//! [`Answer`]. The session loop (`session.rs`, over a destination's sink) is the I/O side: it
+//! turns the socket, the ingest channel and timers into calls on `Output`, and persists what
 //! `Output` reports.
 //!
 //! An output's backlog stays in the record log: `Output` holds a cursor into it and, in
@@ -14,11 +15,11 @@
 //!
 //! Rules kept here (DESIGN.md §1): no age limit anywhere; at most one open attempt per write key
 //! (a record with an open attempt is never put on the wire again); every attempt ends
-//! `delivered`, `refused` or `possibly_sent`; only a PUBACK with an error reason (the destination
-//! itself said no while the connection worked) counts toward the refusal limit — a cut, a
-//! timeout or a refused connect spends nothing; a record whose attempt ended `possibly_sent` is
-//! held and sent again with the same write key only after a data-free probe (CONNACK and a
-//! PINGREQ/PINGRESP round trip) shows the destination back.
+//! `delivered`, `refused` or `possibly_sent`; only a refusal (the destination itself said no to
+//! this record while the connection worked: an MQTT PUBACK with an error reason, a JetStream API
+//! error) counts toward the refusal limit — a cut, a timeout or a refused connect spends nothing;
+//! a record whose attempt ended `possibly_sent` is held and sent again with the same write key
+//! only after a data-free probe shows the destination back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -30,8 +31,7 @@ use super::log::{LogReader, StoredRecord};
 #[cfg(feature = "mutants")]
 use super::mutant::{self, Mutant};
 use super::seqset::SeqSet;
-use crate::mqtt::{Ack, Packet};
-use crate::scenario::Order;
+use crate::promise::Order;
 
 /// How counted refusals back off and when a record is set aside as failed.
 #[derive(Debug, Clone, Copy)]
@@ -158,7 +158,6 @@ pub fn wall_ms() -> u64 {
 /// The state of one output: which records wait, which have an open attempt, what happened.
 pub struct Output {
     pub name: String,
-    topic: String,
     order: Order,
     refusals: RefusalPolicy,
     /// Open attempts at once, at most: the configured window, or less if the destination
@@ -227,16 +226,9 @@ pub fn readahead_for(window: usize) -> usize {
 }
 
 impl Output {
-    pub fn new(
-        name: &str,
-        topic: &str,
-        order: Order,
-        refusals: RefusalPolicy,
-        window: usize,
-    ) -> Output {
+    pub fn new(name: &str, order: Order, refusals: RefusalPolicy, window: usize) -> Output {
         Output {
             name: name.to_string(),
-            topic: topic.to_string(),
             order,
             refusals,
             window: window.clamp(1, 65_000),
@@ -301,9 +293,9 @@ impl Output {
 
     /// The destination allows at most `max` open attempts (MQTT 5's Receive Maximum, said in
     /// CONNACK): for this session the window is the smaller of that and the configured one.
-    pub fn limit_window(&mut self, max: Option<u16>) {
+    pub fn limit_window(&mut self, max: Option<usize>) {
         self.window = match max {
-            Some(m) => self.configured_window.min(usize::from(m.max(1))),
+            Some(m) => self.configured_window.min(m.max(1)),
             None => self.configured_window,
         };
     }
@@ -414,23 +406,6 @@ impl Output {
         self.open.values().all(|o| seen.insert(o.entry.record.seq))
     }
 
-    /// Opens attempts for as many waiting records as the window allows and returns the MQTT
-    /// publishes to put on the wire, in order (the packet id is the attempt's tag).
-    pub fn next_sends(&mut self, now: Instant) -> Vec<Packet> {
-        let topic = self.topic.clone();
-        self.next_attempts(now)
-            .into_iter()
-            .map(|(tag, record)| {
-                crate::mqtt::publish_with_key(
-                    &topic,
-                    tag,
-                    bytes::Bytes::from(record.data.clone().into_bytes()),
-                    &record.key,
-                )
-            })
-            .collect()
-    }
-
     /// Opens attempts for as many waiting records as the window allows: each gets a tag (unique
     /// among open attempts) to answer it by. In order of sequence.
     pub fn next_attempts(&mut self, now: Instant) -> Vec<(u16, Arc<StoredRecord>)> {
@@ -527,16 +502,6 @@ impl Output {
     /// When the next delayed (refused) record may be sent again.
     pub fn next_due(&self) -> Option<Instant> {
         self.delayed.values().map(|(at, _)| *at).min()
-    }
-
-    /// The MQTT destination answered one publish.
-    pub fn on_ack(&mut self, ack: &Ack, now: Instant) -> Vec<Effect> {
-        let answer = if ack.accepted() {
-            Answer::Accepted
-        } else {
-            Answer::Refused(ack.describe())
-        };
-        self.on_answer(ack.pkid, answer, now)
     }
 
     /// The destination answered the attempt tagged `tag`.
@@ -854,25 +819,33 @@ mod tests {
         }
     }
 
-    fn pkids(packets: &[Packet]) -> Vec<u16> {
-        packets
-            .iter()
-            .map(|p| match p {
-                Packet::Publish(p) => p.pkid,
-                _ => 0,
-            })
+    /// Opens what the window allows at `now`: (tag, write key) of each attempt.
+    fn sends(out: &mut Output, now: Instant) -> Vec<(u16, String)> {
+        out.next_attempts(now)
+            .into_iter()
+            .map(|(tag, r)| (tag, r.key.clone()))
             .collect()
     }
 
-    const SUCCESS: u8 = 0x00;
-    const QUOTA_EXCEEDED: u8 = 0x97;
+    fn tags(sent: &[(u16, String)]) -> Vec<u16> {
+        sent.iter().map(|(t, _)| *t).collect()
+    }
 
-    fn ack(pkid: u16, code: u8) -> Ack {
-        Ack {
-            pkid,
-            code,
-            reason_string: None,
-        }
+    fn keys(sent: &[(u16, String)]) -> Vec<String> {
+        sent.iter().map(|(_, k)| k.clone()).collect()
+    }
+
+    fn accept(out: &mut Output, tag: u16, now: Instant) -> Vec<Effect> {
+        out.on_answer(tag, Answer::Accepted, now)
+    }
+
+    /// What mosquitto says of a publish over its quota.
+    fn refuse(out: &mut Output, tag: u16, now: Instant) -> Vec<Effect> {
+        out.on_answer(
+            tag,
+            Answer::Refused("quota exceeded (0x97)".to_string()),
+            now,
+        )
     }
 
     fn policy() -> RefusalPolicy {
@@ -885,11 +858,11 @@ mod tests {
 
     #[test]
     fn the_window_bounds_open_attempts_and_keys_are_never_open_twice() {
-        let mut out = Output::new("o", "t", Order::InOrder, policy(), 4);
+        let mut out = Output::new("o", Order::InOrder, policy(), 4);
         out.ingest(records(10));
         let now = Instant::now();
-        assert_eq!(out.next_sends(now).len(), 4);
-        assert!(out.next_sends(now).is_empty(), "window is full");
+        assert_eq!(sends(&mut out, now).len(), 4);
+        assert!(sends(&mut out, now).is_empty(), "window is full");
         assert!(out.open_keys_unique());
         assert_eq!(out.waiting(), 10);
     }
@@ -898,7 +871,7 @@ mod tests {
     /// measured on the monotonic clock from when it opened.
     #[test]
     fn the_oldest_open_attempt_says_how_long_an_answer_is_awaited() {
-        let mut out = Output::new("o", "t", Order::InOrder, policy(), 3);
+        let mut out = Output::new("o", Order::InOrder, policy(), 3);
         out.ingest(records(3));
         let t0 = Instant::now();
         assert_eq!(out.oldest_open_waited(t0), None, "nothing open");
@@ -917,10 +890,10 @@ mod tests {
 
     #[test]
     fn a_cut_ends_open_attempts_possibly_sent_and_spends_no_refusal() {
-        let mut out = Output::new("o", "t", Order::InOrder, policy(), 2);
+        let mut out = Output::new("o", Order::InOrder, policy(), 2);
         out.ingest(records(3));
         let now = Instant::now();
-        out.next_sends(now);
+        sends(&mut out, now);
         let effects = out.on_link_lost("cut");
         assert_eq!(effects.len(), 2);
         assert!(effects.iter().all(|e| matches!(e,
@@ -928,43 +901,36 @@ mod tests {
         assert_eq!(out.attempts.possibly_sent, 2);
         assert_eq!(out.attempts.refused, 0);
         // Resent in order, same keys, after the link is back.
-        let again = out.next_sends(now);
-        let keys: Vec<_> = again
-            .iter()
-            .map(|p| match p {
-                Packet::Publish(p) => crate::mqtt::write_key_of(p).unwrap(),
-                _ => String::new(),
-            })
-            .collect();
-        assert_eq!(keys, vec!["k-0", "k-1"]);
+        let again = sends(&mut out, now);
+        assert_eq!(keys(&again), vec!["k-0", "k-1"]);
     }
 
     #[test]
     fn settled_below_is_the_oldest_record_not_yet_settled() {
-        let mut out = Output::new("o", "t", Order::Any, policy(), 8).starting_at(0);
+        let mut out = Output::new("o", Order::Any, policy(), 8).starting_at(0);
         assert_eq!(out.settled_below(), 0);
         out.ingest(records(3));
         let now = Instant::now();
-        let sent = pkids(&out.next_sends(now));
+        let sent = tags(&sends(&mut out, now));
         assert_eq!(out.settled_below(), 0, "all three open");
-        out.on_ack(&ack(sent[1], SUCCESS), now);
+        accept(&mut out, sent[1], now);
         assert_eq!(out.settled_below(), 0, "record 0 still open");
-        out.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
+        refuse(&mut out, sent[0], now);
         assert_eq!(out.settled_below(), 0, "record 0 refused, backing off");
-        out.on_ack(&ack(sent[2], SUCCESS), now);
+        accept(&mut out, sent[2], now);
         out.on_link_lost("cut");
         assert_eq!(out.settled_below(), 0);
         // Record 0 fails for good (policy: 3 refusals): everything given is settled.
         for _ in 2..=3 {
             let due = out.next_due().unwrap();
-            let again = pkids(&out.next_sends(due));
-            out.on_ack(&ack(again[0], QUOTA_EXCEEDED), due);
+            let again = tags(&sends(&mut out, due));
+            refuse(&mut out, again[0], due);
         }
         assert_eq!(out.failed, 1);
         assert_eq!(out.settled_below(), 3);
         // A fresh output over a log that already holds 10 sequences starts past them.
         assert_eq!(
-            Output::new("o", "t", Order::Any, policy(), 8)
+            Output::new("o", Order::Any, policy(), 8)
                 .starting_at(10)
                 .settled_below(),
             10
@@ -973,23 +939,23 @@ mod tests {
 
     #[test]
     fn refusals_back_off_then_the_record_fails_and_the_rest_flows() {
-        let mut out = Output::new("o", "t", Order::InOrder, policy(), 8);
+        let mut out = Output::new("o", Order::InOrder, policy(), 8);
         out.ingest(records(3));
         let mut now = Instant::now();
-        let sent = pkids(&out.next_sends(now));
+        let sent = tags(&sends(&mut out, now));
         assert_eq!(sent.len(), 3);
         // Record 0 refused; 1 and 2 delivered.
-        out.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
-        out.on_ack(&ack(sent[1], SUCCESS), now);
-        out.on_ack(&ack(sent[2], SUCCESS), now);
+        refuse(&mut out, sent[0], now);
+        accept(&mut out, sent[1], now);
+        accept(&mut out, sent[2], now);
         assert_eq!(out.delivered, 2);
-        assert!(out.next_sends(now).is_empty(), "backing off");
+        assert!(sends(&mut out, now).is_empty(), "backing off");
         let mut failed = None;
         for refusal in 2..=3 {
             now = out.next_due().unwrap();
-            let sent = pkids(&out.next_sends(now));
+            let sent = tags(&sends(&mut out, now));
             assert_eq!(sent.len(), 1);
-            let effects = out.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
+            let effects = refuse(&mut out, sent[0], now);
             if refusal == 3 {
                 failed = effects.into_iter().find_map(|e| match e {
                     Effect::Failed(f) => Some(f),
@@ -1005,17 +971,17 @@ mod tests {
 
     #[test]
     fn in_order_blocks_behind_a_refused_record() {
-        let mut out = Output::new("o", "t", Order::InOrder, policy(), 1);
+        let mut out = Output::new("o", Order::InOrder, policy(), 1);
         out.ingest(records(2));
         let now = Instant::now();
-        let sent = pkids(&out.next_sends(now));
-        out.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
-        assert!(out.next_sends(now).is_empty(), "record 1 waits behind 0");
-        let mut any = Output::new("o", "t", Order::Any, policy(), 1);
+        let sent = tags(&sends(&mut out, now));
+        refuse(&mut out, sent[0], now);
+        assert!(sends(&mut out, now).is_empty(), "record 1 waits behind 0");
+        let mut any = Output::new("o", Order::Any, policy(), 1);
         any.ingest(records(2));
-        let sent = pkids(&any.next_sends(now));
-        any.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
-        assert_eq!(any.next_sends(now).len(), 1, "record 1 overtakes");
+        let sent = tags(&sends(&mut any, now));
+        refuse(&mut any, sent[0], now);
+        assert_eq!(sends(&mut any, now).len(), 1, "record 1 overtakes");
     }
 
     #[test]
@@ -1044,58 +1010,45 @@ mod tests {
             }
         }
 
-        fn keys(packets: &[Packet]) -> Vec<String> {
-            packets
-                .iter()
-                .map(|p| match p {
-                    Packet::Publish(p) => crate::mqtt::write_key_of(p).unwrap(),
-                    _ => String::new(),
-                })
-                .collect()
-        }
-
         #[test]
         fn resend_on_timer_puts_an_unanswered_record_on_the_wire_again() {
             let _m = active(Mutant::ResendOnTimer);
-            let mut out = Output::new("o", "t", Order::InOrder, policy(), 8);
+            let mut out = Output::new("o", Order::InOrder, policy(), 8);
             out.ingest(records(2));
             let t0 = Instant::now();
-            let first = out.next_sends(t0);
-            assert_eq!(pkids(&first), vec![1, 2]);
-            assert!(out.next_sends(t0 + Duration::from_millis(500)).is_empty());
-            let again = out.next_sends(t0 + mutant::RESEND_AFTER);
+            let first = sends(&mut out, t0);
+            assert_eq!(tags(&first), vec![1, 2]);
+            assert!(sends(&mut out, t0 + Duration::from_millis(500)).is_empty());
+            let again = sends(&mut out, t0 + mutant::RESEND_AFTER);
             assert_eq!(
-                pkids(&again),
+                tags(&again),
                 vec![1, 2],
                 "the same attempts, on the wire again"
             );
             assert_eq!(keys(&again), vec!["k-0", "k-1"]);
             // Both copies answered: one attempt, delivered once; the second answer is ignored.
-            let effects = out.on_ack(&ack(1, SUCCESS), t0);
+            let effects = accept(&mut out, 1, t0);
             assert!(matches!(&effects[0], Effect::Closed(a) if a.outcome == Outcome::Delivered));
-            assert!(out.on_ack(&ack(1, SUCCESS), t0).is_empty());
+            assert!(accept(&mut out, 1, t0).is_empty());
             assert_eq!((out.delivered, out.attempts.possibly_sent), (1, 0));
         }
 
         #[test]
         fn second_attempt_while_open_opens_two_attempts_for_one_key() {
             let _m = active(Mutant::SecondAttemptWhileOpen);
-            let mut out = Output::new("o", "t", Order::InOrder, policy(), 8);
+            let mut out = Output::new("o", Order::InOrder, policy(), 8);
             out.ingest(records(1));
             let t0 = Instant::now();
-            out.next_sends(t0);
+            sends(&mut out, t0);
             assert!(out.open_keys_unique());
-            let second = out.next_sends(t0 + mutant::SECOND_ATTEMPT_AFTER);
+            let second = sends(&mut out, t0 + mutant::SECOND_ATTEMPT_AFTER);
             assert_eq!(keys(&second), vec!["k-0"]);
             assert!(!out.open_keys_unique(), "two open attempts for k-0");
-            assert!(
-                out.next_sends(t0 + 3 * mutant::SECOND_ATTEMPT_AFTER)
-                    .is_empty()
-            );
+            assert!(sends(&mut out, t0 + 3 * mutant::SECOND_ATTEMPT_AFTER).is_empty());
             // Both answered delivered: two delivered attempts, counted twice.
-            let tags = [1, pkids(&second)[0]];
-            for (n, tag) in tags.into_iter().enumerate() {
-                let effects = out.on_ack(&ack(tag, SUCCESS), t0);
+            let both = [1, tags(&second)[0]];
+            for (n, tag) in both.into_iter().enumerate() {
+                let effects = accept(&mut out, tag, t0);
                 assert!(matches!(&effects[0],
                     Effect::Closed(a) if a.outcome == Outcome::Delivered && a.attempt == n as u32 + 1));
             }
@@ -1105,7 +1058,7 @@ mod tests {
         #[test]
         fn outage_spends_attempts_fails_waiting_records_after_three_connect_errors() {
             let _m = active(Mutant::OutageSpendsAttempts);
-            let mut out = Output::new("o", "t", Order::InOrder, RefusalPolicy::default(), 8);
+            let mut out = Output::new("o", Order::InOrder, RefusalPolicy::default(), 8);
             out.ingest(records(2));
             for n in 1..=mutant::OUTAGE_REFUSALS {
                 let effects = out.outage_as_refusal("connection refused");
@@ -1121,22 +1074,22 @@ mod tests {
         #[test]
         fn expire_by_age_drops_old_waiting_records_and_counts_them_delivered() {
             let _m = active(Mutant::ExpireByAge);
-            let mut out = Output::new("o", "t", Order::InOrder, policy(), 8);
+            let mut out = Output::new("o", Order::InOrder, policy(), 8);
             out.ingest(records(3));
             let later = Instant::now() + mutant::MAX_AGE + Duration::from_millis(1);
-            assert!(out.next_sends(later).is_empty(), "nothing left to send");
+            assert!(sends(&mut out, later).is_empty(), "nothing left to send");
             assert_eq!((out.delivered, out.waiting()), (3, 0));
         }
 
         #[test]
         fn drop_refused_silently_sets_nothing_aside() {
             let _m = active(Mutant::DropRefusedSilently);
-            let mut out = Output::new("o", "t", Order::Any, policy(), 8);
+            let mut out = Output::new("o", Order::Any, policy(), 8);
             out.ingest(records(1));
             let mut now = Instant::now();
             for _ in 0..policy().max {
-                let sent = pkids(&out.next_sends(now));
-                let effects = out.on_ack(&ack(sent[0], QUOTA_EXCEEDED), now);
+                let sent = tags(&sends(&mut out, now));
+                let effects = refuse(&mut out, sent[0], now);
                 assert!(!effects.iter().any(|e| matches!(e, Effect::Failed(_))));
                 now = out.next_due().unwrap_or(now);
             }
@@ -1150,23 +1103,23 @@ mod tests {
         #[test]
         fn resend_out_of_order_sends_a_backlog_newest_first() {
             let _m = active(Mutant::ResendOutOfOrder);
-            let mut out = Output::new("o", "t", Order::InOrder, policy(), 2);
+            let mut out = Output::new("o", Order::InOrder, policy(), 2);
             out.ingest(records(5));
-            assert_eq!(keys(&out.next_sends(Instant::now())), vec!["k-4", "k-3"]);
+            assert_eq!(keys(&sends(&mut out, Instant::now())), vec!["k-4", "k-3"]);
             // No backlog (no more waiting than the window): oldest first again.
-            let mut small = Output::new("o", "t", Order::InOrder, policy(), 2);
+            let mut small = Output::new("o", Order::InOrder, policy(), 2);
             small.ingest(records(2));
-            assert_eq!(keys(&small.next_sends(Instant::now())), vec!["k-0", "k-1"]);
+            assert_eq!(keys(&sends(&mut small, Instant::now())), vec!["k-0", "k-1"]);
         }
 
         #[test]
         fn local_connected_flag_counts_a_silence_as_a_refusal() {
-            let mut out = Output::new("o", "t", Order::Any, policy(), 8);
+            let mut out = Output::new("o", Order::Any, policy(), 8);
             out.ingest(records(1));
             let mut now = Instant::now();
             let mut failed = None;
             for _ in 0..policy().max {
-                out.next_sends(now);
+                sends(&mut out, now);
                 std::thread::sleep(Duration::from_millis(3));
                 let effects = out.unanswered_as_refused(Duration::from_millis(1), now);
                 assert!(matches!(&effects[0], Effect::Closed(a) if a.outcome == Outcome::Refused));
@@ -1187,15 +1140,15 @@ mod tests {
 
         #[test]
         fn evict_oldest_drops_the_oldest_waiting_records() {
-            let mut out = Output::new("o", "t", Order::InOrder, policy(), 1);
+            let mut out = Output::new("o", Order::InOrder, policy(), 1);
             out.ingest(records(4));
             let now = Instant::now();
-            out.next_sends(now); // k-0 open: not evicted
+            sends(&mut out, now); // k-0 open: not evicted
             assert_eq!(out.evict_oldest(2).len(), 2);
             assert_eq!((out.waiting(), out.delivered), (2, 2));
             assert_eq!(out.oldest_waiting().unwrap().seq, 0);
-            out.on_ack(&ack(1, SUCCESS), now);
-            assert_eq!(keys(&out.next_sends(now)), vec!["k-3"]);
+            accept(&mut out, 1, now);
+            assert_eq!(keys(&sends(&mut out, now)), vec!["k-3"]);
         }
     }
 }

@@ -72,8 +72,77 @@ pub struct CutReport {
     /// Write requests and truncates dropped (a large write(2) may have arrived as several
     /// requests, consecutive appends count one each).
     pub writes: u64,
-    /// Data bytes dropped.
+    /// Data bytes dropped (torn: zeroed).
     pub bytes: u64,
+    /// Writes torn: the rest of their file landed, their last sector did not.
+    pub torn: u64,
+}
+
+/// An operation a crash point counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CrashOp {
+    Write,
+    Fsync,
+    Fdatasync,
+}
+
+impl CrashOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            CrashOp::Write => "write",
+            CrashOp::Fsync => "fsync",
+            CrashOp::Fdatasync => "fdatasync",
+        }
+    }
+}
+
+/// Where power is cut (LazyFS's crash points): at the `nth` `op` on a file whose path matches
+/// `path`, counted from when it is armed. The operation does not take effect; the cut throws
+/// away every unsynced write (`torn`: tears them, see [`PowerFs::power_cut`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrashPoint {
+    pub op: CrashOp,
+    /// A glob (`*`, `?`) over the file's name, or over its path below the data directory when
+    /// it holds a `/`.
+    pub path: String,
+    pub nth: u64,
+    pub torn: bool,
+}
+
+impl CrashPoint {
+    /// Whether the file at `rel` (below the data directory) is one the point counts.
+    pub fn matches(&self, rel: &Path) -> bool {
+        let text = if self.path.contains('/') {
+            rel.to_string_lossy()
+        } else {
+            rel.file_name().unwrap_or_default().to_string_lossy()
+        };
+        glob(self.path.as_bytes(), text.as_bytes())
+    }
+
+    /// `fdatasync #3 on *.log`.
+    pub fn describe(&self) -> String {
+        format!("{} #{} on {}", self.op.name(), self.nth, self.path)
+    }
+}
+
+/// `*` matches any run of bytes, `?` one byte, anything else itself.
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) => (0..=text.len()).any(|i| glob(rest, &text[i..])),
+        Some((b'?', rest)) => !text.is_empty() && glob(rest, &text[1..]),
+        Some((c, rest)) => text.first() == Some(c) && glob(rest, &text[1..]),
+    }
+}
+
+/// A crash point that fired: when, which, and what the cut threw away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Crash {
+    pub at: Instant,
+    pub point: CrashPoint,
+    pub cut: CutReport,
 }
 
 /// A mounted power-cut filesystem. Unmounts on drop.
@@ -137,9 +206,42 @@ impl PowerFs {
     }
 
     /// Throws away every write not yet made durable by fsync/fdatasync (on that file).
-    /// Returns what was lost.
-    pub fn power_cut(&self) -> CutReport {
-        lock(&self.state).power_cut()
+    /// Returns what was lost. `torn`: each file's unsynced writes land instead, in order, except
+    /// the last write's final 512-byte sector, which reads as zeros while the file keeps its
+    /// size — a disk that lost power while writing back (a torn tail).
+    pub fn power_cut(&self, torn: bool) -> CutReport {
+        lock(&self.state).power_cut(torn)
+    }
+
+    /// Cuts power by itself at `point`'s operation; then every change fails with EIO until
+    /// [`PowerFs::revive`]. [`PowerFs::crash_signal`] wakes whoever waits for it.
+    pub fn arm(&self, point: CrashPoint) {
+        lock(&self.state).arm(point);
+    }
+
+    /// Disarms a crash point; whether it was still waiting (its operation never came).
+    pub fn disarm(&self) -> bool {
+        lock(&self.state).disarm()
+    }
+
+    /// The crash a crash point caused, once (then `None` until the next).
+    pub fn take_crash(&self) -> Option<Crash> {
+        lock(&self.state).take_crash()
+    }
+
+    /// Whether a crash point fired and its crash was not taken yet.
+    pub fn has_crash(&self) -> bool {
+        lock(&self.state).has_crash()
+    }
+
+    /// Notified when a crash point fires.
+    pub fn crash_signal(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&lock(&self.state).crashed)
+    }
+
+    /// Power back after a crash point: changes are taken again.
+    pub fn revive(&self) {
+        lock(&self.state).revive();
     }
 
     /// The disk is full from now on: statfs reports 0 bytes free/available, and a write that
@@ -322,6 +424,24 @@ mod tests {
     fn a_powerfs_can_live_in_a_task() {
         fn send_sync<T: Send + Sync>() {}
         send_sync::<PowerFs>();
+    }
+
+    #[test]
+    fn crash_points_match_names_or_paths_by_glob() {
+        let point = |path: &str| CrashPoint {
+            op: CrashOp::Fdatasync,
+            path: path.to_string(),
+            nth: 1,
+            torn: false,
+        };
+        let log = Path::new("data/records-00000000000000000000.log");
+        assert!(point("*.log").matches(log));
+        assert!(point("records-*").matches(log));
+        assert!(point("data/*.log").matches(log));
+        assert!(!point("*.jnl").matches(log));
+        assert!(!point("delivered-*").matches(log));
+        assert!(point("records-????????????????????.log").matches(log));
+        assert!(point("*").matches(Path::new("engine.id")));
     }
 
     #[test]

@@ -133,6 +133,29 @@ impl Pending {
         result
     }
 
+    /// Tears the last held write the way a disk does when power fails mid-write: its final
+    /// sector (`sector` bytes, at absolute file offsets) never lands, and reads as zeros; the
+    /// file keeps the write's size (the size reached the disk, the sector did not). A write
+    /// inside one sector is torn whole. Returns the bytes zeroed (0: no write held).
+    pub(crate) fn tear(&mut self, sector: u64) -> u64 {
+        let Some(Op::Write { offset, data, .. }) = self
+            .ops
+            .iter_mut()
+            .rev()
+            .find(|op| matches!(op, Op::Write { .. }))
+        else {
+            return 0;
+        };
+        let end = *offset + data.len() as u64;
+        if data.is_empty() {
+            return 0;
+        }
+        let from = ((end - 1) / sector * sector).max(*offset);
+        let torn = &mut data[(from - *offset) as usize..];
+        torn.fill(0);
+        torn.len() as u64
+    }
+
     /// Forgets every held change; returns (changes, bytes) forgotten.
     pub(crate) fn drop_all(&mut self) -> (u64, u64) {
         let lost = (self.changes, self.bytes);
@@ -239,6 +262,34 @@ mod tests {
         assert!(p.is_empty());
         assert_eq!((p.changes, p.bytes(), p.touched()), (0, 0, None));
         assert_eq!(std::fs::read(&path).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_tear_zeroes_the_last_writes_final_sector_and_keeps_its_size() {
+        let mut p = Pending::default();
+        p.write(0, &[1; 1000]);
+        p.write(2050, &[2; 40]);
+        // The last write lies inside one sector: torn whole.
+        assert_eq!(p.tear(512), 40);
+        let v = view(&[], &p);
+        assert_eq!(v.len(), 2090);
+        assert!(v[2050..].iter().all(|b| *b == 0));
+        assert!(
+            v[..1000].iter().all(|b| *b == 1),
+            "earlier writes are whole"
+        );
+        // Across sectors: what lies before the last sector boundary lands.
+        let mut p = Pending::default();
+        p.write(100, &[3; 1000]);
+        assert_eq!(p.tear(512), 1100 - 1024);
+        let v = view(&[], &p);
+        assert!(v[100..1024].iter().all(|b| *b == 3));
+        assert!(v[1024..1100].iter().all(|b| *b == 0));
+        assert_eq!(
+            Pending::default().tear(512),
+            0,
+            "nothing held, nothing torn"
+        );
     }
 
     #[test]

@@ -19,8 +19,11 @@ use fuser::{Errno, FileAttr, FileType, INodeNo, TimeOrNow};
 use nix::sys::stat::{Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 
-use super::CutReport;
 use super::pending::Pending;
+use super::{Crash, CrashOp, CrashPoint, CutReport};
+
+/// The sector a torn write is torn at: the smallest unit a disk writes whole.
+const SECTOR: u64 = 512;
 
 /// The root directory's inode number (FUSE's fixed one).
 pub(crate) const ROOT: u64 = 1;
@@ -39,6 +42,14 @@ pub(crate) struct State {
     next_listing: u64,
     /// `fill()`: no byte of new space from now on.
     full: bool,
+    /// A crash point waiting for its operation, with the matching operations seen so far.
+    armed: Option<(CrashPoint, u64)>,
+    /// The crash a crash point caused, until the owner takes it.
+    crash: Option<Crash>,
+    /// Power is off (a crash point fired): every change fails with EIO until revived.
+    dead: bool,
+    /// Woken when a crash point fires.
+    pub(crate) crashed: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// One inode.
@@ -211,7 +222,71 @@ impl State {
             listings: HashMap::new(),
             next_listing: 1,
             full: false,
+            armed: None,
+            crash: None,
+            dead: false,
+            crashed: std::sync::Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Cuts power at the `nth` matching operation from now on.
+    pub(crate) fn arm(&mut self, point: CrashPoint) {
+        self.armed = Some((point, 0));
+    }
+
+    /// Disarms; whether a crash point was still waiting.
+    pub(crate) fn disarm(&mut self) -> bool {
+        self.armed.take().is_some()
+    }
+
+    /// Whether a crash point fired and its crash was not taken yet.
+    pub(crate) fn has_crash(&self) -> bool {
+        self.crash.is_some()
+    }
+
+    /// The crash a crash point caused, once.
+    pub(crate) fn take_crash(&mut self) -> Option<Crash> {
+        self.crash.take()
+    }
+
+    /// Power back after a crash point fired: changes are taken again.
+    pub(crate) fn revive(&mut self) {
+        self.dead = false;
+    }
+
+    /// EIO while the power is off.
+    fn alive(&self) -> Result<(), Errno> {
+        if self.dead { Err(Errno::EIO) } else { Ok(()) }
+    }
+
+    /// Counts `op` on file `ino` against the armed crash point; at its `nth`, cuts power
+    /// (before the operation takes effect) and answers EIO, as a disk that lost power does.
+    fn crash_point(&mut self, ino: u64, op: CrashOp) -> Result<(), Errno> {
+        self.alive()?;
+        let path = self.nodes.get(&ino).and_then(|n| n.path.as_deref());
+        let Some((point, seen)) = &self.armed else {
+            return Ok(());
+        };
+        if point.op != op || !path.is_some_and(|p| point.matches(p)) {
+            return Ok(());
+        }
+        let seen = seen + 1;
+        let Some((point, _)) = self.armed.take() else {
+            return Ok(());
+        };
+        if seen < point.nth {
+            self.armed = Some((point, seen));
+            return Ok(());
+        }
+        let cut = self.power_cut(point.torn);
+        self.dead = true;
+        self.crash = Some(Crash {
+            at: std::time::Instant::now(),
+            point,
+            cut,
+        });
+        self.crashed.notify_one();
+        Err(Errno::EIO)
     }
 
     pub(crate) fn set_full(&mut self, full: bool) {
@@ -222,20 +297,32 @@ impl State {
         self.nodes.values().map(|n| n.pending.bytes()).sum()
     }
 
-    /// Forgets every pending change of every file.
-    pub(crate) fn power_cut(&mut self) -> CutReport {
-        let mut report = CutReport {
-            files: 0,
-            writes: 0,
-            bytes: 0,
-        };
+    /// Forgets every pending change of every file; `torn`: each file's pending changes land
+    /// instead, in order, but for the last write's final sector, which reads as zeros (a disk
+    /// that lost power while writing the file back). Unlinked files' changes are dropped.
+    pub(crate) fn power_cut(&mut self, torn: bool) -> CutReport {
+        let mut report = CutReport::default();
+        let backing = self.backing.clone();
         for node in self.nodes.values_mut() {
-            if !node.pending.is_empty() {
-                let (writes, bytes) = node.pending.drop_all();
-                report.files += 1;
-                report.writes += writes;
-                report.bytes += bytes;
+            if node.pending.is_empty() {
+                continue;
             }
+            report.files += 1;
+            if torn && let Some(rel) = node.path.as_deref() {
+                let zeroed = node.pending.tear(SECTOR);
+                report.torn += u64::from(zeroed > 0);
+                report.bytes += zeroed;
+                let landed = match &node.file {
+                    Some(file) => node.pending.apply(file),
+                    None => open_backing(&backing.join(rel)).and_then(|f| node.pending.apply(&f)),
+                };
+                if landed.is_ok() {
+                    continue;
+                }
+            }
+            let (writes, bytes) = node.pending.drop_all();
+            report.writes += writes;
+            report.bytes += bytes;
         }
         let idle: Vec<u64> = self.nodes.keys().copied().collect();
         for ino in idle {
@@ -383,6 +470,7 @@ impl State {
     }
 
     pub(crate) fn setattr(&mut self, ino: u64, change: AttrChange) -> Result<FileAttr, Errno> {
+        self.alive()?;
         let rel = self.node(ino)?.path.clone();
         let real = rel.as_deref().map(|r| self.real(r));
         let node = self.node(ino)?;
@@ -440,6 +528,7 @@ impl State {
         rdev: u32,
         caller: Caller,
     ) -> Result<FileAttr, Errno> {
+        self.alive()?;
         let rel = self.child(parent, name)?;
         let kind = SFlag::from_bits_truncate(mode & SFlag::S_IFMT.bits());
         let perm = Mode::from_bits_truncate(mode & 0o7777);
@@ -456,6 +545,7 @@ impl State {
         mode: u32,
         caller: Caller,
     ) -> Result<FileAttr, Errno> {
+        self.alive()?;
         let rel = self.child(parent, name)?;
         fs::DirBuilder::new()
             .mode(mode & 0o7777)
@@ -473,6 +563,7 @@ impl State {
         target: &Path,
         caller: Caller,
     ) -> Result<FileAttr, Errno> {
+        self.alive()?;
         let rel = self.child(parent, name)?;
         std::os::unix::fs::symlink(target, self.real(&rel)).map_err(errno)?;
         self.chown_to(&rel, caller)?;
@@ -481,6 +572,7 @@ impl State {
     }
 
     pub(crate) fn unlink(&mut self, parent: u64, name: &OsStr) -> Result<(), Errno> {
+        self.alive()?;
         let rel = self.child(parent, name)?;
         fs::remove_file(self.real(&rel)).map_err(errno)?;
         self.detach(&rel);
@@ -488,6 +580,7 @@ impl State {
     }
 
     pub(crate) fn rmdir(&mut self, parent: u64, name: &OsStr) -> Result<(), Errno> {
+        self.alive()?;
         let rel = self.child(parent, name)?;
         fs::remove_dir(self.real(&rel)).map_err(errno)?;
         self.detach(&rel);
@@ -502,6 +595,7 @@ impl State {
         newname: &OsStr,
         flags: u32,
     ) -> Result<(), Errno> {
+        self.alive()?;
         let from = self.child(parent, name)?;
         let to = self.child(newparent, newname)?;
         let (real_from, real_to) = (self.real(&from), self.real(&to));
@@ -551,6 +645,7 @@ impl State {
         flags: i32,
         caller: Caller,
     ) -> Result<FileAttr, Errno> {
+        self.alive()?;
         const O_EXCL: i32 = 0o200;
         const O_TRUNC: i32 = 0o1000;
         let rel = self.child(parent, name)?;
@@ -613,6 +708,7 @@ impl State {
     /// Holds a write. On a full disk only the part inside the file's current size is taken
     /// (a short write), and a write wholly past it fails with ENOSPC.
     pub(crate) fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        self.crash_point(ino, CrashOp::Write)?;
         let full = self.full;
         let node = self.node_mut(ino)?;
         let file = node.file.as_ref().ok_or(Errno::EBADF)?;
@@ -635,6 +731,12 @@ impl State {
     /// Makes file `ino` durable: its pending changes land on the backing file in order, then
     /// the backing file is fdatasynced (fsynced when `datasync` is false).
     pub(crate) fn fsync(&mut self, ino: u64, datasync: bool) -> Result<(), Errno> {
+        let op = if datasync {
+            CrashOp::Fdatasync
+        } else {
+            CrashOp::Fsync
+        };
+        self.crash_point(ino, op)?;
         let real = self.node(ino)?.path.as_deref().map(|r| self.real(r));
         let node = self.node_mut(ino)?;
         let opened;
@@ -656,6 +758,7 @@ impl State {
     }
 
     pub(crate) fn fsyncdir(&self, ino: u64) -> Result<(), Errno> {
+        self.alive()?;
         File::open(self.real(self.rel(ino)?))
             .and_then(|d| d.sync_all())
             .map_err(errno)
@@ -668,6 +771,7 @@ impl State {
         length: u64,
         mode: i32,
     ) -> Result<(), Errno> {
+        self.alive()?;
         if mode != 0 {
             return Err(Errno::EOPNOTSUPP);
         }
@@ -761,6 +865,8 @@ impl State {
 mod tests {
     use super::*;
 
+    use crate::powerfs::{CrashOp, CrashPoint};
+
     const ME: Caller = Caller { uid: 0, gid: 0 };
 
     fn state() -> (tempfile::TempDir, State) {
@@ -782,10 +888,76 @@ mod tests {
         assert_eq!(s.attr(ino).unwrap().size, 5);
         assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"");
         assert_eq!(s.unsynced_bytes(), 5);
-        let cut = s.power_cut();
+        let cut = s.power_cut(false);
         assert_eq!((cut.files, cut.writes, cut.bytes), (1, 1, 5));
         assert_eq!(read_all(&s, ino), b"");
         assert_eq!(s.attr(ino).unwrap().size, 0);
+    }
+
+    #[test]
+    fn a_torn_cut_lands_the_unsynced_writes_but_the_last_sector() {
+        let (dir, mut s) = state();
+        let ino = s.create(ROOT, "f".as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.write(ino, 0, &[7; 600]).unwrap();
+        s.fsync(ino, true).unwrap();
+        s.write(ino, 600, &[8; 1000]).unwrap();
+        let cut = s.power_cut(true);
+        assert_eq!(
+            (cut.files, cut.torn, cut.writes, cut.bytes),
+            (1, 1, 0, 1600 - 1536)
+        );
+        let on_disk = fs::read(dir.path().join("f")).unwrap();
+        assert_eq!(on_disk.len(), 1600, "the size reached the disk");
+        assert!(on_disk[..600].iter().all(|b| *b == 7));
+        assert!(on_disk[600..1536].iter().all(|b| *b == 8));
+        assert!(
+            on_disk[1536..].iter().all(|b| *b == 0),
+            "the last sector did not"
+        );
+        assert_eq!(read_all(&s, ino), on_disk);
+    }
+
+    #[test]
+    fn a_crash_point_cuts_power_at_its_nth_operation_and_refuses_changes_until_revived() {
+        let (dir, mut s) = state();
+        let log = s
+            .create(ROOT, "a.log".as_ref(), 0o644, 0, ME)
+            .unwrap()
+            .ino
+            .0;
+        let other = s
+            .create(ROOT, "marks".as_ref(), 0o644, 0, ME)
+            .unwrap()
+            .ino
+            .0;
+        s.arm(CrashPoint {
+            op: CrashOp::Fdatasync,
+            path: "*.log".to_string(),
+            nth: 2,
+            torn: false,
+        });
+        s.write(log, 0, b"one").unwrap();
+        s.fsync(log, true).unwrap();
+        s.write(other, 0, b"m").unwrap();
+        s.fsync(other, true).unwrap(); // not a *.log: not counted
+        s.fsync(log, false).unwrap(); // fsync, not fdatasync: not counted
+        s.write(log, 3, b"two").unwrap();
+        assert_eq!(
+            s.fsync(log, true),
+            Err(Errno::EIO),
+            "the second fdatasync of a *.log"
+        );
+        let crash = s.take_crash().expect("it fired");
+        assert_eq!(crash.cut.bytes, 3);
+        assert_eq!(fs::read(dir.path().join("a.log")).unwrap(), b"one");
+        assert_eq!(s.write(log, 3, b"x"), Err(Errno::EIO), "no power");
+        assert_eq!(s.unlink(ROOT, "marks".as_ref()), Err(Errno::EIO));
+        assert!(!s.disarm(), "a fired point is no longer armed");
+        s.revive();
+        s.write(log, 3, b"three").unwrap();
+        s.fsync(log, true).unwrap();
+        assert_eq!(fs::read(dir.path().join("a.log")).unwrap(), b"onethree");
+        assert!(s.take_crash().is_none(), "taken once");
     }
 
     #[test]
@@ -795,7 +967,7 @@ mod tests {
         s.write(ino, 0, b"durable").unwrap();
         s.fsync(ino, true).unwrap();
         s.write(ino, 7, b" not").unwrap();
-        assert_eq!(s.power_cut().bytes, 4);
+        assert_eq!(s.power_cut(false).bytes, 4);
         assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"durable");
         assert_eq!(read_all(&s, ino), b"durable");
     }

@@ -26,6 +26,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::kafka::{self, Family, Pending};
+use super::tap::ConnTap;
 use super::{Condition, Flow, LinkShared, Side, add};
 
 /// Read buffers start small and double while reads keep filling them, up to `BUF`: a bulk
@@ -45,6 +46,8 @@ struct Conn {
     /// The link's `strand` count when the connection was accepted: a later strand silences it.
     born: u64,
     counted_strand: AtomicBool,
+    /// The link's protocol tap, when it has one: reads what this connection carries.
+    tap: Option<ConnTap>,
 }
 
 fn rst(socket: &TcpStream) {
@@ -65,12 +68,18 @@ pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: Can
         }
         condition.strands
     };
+    let tap = shared
+        .tapping
+        .read()
+        .ok()
+        .and_then(|t| t.as_ref().map(ConnTap::new));
     let conn = Arc::new(Conn {
         lost: AtomicBool::new(false),
         abort,
         counted_reset: AtomicBool::new(false),
         born,
         counted_strand: AtomicBool::new(false),
+        tap,
     });
     add(&shared.counters.active, 1);
     let (client_read, client_write) = client.into_split();
@@ -192,6 +201,17 @@ impl Pump {
         }
     }
 
+    /// This pump read `bytes`: the tap reads them — from the engine (they left it, whether
+    /// or not the link passes them on) or from the broker (it answered, whether or not the
+    /// answer reaches the engine).
+    fn tap_read(&self, bytes: &[u8]) {
+        match (self.side, &self.conn.tap) {
+            (Side::Up, Some(tap)) => tap.left(bytes),
+            (Side::Down, Some(tap)) => tap.down(bytes),
+            (_, None) => {}
+        }
+    }
+
     /// Resets the whole connection: RST on every socket this pump holds.
     fn reset(&mut self) {
         if !self.conn.counted_reset.swap(true, Ordering::SeqCst) {
@@ -289,7 +309,7 @@ impl Pump {
                     tokio::select! {
                         n = from.read(&mut buf) => match n {
                             Ok(0) => { self.at_eof = true; self.lose(0); }
-                            Ok(n) => self.lose(n),
+                            Ok(n) => { self.tap_read(&buf[..n]); self.lose(n) }
                             Err(_) => return self.reset(),
                         },
                         _ = self.rx.changed() => {}
@@ -343,7 +363,7 @@ impl Pump {
             tokio::select! {
                 n = from.read(buf) => match n {
                     Ok(0) | Err(_) => break,
-                    Ok(n) => self.counted(false, n),
+                    Ok(n) => { self.tap_read(&buf[..n]); self.counted(false, n) }
                 },
                 _ = self.conn.abort.cancelled() => return self.reset(),
             }
@@ -418,32 +438,14 @@ impl Pump {
                 Ok(0) => self.at_eof = true,
                 Ok(n) => {
                     let data = self.translate(&buf[..n]);
-                    let bytes: &[u8] = &data;
-                    if let Flow::Limit { bytes: limit } = flow {
-                        // Pass what the budget allows, then cut the connection.
-                        let allowed = (limit.saturating_sub(self.limited.1) as usize).min(bytes.len());
-                        if allowed > 0 && !self.write(&bytes[..allowed]).await {
-                            return false;
-                        }
-                        self.limited.1 += allowed as u64;
-                        if self.limited.1 >= limit {
-                            self.reset();
-                            return false;
-                        }
-                    } else if bytes.is_empty() {
-                        // A Kafka answer being held until whole.
-                    } else if flow == Flow::Pass && self.held.is_empty() {
-                        // The fast path: straight from the read buffer, nothing queued.
-                        if !self.write(bytes).await {
-                            return false;
-                        }
-                    } else {
-                        let due = self.due(flow, bytes.len());
-                        self.held.push_back((due, Bytes::copy_from_slice(bytes)));
-                        self.held_bytes += bytes.len();
-                    }
+                    let alive = self.pass_on(flow, &data).await;
                     if let std::borrow::Cow::Owned(used) = data {
                         self.scratch = used;
+                    }
+                    // The tap reads after the write: it never delays the bytes.
+                    self.tap_read(&buf[..n]);
+                    if !alive {
+                        return false;
                     }
                     if n == size && size < BUF {
                         buf.resize(size * 2, 0);
@@ -457,6 +459,33 @@ impl Pump {
             _ = async { if let Some(w) = wake { tokio::time::sleep_until(w).await } }, if wake.is_some() => {}
             _ = self.rx.changed() => {}
             _ = self.conn.abort.cancelled() => {}
+        }
+        true
+    }
+
+    /// Passes on a chunk just read, as `flow` says: written now, queued until due, or cut at
+    /// a byte budget. False when the connection is over.
+    async fn pass_on(&mut self, flow: Flow, bytes: &[u8]) -> bool {
+        if let Flow::Limit { bytes: limit } = flow {
+            // Pass what the budget allows, then cut the connection.
+            let allowed = (limit.saturating_sub(self.limited.1) as usize).min(bytes.len());
+            if allowed > 0 && !self.write(&bytes[..allowed]).await {
+                return false;
+            }
+            self.limited.1 += allowed as u64;
+            if self.limited.1 >= limit {
+                self.reset();
+                return false;
+            }
+        } else if bytes.is_empty() {
+            // A Kafka answer being held until whole.
+        } else if flow == Flow::Pass && self.held.is_empty() {
+            // The fast path: straight from the read buffer, nothing queued.
+            return self.write(bytes).await;
+        } else {
+            let due = self.due(flow, bytes.len());
+            self.held.push_back((due, Bytes::copy_from_slice(bytes)));
+            self.held_bytes += bytes.len();
         }
         true
     }
@@ -506,6 +535,9 @@ impl Pump {
         match write_following(to, bytes, &mut self.rx, &self.conn, self.side).await {
             Ok(()) => {
                 self.counted(true, bytes.len());
+                if let (Side::Up, Some(tap)) = (self.side, &self.conn.tap) {
+                    tap.up(bytes);
+                }
                 true
             }
             // A strand while the write was blocked: the loop goes silent instead of resetting.

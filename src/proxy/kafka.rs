@@ -543,6 +543,8 @@ pub(crate) struct Family {
     pub(crate) unreadable: AtomicU64,
     /// Answers rewritten.
     pub(crate) rewritten: AtomicU64,
+    /// The tap every member reads its connections with (the head's).
+    tapping: Mutex<Option<super::tap::Tapping>>,
 }
 
 /// How a link takes part in a family.
@@ -573,6 +575,17 @@ impl Family {
             seed: AtomicU64::new(0),
             unreadable: AtomicU64::new(0),
             rewritten: AtomicU64::new(0),
+            tapping: Mutex::default(),
+        }
+    }
+
+    /// The head's tap, on every member, those made later included.
+    pub(crate) fn set_tap(&self, tapping: super::tap::Tapping) {
+        for m in self.members() {
+            m.set_tap(tapping.clone());
+        }
+        if let Ok(mut t) = self.tapping.lock() {
+            *t = Some(tapping);
         }
     }
 
@@ -652,6 +665,9 @@ impl Family {
         )
         .ok()?;
         link.seed(self.seed.load(Ordering::Relaxed));
+        if let Some(t) = self.tapping.lock().ok().and_then(|t| t.clone()) {
+            link.set_tap(t);
+        }
         let early = self.early.lock().ok().and_then(|mut e| e.remove(&name));
         let group = self.group.lock().ok().and_then(|g| *g);
         if let Some(spec) = early.or(group) {

@@ -11,6 +11,7 @@
 pub mod api;
 mod connection;
 pub mod kafka;
+pub mod tap;
 pub mod toxiproxy;
 
 use std::collections::BTreeMap;
@@ -345,9 +346,11 @@ pub(crate) struct LinkShared {
     pub(crate) counters: Counters,
     pub(crate) tasks: TaskTracker,
     /// Jitter draws, seeded.
-    pub(crate) rng: std::sync::Mutex<crate::workload::Seeded>,
+    pub(crate) rng: std::sync::Mutex<crate::seed::Seeded>,
     /// A Kafka-aware link's place in its family (`None`: bytes only).
     pub(crate) kafka: Option<kafka::Role>,
+    /// The protocol tap its connections get (set by the destination kind; `None`: none).
+    pub(crate) tapping: std::sync::RwLock<Option<tap::Tapping>>,
 }
 
 impl LinkShared {
@@ -438,8 +441,9 @@ impl Link {
             settled,
             counters: Counters::default(),
             tasks: TaskTracker::new(),
-            rng: std::sync::Mutex::new(crate::workload::Seeded::new(0)),
+            rng: std::sync::Mutex::new(crate::seed::Seeded::new(0)),
             kafka,
+            tapping: std::sync::RwLock::new(None),
         });
         let link = Link { shared, cancel };
         let accept = link.clone();
@@ -454,6 +458,17 @@ impl Link {
         match &self.shared.kafka {
             Some(kafka::Role::Head(f)) => Some(f),
             _ => None,
+        }
+    }
+
+    /// Reads every connection from now on with `tapping` (a Kafka-aware link: its broker
+    /// links too, those made later included).
+    pub fn set_tap(&self, tapping: tap::Tapping) {
+        if let Some(family) = self.family() {
+            family.set_tap(tapping.clone());
+        }
+        if let Ok(mut t) = self.shared.tapping.write() {
+            *t = Some(tapping);
         }
     }
 
@@ -574,7 +589,7 @@ impl Link {
     /// Seeds the link's randomness (jitter), so a drill with the same seed replays the same.
     pub fn seed(&self, seed: u64) {
         if let Ok(mut rng) = self.shared.rng.lock() {
-            *rng = crate::workload::Seeded::new(seed);
+            *rng = crate::seed::Seeded::new(seed);
         }
         if let Some(f) = self.family() {
             f.seed(seed);

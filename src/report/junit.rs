@@ -177,6 +177,28 @@ fn seconds(s: f64) -> Option<Duration> {
     Duration::try_from_secs_f64(s).ok()
 }
 
+/// The JUnit view of one drill: a suite, a case per expectation.
+pub fn suite(report: &crate::report::Report, report_md: &std::path::Path) -> Suite {
+    Suite {
+        name: report.scenario.clone(),
+        headline: format!("{} — {}", report.verdict.word(), report.headline),
+        verdict_pass: report.verdict.is_pass(),
+        time_s: report.duration_ms as f64 / 1000.0,
+        report_md: Some(report_md.display().to_string()),
+        cases: report
+            .expectations
+            .iter()
+            .map(|x| Case {
+                name: x.name.clone(),
+                expected: x.expected.clone(),
+                actual: x.actual.clone(),
+                ok: x.ok,
+            })
+            .collect(),
+        notes: report.notes.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,15 +1,17 @@
 //! The oracle's pure parts (DESIGN.md §5), apart from brokers and files so that each cell of
-//! the promise table is unit-tested: what a declared promise allows ([`allowance`]), whether
-//! each fault met the traffic it was meant to disturb ([`unbitten`]), and whether records
-//! reached the destination around the proxy ([`bypassed`]).
+//! the promise table is unit-tested: which records a promise may excuse ([`excuses`]), what a
+//! declared promise allows ([`allowance`]), whether each fault met the traffic it was meant to
+//! disturb ([`unbitten`]), and whether records reached the destination around the proxy
+//! ([`bypassed`]).
 //!
 //! It never reads a clock or a socket: every input is what the runner recorded.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use super::FaultRecord;
-use crate::scenario::Promise;
+use crate::promise::Promise;
+use crate::runner::Tapped;
+use crate::runner::events::{FaultRecord, FaultTarget};
 use crate::verify::{Received, Reconciliation};
 use crate::workload::{Ingested, Sent};
 
@@ -55,7 +57,7 @@ pub fn allowance(
                 .copied()
                 .collect();
             Allowance {
-                duplicates: super::allowed_duplicates(sent, received, &excused),
+                duplicates: allowed_duplicates(sent, received, &excused),
                 missing: 0,
             }
         }
@@ -80,6 +82,102 @@ pub fn allowance(
     }
 }
 
+/// Extra copies the declared promise allows: same write key as the original (the one the
+/// ingest answered, else the first copy's), and the record is in `excused` — its write had a
+/// `possibly_sent` attempt, or it was accepted before an engine crash (ids).
+pub fn allowed_duplicates(sent: &Sent, received: &Received, excused: &HashSet<&str>) -> u64 {
+    let keys: HashMap<&str, Option<&str>> = sent
+        .accepted()
+        .map(|(r, k, _)| (r.id.as_str(), k))
+        .collect();
+    let mut first: HashMap<&str, Option<&str>> = HashMap::new();
+    let mut allowed = 0;
+    for a in &received.arrivals {
+        let Some(id) = a.id.as_deref() else { continue };
+        let Some(&key) = keys.get(id) else { continue };
+        match first.get(id) {
+            None => {
+                first.insert(id, key.or(a.write_key.as_deref()));
+            }
+            Some(original) => {
+                let same = original.is_some() && a.write_key.as_deref() == *original;
+                if same && excused.contains(id) {
+                    allowed += 1;
+                }
+            }
+        }
+    }
+    allowed
+}
+
+/// Records the promise may excuse (ids): writes with a `possibly_sent` attempt (from the
+/// built-in engine's journal, `possibly_sent`; for a user's engine, whose attempts drill cannot
+/// see, records accepted before the end of a link or broker fault stand in), and records
+/// accepted before an engine crash.
+pub fn excuses<'a>(
+    sent: &'a Sent,
+    received: &Received,
+    possibly_sent: Option<&HashSet<String>>,
+    crashes: Crashes<'_>,
+    faults: &[FaultRecord],
+) -> Excuses<'a> {
+    let last_fault_end = match possibly_sent {
+        Some(_) => None,
+        None => faults
+            .iter()
+            .filter(|f| f.target.is_destination_side())
+            .map(|f| Duration::from_millis(f.until_ms.unwrap_or(u64::MAX)))
+            .max(),
+    };
+    let mut first: HashMap<&str, Duration> = HashMap::new();
+    for a in &received.arrivals {
+        if let Some(id) = a.id.as_deref() {
+            first.entry(id).or_insert(a.at);
+        }
+    }
+    let mut e = Excuses::default();
+    for (r, key, at) in sent.accepted() {
+        if last_fault_end.is_some_and(|end| at <= end)
+            || possibly_sent
+                .zip(key)
+                .is_some_and(|(keys, k)| keys.contains(k))
+        {
+            e.possibly_sent.insert(r.id.as_str());
+        }
+        let arrived = first.get(r.id.as_str()).copied();
+        if crashes.excuse(at, arrived) {
+            e.crashed.insert(r.id.as_str());
+        }
+    }
+    e
+}
+
+/// How long before a SIGKILL or SIGTERM the destination's confirmation of a record must have
+/// come for the engine to be expected to have noted it: a record first delivered earlier than
+/// this before a kill, sent again after it, is a duplicate the crash does not excuse (an
+/// engine that forgets its delivery marks on restart). A power cut excuses every record
+/// accepted before it: unsynced marks are lost with it.
+const NOTED_WITHIN: Duration = Duration::from_secs(5);
+
+/// The drill's engine crashes (kill, stop, power cut), and which were power cuts.
+#[derive(Clone, Copy)]
+pub struct Crashes<'a> {
+    pub all: &'a [Duration],
+    pub power_cuts: &'a [Duration],
+}
+
+impl Crashes<'_> {
+    /// Whether a crash excuses a second copy of a record accepted at `at` and first delivered
+    /// at `arrived`: it was accepted before the crash, and the crash could have left its
+    /// delivery unnoted.
+    fn excuse(&self, at: Duration, arrived: Option<Duration>) -> bool {
+        self.all.iter().any(|c| {
+            at <= *c
+                && (self.power_cuts.contains(c) || arrived.is_none_or(|d| d + NOTED_WITHIN > *c))
+        })
+    }
+}
+
 /// When each accepted record was accepted and first arrived (if it did).
 fn timings(sent: &Sent, received: &Received) -> Vec<(Duration, Option<Duration>)> {
     let mut first: HashMap<&str, Duration> = HashMap::new();
@@ -97,9 +195,10 @@ fn timings(sent: &Sent, received: &Received) -> Vec<(Duration, Option<Duration>)
         .collect()
 }
 
-/// Faults that met no traffic: nothing was accepted while they were in force, and nothing
-/// accepted before them was still undelivered when they began. Each is a reason the drill
-/// proved nothing about that fault ("the fault at 10 s met no traffic").
+/// Faults that proved nothing: one that found no target (a broker fault with no such node, no
+/// leader), and one that met no traffic — nothing was accepted while it was in force, and
+/// nothing accepted before it was still undelivered when it began. Each is a reason the drill
+/// is inconclusive ("the fault at 10 s met no traffic").
 pub fn unbitten(
     faults: &[FaultRecord],
     sent: &Sent,
@@ -107,8 +206,9 @@ pub fn unbitten(
     end_ms: u64,
 ) -> Vec<String> {
     let records = timings(sent, received);
-    faults
+    let unbitten = faults
         .iter()
+        .filter(|f| f.no_target.is_none())
         .filter(|f| {
             if let Some(bit) = f.bit {
                 return !bit;
@@ -116,7 +216,7 @@ pub fn unbitten(
             let from = Duration::from_millis(f.at_ms);
             let until = Duration::from_millis(f.until_ms.unwrap_or(end_ms).max(f.at_ms));
             // A full disk bites the records it turned away, too.
-            let refused = f.target == "engine disk"
+            let refused = f.target == FaultTarget::EngineDisk
                 && sent.order.iter().any(|(_, i)| {
                     matches!(i, Ingested::NotAccepted { at, .. } if *at >= from && *at <= until)
                 });
@@ -131,10 +231,19 @@ pub fn unbitten(
                 "the fault at {:.1} s ({} {}) met no traffic: nothing was accepted while it was in force and nothing was waiting when it began",
                 f.at_ms as f64 / 1000.0,
                 f.target,
-                f.fault
+                f.what()
             )
-        })
-        .collect()
+        });
+    let no_target = faults.iter().filter_map(|f| {
+        let why = f.no_target.as_ref()?;
+        Some(format!(
+            "the fault at {:.1} s ({} {}) found no target: {why}",
+            f.at_ms as f64 / 1000.0,
+            f.target,
+            f.what()
+        ))
+    });
+    no_target.chain(unbitten).collect()
 }
 
 /// How long after a fault begins, and before it ends, a delivery is not held against it: bytes
@@ -154,14 +263,7 @@ pub fn bypassed(faults: &[FaultRecord], received: &Received, end_ms: u64) -> Vec
         .collect();
     faults
         .iter()
-        .filter(|f| f.target.starts_with("link"))
-        .filter(|f| {
-            let upstream = f
-                .direction
-                .as_deref()
-                .is_none_or(|d| d == "both" || d == "upstream");
-            f.fault == "refuse" || (upstream && (f.fault == "swallow" || f.fault == "hang"))
-        })
+        .filter(|f| f.target.is_network() && f.kind.stops_upstream())
         .filter_map(|f| {
             let from = Duration::from_millis(f.at_ms) + BYPASS_GRACE;
             let until = Duration::from_millis(f.until_ms.unwrap_or(end_ms))
@@ -171,9 +273,65 @@ pub fn bypassed(faults: &[FaultRecord], received: &Received, end_ms: u64) -> Vec
                 format!(
                     "the engine's traffic bypassed {}: {n} records arrived while it was {} ({:.1}–{:.1} s)",
                     f.target,
-                    f.fault,
+                    f.what(),
                     f.at_ms as f64 / 1000.0,
                     f.until_ms.unwrap_or(end_ms) as f64 / 1000.0
+                )
+            })
+        })
+        .collect()
+}
+
+/// Records that reached the destination without crossing any link, as the links' tap saw it
+/// (judged only when the tap read every data frame it saw): the engine went around the proxy.
+/// Unlike [`bypassed`], this needs no arrival times, so it holds for every kind (Kafka too).
+pub fn went_around(tapped: &Tapped, received: &Received) -> Option<String> {
+    if !tapped.reads_everything() {
+        return None;
+    }
+    let mut seen = HashSet::new();
+    let around: Vec<&str> = received
+        .arrivals
+        .iter()
+        .filter_map(|a| a.id.as_deref())
+        .filter(|id| seen.insert(*id) && !tapped.sent.contains_key(*id))
+        .collect();
+    let first = around.first()?;
+    Some(format!(
+        "{} records reached the destination without crossing the link (the first: {first}): the engine's traffic bypassed the proxy",
+        around.len()
+    ))
+}
+
+/// Link faults that keep the engine's bytes from the broker (refuse, swallow or hang
+/// upstream) through which the tap saw records go to the broker anyway, past the fault's first
+/// and last half second: a cut that did not hold proves nothing about it.
+pub fn leaked(faults: &[FaultRecord], tapped: &Tapped, end_ms: u64) -> Vec<String> {
+    let grace = BYPASS_GRACE.as_millis() as u64;
+    faults
+        .iter()
+        .filter(|f| f.target.is_network() && f.kind.stops_upstream())
+        .filter(|f| {
+            tapped
+                .link
+                .as_ref()
+                .is_some_and(|l| f.target == crate::runner::events::FaultTarget::Link(l.clone()))
+        })
+        .filter_map(|f| {
+            let until = f.until_ms.unwrap_or(end_ms);
+            let (from, to) = (f.at_ms + grace, until.saturating_sub(grace));
+            let n = tapped
+                .sent
+                .values()
+                .filter(|at| **at > from && **at < to)
+                .count();
+            (n > 0).then(|| {
+                format!(
+                    "{} carried {n} records to the broker while it was {} ({:.1}–{:.1} s): the fault did not hold",
+                    f.target,
+                    f.what(),
+                    f.at_ms as f64 / 1000.0,
+                    until as f64 / 1000.0
                 )
             })
         })
@@ -194,15 +352,14 @@ mod tests {
     //! verdict `judge` gives under the default expectations (lost 0, duplicates beyond the
     //! promise 0, reordered 0, unexpected 0).
 
-    use std::collections::BTreeMap;
-    use std::net::SocketAddr;
     use std::path::Path;
     use std::time::Duration;
 
     use super::*;
-    use crate::proxy::LinkStatus;
-    use crate::report::{Facts, judge};
-    use crate::verify::{Arrival, reconcile};
+    use crate::proxy::{Direction, Fault, FaultSpec};
+    use crate::report::judge;
+    use crate::runner::events::FaultKind;
+    use crate::verify::Arrival;
     use crate::workload::Record;
 
     fn record(seq: u64) -> Record {
@@ -220,6 +377,7 @@ mod tests {
             id: Some(format!("r/k0/{seq}")),
             write_key: key.map(str::to_string),
             at: Duration::from_millis(seq * 10),
+            pad: None,
         }
     }
 
@@ -263,7 +421,7 @@ mod tests {
         crate::scenario::parse(Path::new("oracle.yaml"), &text).expect("a valid plan")
     }
 
-    fn verdict(promise: Promise, name: &str, case: Case) -> bool {
+    fn verdict(name: &str, case: Case) -> bool {
         let mut sent = Sent {
             order: (0..4)
                 .map(|i| {
@@ -312,6 +470,7 @@ mod tests {
                 id: None,
                 write_key: None,
                 at: Duration::ZERO,
+                pad: None,
             }),
             Case::IngestUnknownFound | Case::IngestUnknownNotFound => {
                 sent.order
@@ -324,54 +483,24 @@ mod tests {
         }
         let received = Received {
             arrivals,
+            verifier_fault: verifier_fault.then(|| "the reader lost its connection".to_string()),
             ..Received::default()
         };
-        let excuses_view = Excuses {
-            possibly_sent: excuses.possibly_sent.clone(),
-            crashed: excuses.crashed.clone(),
-        };
-        let addr = SocketAddr::from(([127, 0, 0, 1], 9));
-        let facts = Facts {
-            plan: plan(name),
-            seed: 1,
-            runtime: "process".to_string(),
-            reconciliation: reconcile(&sent, &received),
-            allowance: allowance(promise, &sent, &received, &excuses_view),
-            inconclusive: Vec::new(),
-            drain_ms: 0,
-            engine: None,
-            gives_account: false,
-            system: "test".to_string(),
-            unexpected_examples: Vec::new(),
-            series: Vec::new(),
-            faults: Vec::new(),
-            recovery: Vec::new(),
-            link: LinkStatus {
-                name: "mqtt".to_string(),
-                listen: addr,
-                upstream: addr,
-                fault: "pass".to_string(),
-                direction: None,
-                latency_ms: None,
-                jitter_ms: None,
-                bytes_per_s: None,
-                since_ms: 0,
-                connections_accepted: 0,
-                connections_reset: 0,
-                connections_open: 0,
-                bytes_upstream: 0,
-                bytes_downstream: 0,
-                bytes_swallowed_upstream: 0,
-                bytes_swallowed_downstream: 0,
-                broker_links: Vec::new(),
-                answers_rewritten: 0,
-                connections_stranded: 0,
-            },
-            versions: BTreeMap::new(),
-            notes: Vec::new(),
-            verifier_fault,
-            duration_ms: 1000,
-        };
+        let mut facts = crate::report::verdict::tests::facts(plan(name), sent, received);
+        // The excuses this case names, as the engine's journal or its crashes would give them.
+        facts.possibly_sent_keys = Some(
+            excuses
+                .possibly_sent
+                .iter()
+                .map(|id| format!("w{}", id.rsplit('/').next().unwrap_or("")))
+                .collect(),
+        );
+        if !excuses.crashed.is_empty() {
+            // A crash at the end excuses every record accepted before it that never arrived
+            // earlier than 5 s before it.
+            facts.crashes = vec![Duration::from_secs(3600)];
+            facts.power_cuts = vec![Duration::from_secs(3600)];
+        }
         judge(&facts).verdict.is_pass()
     }
 
@@ -397,13 +526,13 @@ mod tests {
         let mut wrong = Vec::new();
         for case in cases {
             let (most, least, exactly) = expected(case);
-            for (promise, name, want) in [
-                (Promise::AtMostOnce, "at_most_once", most),
-                (Promise::AtLeastOnce, "at_least_once", least),
-                (Promise::EffectivelyOnce, "effectively_once", exactly),
+            for (name, want) in [
+                ("at_most_once", most),
+                ("at_least_once", least),
+                ("effectively_once", exactly),
             ] {
                 cells += 1;
-                let got = verdict(promise, name, case);
+                let got = verdict(name, case);
                 if got != want {
                     wrong.push(format!(
                         "{case:?} × {name}: expected pass={want}, got pass={got}"
@@ -420,15 +549,16 @@ mod tests {
         assert_eq!(cells, 39);
     }
 
-    fn fault(at_ms: u64, until_ms: u64, fault: &str, direction: &str) -> FaultRecord {
+    fn fault(at_ms: u64, until_ms: u64, fault: Fault, direction: Direction) -> FaultRecord {
         FaultRecord {
             index: 0,
             at_ms,
-            target: "link mqtt".to_string(),
-            fault: fault.to_string(),
-            direction: Some(direction.to_string()),
+            target: FaultTarget::Link("mqtt".to_string()),
+            kind: FaultKind::Link(FaultSpec::new(fault, direction)),
+            wiped: false,
             until_ms: Some(until_ms),
             bit: None,
+            no_target: None,
         }
     }
 
@@ -459,6 +589,7 @@ mod tests {
                     id: Some(format!("r/k0/{i}")),
                     write_key: None,
                     at: Duration::from_millis(at),
+                    pad: None,
                 })
                 .collect(),
             ..Received::default()
@@ -469,14 +600,14 @@ mod tests {
     fn a_fault_after_the_traffic_met_nothing_and_one_during_it_did() {
         let sent = accepted_at(&[0, 1000, 2000]);
         let received = arrived_at(&[10, 1010, 2010]);
-        let late = fault(10_000, 12_000, "swallow", "both");
+        let late = fault(10_000, 12_000, Fault::Swallow, Direction::Both);
         let why = unbitten(&[late], &sent, &received, 15_000);
         assert_eq!(why.len(), 1);
         assert!(why[0].starts_with("the fault at 10.0 s"), "{}", why[0]);
-        let during = fault(500, 1500, "swallow", "both");
+        let during = fault(500, 1500, Fault::Swallow, Direction::Both);
         assert!(unbitten(&[during], &sent, &received, 15_000).is_empty());
         // Nothing accepted during it, but a record accepted before it was still on its way.
-        let held = fault(2005, 2500, "refuse", "both");
+        let held = fault(2005, 2500, Fault::Refuse, Direction::Both);
         let late_arrival = arrived_at(&[10, 1010, 3000]);
         assert!(unbitten(&[held], &sent, &late_arrival, 15_000).is_empty());
     }
@@ -484,7 +615,7 @@ mod tests {
     #[test]
     fn deliveries_during_a_refused_or_swallowed_upstream_link_are_a_bypass() {
         let received = arrived_at(&[100, 5000, 9000]);
-        let refused = fault(2000, 8000, "refuse", "both");
+        let refused = fault(2000, 8000, Fault::Refuse, Direction::Both);
         let why = bypassed(&[refused], &received, 10_000);
         assert_eq!(why.len(), 1);
         assert!(
@@ -493,10 +624,17 @@ mod tests {
             why[0]
         );
         // Swallowing answers only (downstream) lets records through: no bypass.
-        let downstream = fault(2000, 8000, "swallow", "downstream");
+        let downstream = fault(2000, 8000, Fault::Swallow, Direction::Downstream);
         assert!(bypassed(&[downstream], &received, 10_000).is_empty());
         // Right at the edges (bytes already past the proxy): not held against the engine.
         let edge = arrived_at(&[2100, 7900]);
-        assert!(bypassed(&[fault(2000, 8000, "refuse", "both")], &edge, 10_000).is_empty());
+        assert!(
+            bypassed(
+                &[fault(2000, 8000, Fault::Refuse, Direction::Both)],
+                &edge,
+                10_000
+            )
+            .is_empty()
+        );
     }
 }

@@ -435,7 +435,13 @@ fn axes(svg: &mut String, f: &Frame<'_, '_>) {
         b = b,
         right_line = right_line,
     );
+    tick_labels(svg, f);
+    axis_titles(svg, f);
+}
 
+/// The time axis's ticks and labels, and each value axis's labels.
+fn tick_labels(svg: &mut String, f: &Frame<'_, '_>) {
+    let b = n(PLOT_BOTTOM);
     let (instants, step) = f.time_ticks();
     let _ = writeln!(
         svg,
@@ -485,7 +491,10 @@ fn axes(svg: &mut String, f: &Frame<'_, '_>) {
         }
         svg.push_str("</g>\n");
     }
+}
 
+/// The three axis titles (the right one only with a backlog).
+fn axis_titles(svg: &mut String, f: &Frame<'_, '_>) {
     let mid_y = n((f.plot_top + PLOT_BOTTOM) / 2.0);
     let _ = writeln!(
         svg,
@@ -955,6 +964,78 @@ fn legend(svg: &mut String, f: &Frame<'_, '_>) {
         x += width_of(item) + SPACING;
     }
     svg.push_str("</g>\n");
+}
+
+/// The timeline chart: delivered per second and backlog, fault windows shaded, engine and
+/// broker restarts, and each recovery's first delivery and drain marked.
+pub fn timeline(report: &crate::report::Report) -> String {
+    let samples: Vec<Sample> = report
+        .series
+        .iter()
+        .map(|p| Sample {
+            at_ms: p.at_ms,
+            delivered_per_s: p.delivered as f64,
+            waiting: p.waiting,
+        })
+        .collect();
+    let mut windows = Vec::new();
+    let mut marks = Vec::new();
+    for f in &report.faults {
+        if f.target.is_network() {
+            windows.push(Window {
+                from_ms: f.at_ms,
+                until_ms: f.until_ms,
+                label: f.label(),
+            });
+        } else {
+            marks.push(Mark {
+                at_ms: f.at_ms,
+                kind: MarkKind::Kill,
+                label: format!("{} {}", f.target, f.what()),
+            });
+            if let Some(until) = f.until_ms {
+                marks.push(Mark {
+                    at_ms: until,
+                    kind: MarkKind::Restart,
+                    label: format!("{} back", f.target),
+                });
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for r in &report.recovery {
+        // Overlapping faults share one heal: mark it once.
+        if !seen.insert(r.heal_ms) {
+            continue;
+        }
+        if let Some(at) = r.first_delivery_ms {
+            marks.push(Mark {
+                at_ms: at,
+                kind: MarkKind::FirstDelivery,
+                label: format!("first delivery +{} ms", at.saturating_sub(r.heal_ms)),
+            });
+        }
+        if let Some(at) = r.drained_ms {
+            marks.push(Mark {
+                at_ms: at,
+                kind: MarkKind::Drained,
+                label: format!("drained +{} ms", at.saturating_sub(r.heal_ms)),
+            });
+        }
+    }
+    let title = format!(
+        "{} — {} — {}",
+        report.scenario,
+        report.verdict.word(),
+        report.headline
+    );
+    render(&Chart {
+        title: &title,
+        duration_ms: report.duration_ms,
+        samples: &samples,
+        windows: &windows,
+        marks: &marks,
+    })
 }
 
 #[cfg(test)]

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::RunError;
+use crate::dest::ReadBack;
 use crate::sut::{Account, System};
-use crate::verify::ReadBack;
 
 /// How long arrivals must have stopped before an engine without an account counts as drained.
 const QUIET: Duration = Duration::from_secs(5);
@@ -18,7 +18,7 @@ const QUIET: Duration = Duration::from_secs(5);
 /// Drains and returns the system's last account (if it gives one).
 pub async fn drain(
     system: &System,
-    reader: &ReadBack,
+    reader: &dyn ReadBack,
     timeout: Duration,
     notes: &mut Vec<String>,
     cancel: &CancellationToken,
@@ -76,7 +76,7 @@ pub async fn drain(
 /// it was. A reader that cannot count (Kafka's) waits until the deadline when `blind_waits`,
 /// else not at all.
 async fn until_still(
-    reader: &ReadBack,
+    reader: &dyn ReadBack,
     still: Duration,
     deadline: Instant,
     blind_waits: bool,

@@ -3,57 +3,46 @@
 //!
 //! The runner owns the clock of a drill (`t0`) and every child it starts; when [`run`] returns —
 //! normally, with an error, or because the caller's token was cancelled — the engine process,
-//! the broker and the proxy are stopped. It never judges: it collects facts and hands them to
-//! [`verdict`](crate::report::judge).
+//! the broker and the proxy are stopped. It never judges: it collects [`Facts`] (the fault log
+//! typed in [`events`]) and the caller hands them to `report::judge`.
 
 mod drain;
-mod external;
+pub mod events;
+mod facts;
 mod play;
 pub mod progress;
 mod provision;
+mod system;
 mod timeline;
 
-use std::collections::{BTreeMap, HashSet};
-use std::net::SocketAddr;
+pub use facts::{Facts, Sample, Tapped};
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::brokers;
-use crate::engine::{EngineConfig, OutputConfig, OutputKind};
+use crate::dest::{self, ReadBack, ReaderSpec, Runtime};
 use crate::powerfs::PowerFs;
-use crate::proxy::Link;
-use crate::report::{self, Facts};
-use crate::scenario::WriteKeyPlace;
-use crate::scenario::{DestinationKind, Plan, RuntimeChoice};
-use crate::sut::command::Placement;
-use crate::sut::{CommandEngine, EngineProcess, System};
-use crate::verify::{self, Decoder, ReadBack, Reader};
-use crate::workload::Ingested;
+use crate::scenario::Plan;
+use crate::sut::System;
+use crate::verify::Decoder;
+use crate::workload::{self, Ingested, Sent};
+use events::FaultRecord;
 use play::{Drill, Played};
 use provision::Rig;
-
-/// The JetStream stream a NATS drill writes to.
-/// Partitions of a Kafka drill's topic: one, so that the order records arrive in is the
-/// order they are read back in (reordering is only observable within a partition; the engine
-/// keys records by write key, which would scatter a source's sequence across partitions). The
-/// reader itself reads any number of partitions.
-const KAFKA_PARTITIONS: i32 = 1;
-use crate::workload::{self, Sent};
 
 /// Why a drill could not be carried out (exit code 3): not a verdict on the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("broker: {0}")]
-    Broker(#[from] brokers::BrokerError),
+    Broker(#[from] dest::DestError),
     #[error("proxy: {0}")]
     Proxy(#[from] crate::proxy::ProxyError),
     #[error("engine: {0}")]
     Engine(#[from] crate::sut::SutError),
-    #[error("reader: {0}")]
-    Reader(#[from] crate::mqtt::MqttError),
     #[error("{0}")]
     Verifier(String),
     #[error("{path}: {source}")]
@@ -64,9 +53,6 @@ pub enum RunError {
     /// The engine's data directory could not be put on drill's power-cut filesystem.
     #[error("{0}")]
     Disk(String),
-    /// An external broker could not be reached or used as the scenario says.
-    #[error("external broker: {0}")]
-    External(String),
     #[error("interrupted")]
     Interrupted,
 }
@@ -77,7 +63,7 @@ pub struct Options {
     /// Where `<scenario name>/` with the reports goes.
     pub out: PathBuf,
     /// Overrides the scenario's runtime.
-    pub runtime: Option<RuntimeChoice>,
+    pub runtime: Option<Runtime>,
     /// Overrides the scenario's seed.
     pub seed: Option<u64>,
     /// The `drill` binary that runs the engine (`drill engine --config`).
@@ -102,6 +88,12 @@ pub async fn run(
 ) -> Result<Facts, RunError> {
     let seed = options.seed.unwrap_or(plan.seed);
     let runtime = options.runtime.unwrap_or(plan.destination.runtime);
+    if plan.destination.external.is_some() && !matches!(runtime, Runtime::Auto | Runtime::External)
+    {
+        say(&format!(
+            "  --runtime {runtime:?} does not apply: this scenario drills external brokers"
+        ));
+    }
     let work = fresh_work_dir(&options.out.join(&plan.name))?;
     let run_id = format!("{}-{seed}", plan.name);
     say(&format!(
@@ -119,7 +111,7 @@ pub async fn run(
             return Err(e);
         }
     };
-    let outcome = match start_system(plan, options, &rig, &work, &run_id).await {
+    let outcome = match system::start_system(plan, options, &rig, &work, &run_id).await {
         Ok(mut system) => {
             let outcome = drive(
                 plan,
@@ -190,120 +182,6 @@ fn fresh_work_dir(dir: &Path) -> Result<PathBuf, RunError> {
     Ok(work)
 }
 
-/// Starts the system under test, forwarding to the rig's link(s), and waits until it is ready.
-async fn start_system(
-    plan: &Plan,
-    options: &Options,
-    rig: &Rig,
-    work: &Path,
-    run_id: &str,
-) -> Result<System, RunError> {
-    let io = |source| RunError::Io {
-        path: work.to_path_buf(),
-        source,
-    };
-    let engine_port = brokers::free_port().map_err(io)?;
-    if let Some(spec) = &plan.command {
-        let ingest = SocketAddr::from(([127, 0, 0, 1], engine_port));
-        let data_dir = work.join("engine-data");
-        std::fs::create_dir_all(&data_dir).map_err(io)?;
-        let mut ports = BTreeMap::new();
-        let mut taken = HashSet::from([engine_port]);
-        for name in &spec.ports {
-            let mut port = brokers::free_port().map_err(io)?;
-            while !taken.insert(port) {
-                port = brokers::free_port().map_err(io)?;
-            }
-            ports.insert(name.clone(), port);
-        }
-        let mut values: BTreeMap<String, String> = BTreeMap::new();
-        let mut set = |k: &str, v: String| {
-            values.insert(k.to_string(), v);
-        };
-        set("ingest", ingest.to_string());
-        set("ingest.host", ingest.ip().to_string());
-        set("ingest.port", ingest.port().to_string());
-        set("topic", plan.destination.topic.clone());
-        set("data_dir", data_dir.display().to_string());
-        set("work_dir", work.display().to_string());
-        set(
-            "scenario_dir",
-            crate::scenario::command::scenario_dir(&plan.source)
-                .display()
-                .to_string(),
-        );
-        set("run", run_id.to_string());
-        for l in &rig.links {
-            let a = l.listen_addr();
-            set(&format!("link.{}", l.name()), a.to_string());
-            set(&format!("link.{}.host", l.name()), a.ip().to_string());
-            set(&format!("link.{}.port", l.name()), a.port().to_string());
-        }
-        for (name, port) in &ports {
-            set(&format!("port.{name}"), port.to_string());
-        }
-        let log_path = work.parent().unwrap_or(work).join("engine.log");
-        let _ = std::fs::remove_file(&log_path);
-        let engine = CommandEngine::start(
-            spec,
-            Placement {
-                values: &values,
-                ports: &ports,
-                ingest,
-                work_dir: work,
-                data_dir: &data_dir,
-                log_path,
-                drill_exe: &options.engine_exe,
-            },
-        )
-        .await?;
-        let system = System::Command(Box::new(engine));
-        say(&format!("  engine: {}", system.describe()));
-        return Ok(system);
-    }
-    let config = EngineConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], engine_port)),
-        data_dir: work.join("engine-data"),
-        outputs: vec![OutputConfig {
-            promise: plan.engine.promise,
-            order: plan.engine.order,
-            keepalive: crate::engine::DurText(plan.engine.keepalive),
-            answer_timeout: crate::engine::DurText(plan.engine.answer_timeout),
-            window: plan.engine.window,
-            refusals: Some(crate::engine::RefusalConfig {
-                max: plan.engine.refusals.0,
-                backoff: [
-                    crate::engine::DurText(plan.engine.refusals.1),
-                    crate::engine::DurText(plan.engine.refusals.2),
-                ],
-            }),
-            kind: match plan.destination.kind {
-                DestinationKind::Nats => OutputKind::Nats,
-                DestinationKind::Kafka => OutputKind::Kafka,
-                DestinationKind::Mqtt => OutputKind::Mqtt,
-            },
-            more_addresses: rig.links.iter().skip(1).map(Link::listen_addr).collect(),
-            credentials: plan
-                .destination
-                .external
-                .as_ref()
-                .map(|e| e.credentials.clone())
-                .unwrap_or_default(),
-            ..OutputConfig::mqtt(
-                plan.destination.link_name(),
-                rig.link.listen_addr(),
-                &plan.destination.topic,
-            )
-        }],
-        disk: Default::default(),
-    };
-    let system = System::Builtin(Box::new(
-        EngineProcess::start(&options.engine_exe, config, work).await?,
-    ));
-    say(&format!("  engine: {}", system.describe()));
-    Ok(system)
-}
-
 /// The reader, subscribed (or ready to read) before the first record is sent. It reads from
 /// the broker directly, never through the proxy.
 async fn start_reader(
@@ -311,57 +189,23 @@ async fn start_reader(
     rig: &Rig,
     run_id: &str,
     t0: Instant,
-    t0_wall: std::time::SystemTime,
+    t0_wall: SystemTime,
     cancel: CancellationToken,
-) -> Result<ReadBack, RunError> {
+) -> Result<Box<dyn ReadBack>, RunError> {
     // Where the write key is: drill's engine puts it in the protocol's place; a user's
     // engine where its scenario says, or nowhere.
     let write_key = match &plan.command {
         Some(spec) => spec.write_key.clone(),
-        None => Some(match plan.destination.kind {
-            DestinationKind::Nats => WriteKeyPlace::NatsMsgId,
-            DestinationKind::Kafka => WriteKeyPlace::KafkaHeader("write-key".to_string()),
-            DestinationKind::Mqtt => {
-                WriteKeyPlace::MqttUserProperty(crate::mqtt::WRITE_KEY_PROPERTY.to_string())
-            }
-        }),
+        None => Some(plan.destination.imp.builtin_write_key()),
     };
-    let decoder = Decoder::new(run_id, write_key);
-    // An external broker: its credentials, and where this drill's records begin.
-    let access = rig
-        .external
-        .as_ref()
-        .map(|e| e.access.clone())
-        .unwrap_or_default();
-    Ok(match plan.destination.kind {
-        DestinationKind::Nats => ReadBack::stream(
-            rig.broker_addrs(),
-            &plan.destination.stream,
-            t0_wall,
-            decoder,
-            access,
-        )
-        .await
-        .map_err(RunError::Verifier)?,
-        DestinationKind::Kafka => ReadBack::Topic {
-            bootstrap: rig.broker_addrs()[0],
-            topic: plan.destination.topic.clone(),
-            t0: t0_wall,
-            decoder,
-            access,
-        },
-        DestinationKind::Mqtt => ReadBack::Mqtt(
-            Reader::start_as(
-                rig.broker.addr,
-                &plan.destination.topic,
-                decoder,
-                t0,
-                cancel,
-                crate::brokers::mqtt_login(&access.secrets),
-            )
-            .await?,
-        ),
-    })
+    let spec = ReaderSpec {
+        topic: plan.destination.topic.clone(),
+        decoder: Decoder::new(run_id, write_key),
+        t0,
+        t0_wall,
+        cancel,
+    };
+    Ok(rig.running.reader(spec).await?)
 }
 
 /// Everything after provisioning and start-up: reader, play, drain, read back, facts.
@@ -375,9 +219,56 @@ async fn drive(
     cancel: &CancellationToken,
 ) -> Result<Facts, RunError> {
     let t0 = Instant::now();
-    let t0_wall = std::time::SystemTime::now();
     let reader_cancel = cancel.child_token();
-    let mut reader = start_reader(plan, rig, run_id, t0, t0_wall, reader_cancel.clone()).await?;
+    let reader = start_reader(
+        plan,
+        rig,
+        run_id,
+        t0,
+        SystemTime::now(),
+        reader_cancel.clone(),
+    );
+    let reader = reader.await?;
+    let clock = Clock { t0, seed, run_id };
+    let played = play_timeline(plan, rig, system, disk, &*reader, clock, cancel).await?;
+    let facts = finish(plan, rig, system, reader, played, clock, cancel).await;
+    reader_cancel.cancel();
+    facts
+}
+
+/// The drill's clock and identity.
+#[derive(Clone, Copy)]
+struct Clock<'a> {
+    t0: Instant,
+    seed: u64,
+    run_id: &'a str,
+}
+
+/// What playing the workload and the timeline left behind.
+struct Timeline {
+    sent: Arc<Mutex<Sent>>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    sampler: tokio::task::JoinHandle<()>,
+    /// What the user's ingest kind means for what counts as held, when it has no answer.
+    ingest_meaning: Option<&'static str>,
+    faults: Vec<FaultRecord>,
+    crashes: Vec<Duration>,
+    power_cuts: Vec<Duration>,
+    notes: Vec<String>,
+}
+
+/// Plays the workload into the system and the fault timeline against it, side by side, with
+/// a sample of the engine's backlog every second.
+async fn play_timeline(
+    plan: &Plan,
+    rig: &mut Rig,
+    system: &mut System,
+    disk: Option<&PowerFs>,
+    reader: &dyn ReadBack,
+    clock: Clock<'_>,
+    cancel: &CancellationToken,
+) -> Result<Timeline, RunError> {
+    let Clock { t0, seed, run_id } = clock;
     let sent = Arc::new(Mutex::new(Sent::default()));
     let workload_cancel = cancel.child_token();
     let ingest = system
@@ -393,39 +284,25 @@ async fn drive(
         sent.clone(),
         workload_cancel.clone(),
     ));
+    let w = &plan.workload;
     say(&format!(
         "  workload: {} records at {}/s over {:?}, {} keys, seed {seed}",
-        plan.workload.total_records(),
-        plan.workload.rate_per_s,
-        plan.workload.duration,
-        plan.workload.keys
+        w.total_records(),
+        w.rate_per_s,
+        w.duration,
+        w.keys
     ));
-
     let samples = Arc::new(Mutex::new(Vec::new()));
-    let sampler = tokio::spawn(sample(
-        system.account_source(),
-        sent.clone(),
-        t0,
-        samples.clone(),
-    ));
-
+    let source = system.account_source();
+    let sampler = tokio::spawn(sample(source, sent.clone(), t0, samples.clone()));
     let steps = timeline::timeline(plan);
-    progress::start(plan.workload.total_records());
+    progress::start(w.total_records());
     let mut drill = Drill::new(rig, system, disk, t0);
-    let played = play::play(&mut drill, &steps, workload, &sent, &reader, cancel).await;
+    let played = play::play(&mut drill, &steps, workload, &sent, reader, cancel).await;
     if played.is_err() || cancel.is_cancelled() {
         progress::finish();
     }
     workload_cancel.cancel();
-    let Drill {
-        rig,
-        system,
-        faults,
-        crashes,
-        power_cuts,
-        notes: mut drill_notes,
-        ..
-    } = drill;
     #[cfg(feature = "test-hooks")]
     if std::env::var_os("DRILL_TEST_PANIC_AFTER_PLAY").is_some() {
         panic!("DRILL_TEST_PANIC_AFTER_PLAY: a panic inside the runner, on purpose");
@@ -434,8 +311,31 @@ async fn drive(
     if matches!(played?, Played::Interrupted) || cancel.is_cancelled() {
         return Err(RunError::Interrupted);
     }
+    Ok(Timeline {
+        sent,
+        samples,
+        sampler,
+        ingest_meaning,
+        faults: drill.faults,
+        crashes: drill.crashes,
+        power_cuts: drill.power_cuts,
+        notes: drill.notes,
+    })
+}
+
+/// Drains, stops the system, reads back, and gathers the facts.
+async fn finish(
+    plan: &Plan,
+    rig: &mut Rig,
+    system: &mut System,
+    reader: Box<dyn ReadBack>,
+    played: Timeline,
+    clock: Clock<'_>,
+    cancel: &CancellationToken,
+) -> Result<Facts, RunError> {
+    let t0 = clock.t0;
     let mut notes = std::mem::take(&mut rig.notes);
-    notes.append(&mut drill_notes);
+    notes.extend(played.notes);
     // A link left faulted by the scenario stays so: a drill may test a permanent outage.
     if !system.is_running() {
         notes.push(
@@ -444,35 +344,85 @@ async fn drive(
         );
         system.start().await?;
     }
-
     say(&format!(
         "  {:>4}s  workload done; draining (up to {:?})",
         t0.elapsed().as_secs(),
         plan.drain_timeout
     ));
     let drain_started = t0.elapsed();
-    let final_stats = drain::drain(system, &reader, plan.drain_timeout, &mut notes, cancel).await?;
+    let final_stats =
+        drain::drain(system, &*reader, plan.drain_timeout, &mut notes, cancel).await?;
     let drain_ms = ms(t0.elapsed().saturating_sub(drain_started));
-    sampler.abort();
-    let _ = sampler.await;
+    played.sampler.abort();
+    let _ = played.sampler.await;
     progress::finish();
     let possibly_sent_keys = system.possibly_sent_keys();
     let gives_account = system.gives_account();
+    notes.extend(account_notes(gives_account, system.sees_attempts()));
+    system.stop(Duration::from_secs(10)).await;
+    let received = reader.finish(rig.running.addrs.clone()).await;
+    let mut sent = take_sent(played.sent);
+    if let Some(meaning) = played.ingest_meaning {
+        notes.push(meaning.to_string());
+        let moved = unacknowledged_before_crashes(&mut sent, &played.crashes);
+        if moved > 0 {
+            notes.push(format!("{moved} records written to the engine's socket within a second of it being killed or stopped count as ingests with a lost answer (the protocol cannot tell whether the engine read them)"));
+        }
+    }
+    let end_ms = ms(t0.elapsed());
+    let running = &rig.running;
+    if let Some(note) = &running.note {
+        notes.push(note.clone());
+    }
+    let versions = BTreeMap::from([
+        ("drill".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+        ("broker".to_string(), running.version.clone()),
+        ("runtime".to_string(), running.runtime.to_string()),
+    ]);
+    Ok(Facts {
+        plan: plan.clone(),
+        seed: clock.seed,
+        runtime: running.runtime.to_string(),
+        sent,
+        received,
+        possibly_sent_keys,
+        crashes: played.crashes,
+        power_cuts: played.power_cuts,
+        faults: played.faults,
+        samples: played.samples.lock().map(|s| s.clone()).unwrap_or_default(),
+        tapped: rig.tapped(t0),
+        // Bypass is judged where arrival times are the destination's own and where one link
+        // is the only way to the broker.
+        bypass_is_judged: plan.destination.imp.arrivals_timed_by_destination()
+            && rig.links.len() == 1,
+        drain_ms,
+        engine: final_stats,
+        gives_account,
+        system: system.describe(),
+        link: rig.link.family_status(),
+        versions,
+        notes,
+        end_ms,
+        duration_ms: ms(t0.elapsed()),
+    })
+}
+
+/// What the report must say of a system that gives no account or whose attempts drill cannot
+/// see.
+fn account_notes(gives_account: bool, sees_attempts: bool) -> Vec<String> {
+    let mut notes = Vec::new();
     if !gives_account {
         notes.push("the engine gives no account (no `stats` in the scenario): waiting and failed are unknown; everything held and not delivered after the drain counts as lost".to_string());
     }
-    if !system.sees_attempts() {
+    if !sees_attempts {
         notes.push("drill sees no attempts of a user's engine: an extra copy is within at_least_once when it carries the original's write key and its record was accepted before a fault ended (a link, broker or engine fault)".to_string());
     }
-    system.stop(Duration::from_secs(10)).await;
-    if let Some(c) = rig.containers.first() {
-        reader.point_at(vec![c.addr]);
-    }
-    let received = reader.stop().await;
-    reader_cancel.cancel();
-    let link_status = rig.link.family_status();
+    notes
+}
 
-    let mut sent = match Arc::try_unwrap(sent) {
+/// The workload's record of what it sent, once nothing else holds it.
+fn take_sent(sent: Arc<Mutex<Sent>>) -> Sent {
+    match Arc::try_unwrap(sent) {
         Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
         Err(shared) => {
             let s = shared.lock().map(|s| Sent {
@@ -480,140 +430,6 @@ async fn drive(
             });
             s.unwrap_or_default()
         }
-    };
-    if let Some(meaning) = ingest_meaning {
-        notes.push(meaning.to_string());
-        let moved = unacknowledged_before_crashes(&mut sent, &crashes);
-        if moved > 0 {
-            notes.push(format!("{moved} records written to the engine's socket within a second of it being killed or stopped count as ingests with a lost answer (the protocol cannot tell whether the engine read them)"));
-        }
-    }
-    let reconciliation = verify::reconcile(&sent, &received);
-    let series = series(
-        &samples.lock().map(|s| s.clone()).unwrap_or_default(),
-        &received,
-    );
-    let excuses = excuses(
-        &sent,
-        &received,
-        possibly_sent_keys.as_ref(),
-        Crashes {
-            all: &crashes,
-            power_cuts: &power_cuts,
-        },
-        &faults,
-    );
-    let allowance = report::oracle::allowance(plan.engine.promise, &sent, &received, &excuses);
-    let end_ms = ms(t0.elapsed());
-    let mut inconclusive = report::oracle::unbitten(&faults, &sent, &received, end_ms);
-    // Bypass is judged where arrival times are the destination's own (Kafka's are the
-    // producer's) and where one link is the only way to the broker.
-    if plan.destination.kind != DestinationKind::Kafka && rig.links.len() == 1 {
-        inconclusive.extend(report::oracle::bypassed(&faults, &received, end_ms));
-    }
-    let recovery = report::recovery(&faults, &sent, &received);
-
-    let broker = &rig.broker;
-    let mut versions = BTreeMap::new();
-    versions.insert("drill".to_string(), env!("CARGO_PKG_VERSION").to_string());
-    versions.insert("broker".to_string(), broker.version.clone());
-    versions.insert("runtime".to_string(), broker.runtime.to_string());
-    if let Some(note) = &broker.note {
-        notes.push(note.clone());
-    }
-    if let Some(f) = &received.verifier_fault {
-        notes.push(format!(
-            "verifier fault: {f} — read-back counts may be low; this is not engine loss"
-        ));
-    }
-    Ok(Facts {
-        plan: plan.clone(),
-        seed,
-        runtime: broker.runtime.to_string(),
-        reconciliation,
-        allowance,
-        inconclusive,
-        drain_ms,
-        engine: final_stats,
-        gives_account,
-        system: system.describe(),
-        unexpected_examples: received.unexpected_examples.clone(),
-        series,
-        faults,
-        recovery,
-        link: link_status,
-        versions,
-        notes,
-        verifier_fault: received.verifier_fault.is_some(),
-        duration_ms: ms(t0.elapsed()),
-    })
-}
-
-/// Records the promise may excuse (ids): writes with a `possibly_sent` attempt (from the
-/// built-in engine's journal; for a user's engine, whose attempts drill cannot see, records
-/// accepted before the end of a link or broker fault stand in), and records accepted before an
-/// engine crash.
-fn excuses<'a>(
-    sent: &'a Sent,
-    received: &verify::Received,
-    possibly_sent: Option<&HashSet<String>>,
-    crashes: Crashes<'_>,
-    faults: &[report::FaultRecord],
-) -> report::oracle::Excuses<'a> {
-    let last_fault_end = match possibly_sent {
-        Some(_) => None,
-        None => faults
-            .iter()
-            .filter(|f| f.target.starts_with("link") || f.target.starts_with("broker"))
-            .map(|f| Duration::from_millis(f.until_ms.unwrap_or(u64::MAX)))
-            .max(),
-    };
-    let mut first: std::collections::HashMap<&str, Duration> = std::collections::HashMap::new();
-    for a in &received.arrivals {
-        if let Some(id) = a.id.as_deref() {
-            first.entry(id).or_insert(a.at);
-        }
-    }
-    let mut e = report::oracle::Excuses::default();
-    for (r, key, at) in sent.accepted() {
-        if last_fault_end.is_some_and(|end| at <= end)
-            || possibly_sent
-                .zip(key)
-                .is_some_and(|(keys, k)| keys.contains(k))
-        {
-            e.possibly_sent.insert(r.id.as_str());
-        }
-        let arrived = first.get(r.id.as_str()).copied();
-        if crashes.excuse(at, arrived) {
-            e.crashed.insert(r.id.as_str());
-        }
-    }
-    e
-}
-
-/// How long before a SIGKILL or SIGTERM the destination's confirmation of a record must have
-/// come for the engine to be expected to have noted it: a record first delivered earlier than
-/// this before a kill, sent again after it, is a duplicate the crash does not excuse (an
-/// engine that forgets its delivery marks on restart). A power cut excuses every record
-/// accepted before it: unsynced marks are lost with it.
-const NOTED_WITHIN: Duration = Duration::from_secs(5);
-
-/// The drill's engine crashes (kill, stop, power cut), and which were power cuts.
-#[derive(Clone, Copy)]
-struct Crashes<'a> {
-    all: &'a [Duration],
-    power_cuts: &'a [Duration],
-}
-
-impl Crashes<'_> {
-    /// Whether a crash excuses a second copy of a record accepted at `at` and first delivered
-    /// at `arrived`: it was accepted before the crash, and the crash could have left its
-    /// delivery unnoted.
-    fn excuse(&self, at: Duration, arrived: Option<Duration>) -> bool {
-        self.all.iter().any(|c| {
-            at <= *c
-                && (self.power_cuts.contains(c) || arrived.is_none_or(|d| d + NOTED_WITHIN > *c))
-        })
     }
 }
 
@@ -637,9 +453,6 @@ fn unacknowledged_before_crashes(sent: &mut Sent, crashes: &[Duration]) -> u64 {
     }
     moved
 }
-
-/// One sample: (ms since the start, records accepted so far, the engine's backlog).
-type Sample = (u64, u64, Option<u64>);
 
 /// Once a second from the drill's start: records accepted so far and the engine's backlog.
 /// Runs beside the timeline, so a slow or frozen engine never delays a fault.
@@ -666,57 +479,11 @@ async fn sample(
             .map(|s| s.accepted().count() as u64)
             .unwrap_or(0);
         if let Ok(mut v) = into.lock() {
-            v.push((at_ms, accepted, waiting));
+            v.push(Sample {
+                at_ms,
+                accepted,
+                waiting,
+            });
         }
-    }
-}
-
-/// The chart's points: each sample, with the first copies that arrived in its second.
-fn series(samples: &[Sample], received: &verify::Received) -> Vec<report::SeriesPoint> {
-    let mut first: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
-    for a in &received.arrivals {
-        if let Some(id) = a.id.as_deref() {
-            first.entry(id).or_insert(ms(a.at));
-        }
-    }
-    let mut per_second: BTreeMap<u64, u64> = BTreeMap::new();
-    for at in first.values() {
-        *per_second.entry(at / 1000).or_default() += 1;
-    }
-    samples
-        .iter()
-        .map(|&(at_ms, accepted, waiting)| report::SeriesPoint {
-            at_ms,
-            accepted,
-            delivered: per_second.get(&(at_ms / 1000)).copied().unwrap_or(0),
-            waiting,
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_kill_excuses_copies_of_what_it_could_have_left_unnoted_a_power_cut_everything_before_it() {
-        let s = Duration::from_secs;
-        let kill = Crashes {
-            all: &[s(20)],
-            power_cuts: &[],
-        };
-        // Accepted after the crash: nothing to excuse.
-        assert!(!kill.excuse(s(21), None));
-        // Never delivered before it, or confirmed within 5 s of it: the crash may have lost
-        // the answer or the mark.
-        assert!(kill.excuse(s(10), None));
-        assert!(kill.excuse(s(10), Some(s(16))));
-        // Confirmed 10 s before a SIGKILL: sending it again is forgetting, not crashing.
-        assert!(!kill.excuse(s(5), Some(s(10))));
-        let cut = Crashes {
-            all: &[s(20)],
-            power_cuts: &[s(20)],
-        };
-        assert!(cut.excuse(s(5), Some(s(10))));
     }
 }

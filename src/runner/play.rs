@@ -10,15 +10,15 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use super::events::{FaultKind, FaultRecord, FaultTarget, describe};
 use super::provision::Rig;
-use super::timeline::{Step, describe};
+use super::timeline::Step;
 use super::{RunError, ms, say};
+use crate::dest::{Halt, Node, ReadBack};
 use crate::powerfs::PowerFs;
 use crate::proxy::{Direction, Fault, FaultSpec};
-use crate::report::FaultRecord;
-use crate::scenario::{BrokerNode, ProcessAction};
+use crate::scenario::ProcessAction;
 use crate::sut::System;
-use crate::verify::ReadBack;
 use crate::workload::Sent;
 
 /// One drill in play: the rig, the system under test, and what the timeline did to them.
@@ -37,14 +37,21 @@ pub struct Drill<'a> {
     pub power_cuts: Vec<Duration>,
     /// Notes for the report (a step that could not be carried out, and why).
     pub notes: Vec<String>,
-    /// The broker node (or container) halted by the last broker fault, until restarted.
-    killed_node: Option<usize>,
-    /// Whether that halt was a pause (resumed, not restarted).
-    paused: bool,
     /// Whether the engine is paused (SIGSTOP) until its `restart_after`.
     engine_paused: bool,
     /// The engine's data directory, when a `power_cut` or `fill_disk` acts on it.
     disk: Option<&'a PowerFs>,
+    /// A power cut armed at a crash point, waiting for its operation.
+    armed: Option<Armed>,
+}
+
+/// A `power_cut` with `crash_at`, armed and not yet fired.
+struct Armed {
+    index: usize,
+    at: Duration,
+    point: crate::powerfs::CrashPoint,
+    restart_after: Option<Duration>,
+    wipe_data: bool,
 }
 
 /// How the timeline ended.
@@ -71,27 +78,27 @@ impl<'a> Drill<'a> {
             crashes: Vec::new(),
             power_cuts: Vec::new(),
             notes: Vec::new(),
-            killed_node: None,
-            paused: false,
             engine_paused: false,
+            armed: None,
         }
     }
 
     /// Marks the newest open fault on `target` as over, now.
-    fn close_fault(&mut self, target: &str) {
+    fn close_fault(&mut self, target: &FaultTarget) {
         let now = ms(self.t0.elapsed());
         if let Some(f) = self
             .faults
             .iter_mut()
             .rev()
-            .find(|f| f.target == target && f.until_ms.is_none())
+            .find(|f| f.target == *target && f.until_ms.is_none())
         {
             f.until_ms = Some(now);
         }
     }
 
-    /// Carries out one step of the timeline, now.
-    pub async fn apply(&mut self, step: &Step) -> Result<(), RunError> {
+    /// Carries out one step of the timeline, now. Returns when to restart the engine if the
+    /// step let an armed crash point fire (the engine died starting up).
+    pub async fn apply(&mut self, step: &Step) -> Result<Option<Duration>, RunError> {
         let now = self.t0.elapsed();
         match step {
             Step::Link { index, link, spec } => self.link_fault(*index, link, spec, now).await,
@@ -101,37 +108,53 @@ impl<'a> Drill<'a> {
                 index,
                 action,
                 wipe_data,
-            } => self.engine_fault(*index, *action, *wipe_data, now).await?,
-            Step::RestartEngine => self.engine_back(now).await?,
+                power,
+                restart_after,
+            } => match (&power.crash_at, self.disk) {
+                (Some(point), Some(disk)) => {
+                    disk.arm(point.clone());
+                    say(&format!(
+                        "  {:>4}s  engine power cut armed: at {}{}",
+                        now.as_secs(),
+                        point.describe(),
+                        if point.torn { ", torn" } else { "" }
+                    ));
+                    self.armed = Some(Armed {
+                        index: *index,
+                        at: now,
+                        point: point.clone(),
+                        restart_after: *restart_after,
+                        wipe_data: *wipe_data,
+                    });
+                }
+                _ => {
+                    self.engine_fault(*index, *action, *wipe_data, power.torn, now)
+                        .await?
+                }
+            },
+            Step::RestartEngine => return self.engine_back(now).await,
             Step::DiskBack => self.disk_back(now),
-            Step::Broker { index, action, .. } if !self.rig.containers.is_empty() => {
-                self.container_fault(*index, *action, now).await
-            }
-            Step::RestartBroker if !self.rig.containers.is_empty() => {
-                self.container_back(now).await?
-            }
-            // Checked before the drill started; unreachable in practice.
-            Step::Broker { .. } if self.rig.cluster.is_empty() => {}
             Step::Broker {
                 index,
                 node,
                 action,
-            } => self.node_fault(*index, *node, *action, now).await,
-            Step::RestartBroker => self.node_back(now).await?,
+            } => self.broker_fault(*index, *node, *action, now).await,
+            Step::RestartBroker => self.broker_back(now).await?,
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Records a fault as applied now.
-    fn record(&mut self, index: usize, now: Duration, target: String, fault: String) {
+    fn record(&mut self, index: usize, now: Duration, target: FaultTarget, kind: FaultKind) {
         self.faults.push(FaultRecord {
             index,
             at_ms: ms(now),
             target,
-            fault,
-            direction: None,
+            kind,
+            wiped: false,
             until_ms: None,
             bit: None,
+            no_target: None,
         });
     }
 
@@ -166,11 +189,12 @@ impl<'a> Drill<'a> {
         self.faults.push(FaultRecord {
             index,
             at_ms: ms(now),
-            target: format!("link {name}"),
-            fault: what,
-            direction: Some(spec.direction.name().to_string()),
+            target: FaultTarget::Link(name.to_string()),
+            kind: FaultKind::Link(*spec),
+            wiped: false,
             until_ms: spec.fault.instantaneous().then_some(ms(now)),
             bit,
+            no_target: None,
         });
     }
 
@@ -183,7 +207,7 @@ impl<'a> Drill<'a> {
             "  {:>4}s  fault: proxy restart (down)",
             now.as_secs()
         ));
-        self.record(index, now, "link proxy".into(), "restart".into());
+        self.record(index, now, FaultTarget::Proxy, FaultKind::ProxyRestart);
     }
 
     async fn heal(&mut self, index: Option<usize>, name: &str, now: Duration) {
@@ -202,7 +226,11 @@ impl<'a> Drill<'a> {
                 .await;
         }
         say(&format!("  {:>4}s  heal: link {name}", now.as_secs()));
-        let target = format!("link {name}");
+        let target = if name == "proxy" {
+            FaultTarget::Proxy
+        } else {
+            FaultTarget::Link(name.to_string())
+        };
         let open = self.faults.iter_mut().rev().find(|f| {
             f.until_ms.is_none() && f.target == target && index.is_none_or(|i| f.index == i)
         });
@@ -216,23 +244,24 @@ impl<'a> Drill<'a> {
         index: usize,
         action: ProcessAction,
         wipe_data: bool,
+        torn: bool,
         now: Duration,
     ) -> Result<(), RunError> {
-        let mut what = match action {
+        let kind = match action {
             ProcessAction::Kill => {
                 self.system.kill().await;
                 self.crashes.push(now);
-                "kill (SIGKILL)".to_string()
+                FaultKind::Kill
             }
             ProcessAction::Pause => {
                 self.system.pause(true)?;
                 self.engine_paused = true;
-                "pause (SIGSTOP)".to_string()
+                FaultKind::Pause
             }
             ProcessAction::Stop | ProcessAction::Restart => {
                 self.system.stop(Duration::from_secs(10)).await;
                 self.crashes.push(now);
-                "stop (SIGTERM)".to_string()
+                FaultKind::Stop
             }
             ProcessAction::PowerCut => {
                 // The engine dies first: a process holding a file open across the cut would
@@ -240,34 +269,134 @@ impl<'a> Drill<'a> {
                 self.system.kill().await;
                 self.crashes.push(now);
                 self.power_cuts.push(now);
-                let cut = self.disk.map(PowerFs::power_cut).unwrap_or_default();
-                format!(
-                    "power cut (SIGKILL; {} unsynced writes, {} bytes in {} files thrown away)",
-                    cut.writes, cut.bytes, cut.files
-                )
+                let cut = self.disk.map(|d| d.power_cut(torn)).unwrap_or_default();
+                FaultKind::PowerCut {
+                    writes: cut.writes,
+                    bytes: cut.bytes,
+                    files: cut.files,
+                    torn: cut.torn,
+                    crash_point: None,
+                }
             }
             ProcessAction::FillDisk => {
                 if let Some(disk) = self.disk {
                     disk.fill();
                 }
-                "disk full (data directory)".to_string()
+                FaultKind::DiskFull
             }
         };
+        self.after_engine_fault(index, action, wipe_data, kind, now)
+    }
+
+    /// What every engine fault does once it struck: the data wiped if asked, the fault
+    /// recorded and said.
+    fn after_engine_fault(
+        &mut self,
+        index: usize,
+        action: ProcessAction,
+        wipe_data: bool,
+        kind: FaultKind,
+        now: Duration,
+    ) -> Result<(), RunError> {
         if wipe_data {
             empty_dir(self.system.data_dir())?;
-            what.push_str(", data directory emptied");
         }
-        say(&format!("  {:>4}s  fault: engine {what}", now.as_secs()));
         let target = match action {
-            ProcessAction::FillDisk => "engine disk",
-            _ => "engine",
+            ProcessAction::FillDisk => FaultTarget::EngineDisk,
+            _ => FaultTarget::Engine,
         };
-        self.record(index, now, target.into(), what);
+        self.record(index, now, target, kind);
+        if let Some(f) = self.faults.last_mut() {
+            f.wiped = wipe_data;
+            say(&format!(
+                "  {:>4}s  fault: engine {}",
+                now.as_secs(),
+                f.what()
+            ));
+        }
         Ok(())
     }
 
-    /// `restart_after` of an engine fault: resumed if paused, else started again.
-    async fn engine_back(&mut self, now: Duration) -> Result<(), RunError> {
+    /// A crash point fired (the filesystem cut power at its operation): the engine dies now,
+    /// the cut is recorded at the instant it happened, power comes back for the restart.
+    /// Returns when to restart the engine, if the fault says.
+    async fn crashed(&mut self) -> Result<Option<Duration>, RunError> {
+        let Some(disk) = self.disk else {
+            return Ok(None);
+        };
+        let Some(crash) = disk.take_crash() else {
+            return Ok(None);
+        };
+        let Some(armed) = self.armed.take() else {
+            return Ok(None);
+        };
+        self.system.kill().await;
+        disk.revive();
+        let at = crash.at.saturating_duration_since(self.t0);
+        self.crashes.push(at);
+        self.power_cuts.push(at);
+        let kind = FaultKind::PowerCut {
+            writes: crash.cut.writes,
+            bytes: crash.cut.bytes,
+            files: crash.cut.files,
+            torn: crash.cut.torn,
+            crash_point: Some(armed.point.describe()),
+        };
+        self.after_engine_fault(
+            armed.index,
+            ProcessAction::PowerCut,
+            armed.wipe_data,
+            kind,
+            at,
+        )?;
+        Ok(armed.restart_after.map(|d| at + d))
+    }
+
+    /// A crash point still armed when the drill ends never met its operation: the fault is
+    /// recorded as one that found no target (the drill is inconclusive).
+    fn never_crashed(&mut self) {
+        let Some(armed) = self.armed.take() else {
+            return;
+        };
+        if let Some(disk) = self.disk {
+            disk.disarm();
+        }
+        self.record(
+            armed.index,
+            armed.at,
+            FaultTarget::Engine,
+            FaultKind::PowerCut {
+                writes: 0,
+                bytes: 0,
+                files: 0,
+                torn: 0,
+                crash_point: Some(armed.point.describe()),
+            },
+        );
+        if let Some(f) = self.faults.last_mut() {
+            f.until_ms = Some(f.at_ms);
+            f.no_target = Some(format!(
+                "its crash point ({}) was never reached: the engine made no such call after {:.1} s",
+                armed.point.describe(),
+                armed.at.as_secs_f64()
+            ));
+        }
+    }
+
+    /// `restart_after` of an engine fault: resumed if paused, else started again. A crash
+    /// point still armed counts the restarted engine's calls too: when it fires while the
+    /// engine starts (power goes during recovery), the engine died of it, and the crash's own
+    /// restart is returned to be scheduled.
+    async fn engine_back(&mut self, now: Duration) -> Result<Option<Duration>, RunError> {
+        if self.system.is_running() && !self.engine_paused {
+            // Two engine faults overlapped (a crash point fired, then a timed cut): the first
+            // restart brought it back.
+            say(&format!(
+                "  {:>4}s  engine already running (an earlier restart brought it back)",
+                now.as_secs()
+            ));
+            return Ok(None);
+        }
         if std::mem::take(&mut self.engine_paused) {
             self.system.pause(false)?;
             self.system.note("resumed by the drill").await;
@@ -276,12 +405,21 @@ impl<'a> Drill<'a> {
                 now.as_secs()
             ));
         } else {
-            self.system.start().await?;
+            if let Err(e) = self.system.start().await {
+                let crashed_starting =
+                    self.armed.is_some() && self.disk.is_some_and(PowerFs::has_crash);
+                if crashed_starting {
+                    // The earlier fault is over (the engine was started); the crash is a new one.
+                    self.close_fault(&FaultTarget::Engine);
+                    return self.crashed().await;
+                }
+                return Err(e.into());
+            }
             self.system.note("restarted by the drill").await;
             say(&format!("  {:>4}s  engine restarted", now.as_secs()));
         }
-        self.close_fault("engine");
-        Ok(())
+        self.close_fault(&FaultTarget::Engine);
+        Ok(None)
     }
 
     fn disk_back(&mut self, now: Duration) {
@@ -292,107 +430,63 @@ impl<'a> Drill<'a> {
             "  {:>4}s  engine disk: space is back",
             now.as_secs()
         ));
-        self.close_fault("engine disk");
+        self.close_fault(&FaultTarget::EngineDisk);
     }
 
-    /// One broker in a container: kill (SIGKILL), stop or pause it; its `restart_after`
-    /// starts or resumes it, and the link follows its new host port.
-    async fn container_fault(&mut self, index: usize, action: ProcessAction, now: Duration) {
-        let c = &mut self.rig.containers[0];
-        let what = match action {
-            ProcessAction::Kill => {
-                c.kill().await;
-                "kill (SIGKILL)"
-            }
-            ProcessAction::Pause => {
-                c.pause().await;
-                "pause"
-            }
-            _ => {
-                c.stop().await;
-                "stop (SIGTERM)"
-            }
-        };
-        self.killed_node = Some(0);
-        self.paused = action == ProcessAction::Pause;
-        say(&format!(
-            "  {:>4}s  fault: broker container {what}",
-            now.as_secs()
-        ));
-        self.record(index, now, "broker container".into(), what.into());
-    }
-
-    async fn container_back(&mut self, now: Duration) -> Result<(), RunError> {
-        if self.killed_node.take().is_none() {
-            return Ok(());
-        }
-        if std::mem::take(&mut self.paused) {
-            self.rig.containers[0].resume().await;
-            say(&format!(
-                "  {:>4}s  broker container resumed",
-                now.as_secs()
-            ));
-        } else {
-            let addr = self.rig.containers[0].restart().await?;
-            for l in &self.rig.links {
-                l.set_upstream(addr);
-            }
-            say(&format!(
-                "  {:>4}s  broker container restarted on {addr}",
-                now.as_secs()
-            ));
-        }
-        self.close_fault("broker container");
-        Ok(())
-    }
-
-    /// A NATS cluster node (by number, or where the stream's leader is now): kill or stop.
-    async fn node_fault(
+    /// One broker node (by number, or where the data's leader is now) or the broker's
+    /// container: kill, stop or pause it; its `restart_after` starts or resumes it.
+    async fn broker_fault(
         &mut self,
         index: usize,
-        node: BrokerNode,
+        node: Node,
         action: ProcessAction,
         now: Duration,
     ) {
-        let at = match node {
-            BrokerNode::Number(n) => Some(n - 1),
-            BrokerNode::Leader => self.rig.stream_leader_node().await,
+        let (how, kind) = match action {
+            ProcessAction::Kill => (Halt::Kill, FaultKind::Kill),
+            ProcessAction::Pause => (Halt::Pause, FaultKind::Freeze),
+            _ => (Halt::Stop, FaultKind::Stop),
         };
-        let kill = action == ProcessAction::Kill;
-        let what = if kill {
-            "kill (SIGKILL)"
-        } else {
-            "stop (SIGTERM)"
-        };
-        match at.and_then(|i| self.rig.cluster.get_mut(i).map(|n| (i, n))) {
-            Some((i, node)) => {
-                node.halt(kill).await;
-                self.killed_node = Some(i);
-                let name = node.name.clone();
+        match self.rig.running.halt(node, how).await {
+            Ok(name) => {
                 say(&format!(
-                    "  {:>4}s  fault: broker {name} {what}",
+                    "  {:>4}s  fault: broker {name} {kind}",
                     now.as_secs()
                 ));
-                self.record(index, now, format!("broker {name}"), what.into());
+                self.record(index, now, FaultTarget::Broker(name), kind);
             }
-            None => {
-                let why = "broker fault skipped: no such node, or no stream leader could be found"
-                    .to_string();
-                say(&format!("  {:>4}s  {why}", now.as_secs()));
-                self.notes.push(why);
+            Err(why) => {
+                // Nothing was hit: the drill proves nothing about this fault (inconclusive).
+                say(&format!(
+                    "  {:>4}s  broker fault found no target: {why}",
+                    now.as_secs()
+                ));
+                let target = match node {
+                    Node::Leader => "leader".to_string(),
+                    Node::Number(n) => format!("n{n}"),
+                };
+                self.record(index, now, FaultTarget::Broker(target), kind);
+                if let Some(f) = self.faults.last_mut() {
+                    f.until_ms = Some(f.at_ms);
+                    f.no_target = Some(why);
+                }
             }
         }
     }
 
-    async fn node_back(&mut self, now: Duration) -> Result<(), RunError> {
-        if let Some(i) = self.killed_node.take()
-            && let Some(node) = self.rig.cluster.get_mut(i)
-        {
-            node.restart().await?;
-            let name = node.name.clone();
-            say(&format!("  {:>4}s  broker {name} restarted", now.as_secs()));
-            self.close_fault(&format!("broker {name}"));
+    /// `restart_after` of a broker fault: the node or container back; the links follow a
+    /// container that came back on another host port.
+    async fn broker_back(&mut self, now: Duration) -> Result<(), RunError> {
+        let Some((name, moved)) = self.rig.running.back().await? else {
+            return Ok(());
+        };
+        if let Some(addr) = moved {
+            for l in &self.rig.links {
+                l.set_upstream(addr);
+            }
         }
+        say(&format!("  {:>4}s  broker {name} back", now.as_secs()));
+        self.close_fault(&FaultTarget::Broker(name));
         Ok(())
     }
 }
@@ -403,7 +497,7 @@ pub async fn play(
     steps: &[(Duration, Step)],
     mut workload: tokio::task::JoinHandle<()>,
     sent: &Arc<Mutex<Sent>>,
-    reader: &ReadBack,
+    reader: &dyn ReadBack,
     cancel: &CancellationToken,
 ) -> Result<Played, RunError> {
     let t0 = drill.t0;
@@ -414,8 +508,12 @@ pub async fn play(
     let mut alive = tokio::time::interval(Duration::from_millis(250));
     let mut next = 0;
     let mut workload_done = false;
+    // A crash point's restart joins the timeline when the crash happens.
+    let mut steps = steps.to_vec();
+    let crash_signal = drill.disk.map(PowerFs::crash_signal);
     loop {
         if next >= steps.len() && workload_done {
+            drill.never_crashed();
             return Ok(Played::Done);
         }
         let wake = steps
@@ -428,7 +526,14 @@ pub async fn play(
             _ = async { if let Some(w) = wake { tokio::time::sleep_until(w).await } }, if wake.is_some() => {
                 let (_, step) = &steps[next];
                 next += 1;
-                drill.apply(step).await?;
+                if let Some(restart) = drill.apply(step).await? {
+                    schedule_restart(&mut steps, next, restart);
+                }
+            }
+            _ = async { if let Some(s) = &crash_signal { s.notified().await } }, if drill.armed.is_some() && crash_signal.is_some() => {
+                if let Some(restart) = drill.crashed().await? {
+                    schedule_restart(&mut steps, next, restart);
+                }
             }
             _ = alive.tick() => {
                 // An engine that ends on its own is an infrastructure failure, not a verdict.
@@ -464,6 +569,12 @@ pub async fn play(
             }
         }
     }
+}
+
+/// A crash point's restart joins the steps still to come, in time order.
+fn schedule_restart(steps: &mut Vec<(Duration, Step)>, next: usize, restart: Duration) {
+    let at = steps[next..].partition_point(|(at, _)| *at <= restart) + next;
+    steps.insert(at, (restart, Step::RestartEngine));
 }
 
 /// A step in a few words, for the progress bar's countdown.

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use crate::proxy::{Fault, FaultSpec};
-use crate::scenario::{BrokerNode, FaultAction, Plan, ProcessAction};
+use crate::dest::Node;
+use crate::proxy::FaultSpec;
+use crate::scenario::{FaultAction, Plan, PowerCut, ProcessAction};
 
 /// One scheduled step of the timeline.
 #[derive(Debug, Clone)]
@@ -25,13 +26,17 @@ pub enum Step {
         index: usize,
         action: ProcessAction,
         wipe_data: bool,
+        /// A power cut's shape; with a crash point, this step arms it and the restart comes
+        /// `restart_after` after the crash (the play loop schedules it then).
+        power: PowerCut,
+        restart_after: Option<Duration>,
     },
     RestartEngine,
     /// The end of a `fill_disk`: space returns.
     DiskBack,
     Broker {
         index: usize,
-        node: BrokerNode,
+        node: Node,
         action: ProcessAction,
     },
     RestartBroker,
@@ -99,6 +104,7 @@ pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
                 restart_after,
                 wipe_data,
                 lasts,
+                power,
             } => {
                 steps.push((
                     f.at,
@@ -106,10 +112,12 @@ pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
                         index,
                         action: *action,
                         wipe_data: *wipe_data,
+                        power: power.clone(),
+                        restart_after: *restart_after,
                     },
                 ));
-                if let Some(d) = restart_after {
-                    steps.push((f.at + *d, Step::RestartEngine));
+                if let Some(d) = restart_after.filter(|_| power.crash_at.is_none()) {
+                    steps.push((f.at + d, Step::RestartEngine));
                 }
                 if let Some(d) = lasts {
                     steps.push((f.at + *d, Step::DiskBack));
@@ -119,17 +127,4 @@ pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
     }
     steps.sort_by_key(|(at, _)| *at);
     steps
-}
-
-/// `swallow`, `delay 100ms±10ms`, `throttle 50000 B/s`.
-pub fn describe(spec: &FaultSpec) -> String {
-    match spec.fault {
-        Fault::Delay => format!(
-            "delay {}ms±{}ms",
-            spec.latency.as_millis(),
-            spec.jitter.as_millis()
-        ),
-        Fault::Throttle => format!("throttle {} B/s", spec.bytes_per_s),
-        f => f.name().to_string(),
-    }
 }

@@ -16,7 +16,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
-use super::Dur;
+use crate::located::{Located, at};
+use crate::units::Dur;
+use crate::verify::WriteKeyPlace;
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -73,17 +75,41 @@ pub(super) struct RawStats {
     delivered: Option<String>,
 }
 
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawWriteKey {
-    #[serde(default)]
-    mqtt_user_property: Option<String>,
-    #[serde(default)]
-    kafka_header: Option<String>,
-    #[serde(default)]
-    nats_msg_id: Option<bool>,
-    #[serde(default)]
-    json_field: Option<String>,
+/// `system.write_key`: one field naming the place — `json_field: PATH`, or the destination
+/// kind's own (`mqtt_user_property: NAME`, `kafka_header: NAME`, `nats_msg_id: true`; each
+/// kind says which in `dest`).
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+pub(super) struct RawWriteKey(BTreeMap<String, serde_json::Value>);
+
+impl schemars::JsonSchema for RawWriteKey {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "RawWriteKey".into()
+    }
+
+    /// One property per place: `json_field` and every destination kind's own field.
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut properties = serde_json::Map::new();
+        properties.insert(
+            "json_field".to_string(),
+            serde_json::json!({ "type": "string", "description": "a field of the message's JSON (dotted path)" }),
+        );
+        for kind in crate::dest::Kind::ALL {
+            let (field, json_type) = kind.write_key_field();
+            let about = format!("a `{}` destination's own place", kind.name());
+            properties.insert(
+                field.to_string(),
+                serde_json::json!({ "type": json_type, "description": about }),
+            );
+        }
+        schemars::json_schema!({
+            "type": "object",
+            "properties": properties,
+            "additionalProperties": false,
+            "minProperties": 1,
+            "maxProperties": 1
+        })
+    }
 }
 
 /// The raw `system:` fields of a command engine (deserialized in `raw.rs`).
@@ -111,6 +137,7 @@ pub struct CommandSpec {
     pub ready: Ready,
     pub ready_within: Duration,
     pub stats: Option<StatsSpec>,
+    /// Where the engine puts the write key at the destination (`None`: nowhere drill can see).
     pub write_key: Option<WriteKeyPlace>,
     /// Every `{port.NAME}` name used anywhere: drill picks a free port for each.
     pub ports: BTreeSet<String>,
@@ -162,38 +189,17 @@ pub struct StatsSpec {
     pub delivered: Option<String>,
 }
 
-/// Where, at the destination, the engine puts the write key of each record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WriteKeyPlace {
-    MqttUserProperty(String),
-    KafkaHeader(String),
-    NatsMsgId,
-    /// A field of the message's JSON (dotted path for nested fields).
-    JsonField(String),
-}
-
-/// One error of a command section: where, and what.
-pub(super) struct Located {
-    pub at: serde_saphyr::Location,
-    pub message: String,
-}
-
-pub(super) fn at(location: &serde_saphyr::Location, message: String) -> Located {
-    Located {
-        at: *location,
-        message,
-    }
-}
-
-/// Validates a command engine. `links` are the destination's link names; `scenario_dir` is
+/// Validates a command engine. `destination` names the links and where its write key may be;
+/// `scenario_dir` is
 /// where template files are found; `anchor` locates errors that belong to the section as a
 /// whole.
 pub(super) fn validate(
     raw: RawCommand,
-    links: &[String],
+    destination: &crate::dest::Spec,
     scenario_dir: &Path,
     anchor: &serde_saphyr::Location,
 ) -> Result<CommandSpec, Located> {
+    let links = &destination.link_names();
     let mut ports = BTreeSet::new();
     if raw.command.is_empty() {
         return Err(at(
@@ -211,8 +217,85 @@ pub(super) fn validate(
             .map_err(|m| at(&value.referenced, format!("field `system.env.{name}`: {m}")))?;
         env.insert(name, value.value);
     }
+    let files = templates(raw.files, scenario_dir, links, &mut ports)?;
+    let ingest = match raw.ingest {
+        None => {
+            return Err(at(
+                anchor,
+                "field `system.ingest`: missing; say how drill feeds the engine, e.g. ingest: { kind: http, path: /ingest }".to_string(),
+            ));
+        }
+        Some(i) => ingest(i)?,
+    };
+    let (ready, ready_within) = match raw.ready {
+        None => (Ready::Tcp, Duration::from_secs(20)),
+        Some(r) => ready(r, &ports)?,
+    };
+    let stats = match raw.stats {
+        None => None,
+        Some(s) => Some(stats(s, &ports)?),
+    };
+    let write_key = match raw.write_key {
+        None => None,
+        Some(w) => Some(write_key(w, destination)?),
+    };
+    Ok(CommandSpec {
+        argv: raw.command.into_iter().map(|a| a.value).collect(),
+        env,
+        files,
+        ingest,
+        ready,
+        ready_within,
+        stats,
+        write_key,
+        ports,
+        stop_grace: raw
+            .stop_grace
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(10)),
+    })
+}
+
+/// `system.stats`: where the engine's own account is (a path on the ingest port or a named
+/// one), and its field names.
+fn stats(s: Spanned<RawStats>, ports: &BTreeSet<String>) -> Result<StatsSpec, Located> {
+    if let Some(p) = &s.value.port
+        && !ports.contains(p)
+        && p != "ingest"
+    {
+        return Err(at(
+            &s.referenced,
+            format!(
+                "field `system.stats.port`: `{p}` is not a port the command uses; use `ingest` or a name from a {{port.NAME}} placeholder"
+            ),
+        ));
+    }
+    if !s.value.path.starts_with('/') {
+        return Err(at(
+            &s.referenced,
+            "field `system.stats.path`: must start with `/`".to_string(),
+        ));
+    }
+    let s = s.value;
+    Ok(StatsSpec {
+        path: s.path,
+        port: s.port.filter(|p| p != "ingest"),
+        waiting: s.waiting.unwrap_or_else(|| "waiting".to_string()),
+        failed: s.failed.unwrap_or_else(|| "failed".to_string()),
+        held: Some(s.held.unwrap_or_else(|| "held".to_string())),
+        delivered: Some(s.delivered.unwrap_or_else(|| "delivered".to_string())),
+    })
+}
+
+/// `system.files`: template files by plain name, each read now and its placeholders checked.
+fn templates(
+    raw: BTreeMap<String, Spanned<String>>,
+    scenario_dir: &Path,
+    links: &[String],
+    ports: &mut BTreeSet<String>,
+) -> Result<Vec<(String, String)>, Located> {
     let mut files = Vec::new();
-    for (name, template) in raw.files {
+    for (name, template) in raw {
         if name.is_empty() || name.contains('/') || name.contains("..") {
             return Err(at(
                 &template.referenced,
@@ -232,7 +315,7 @@ pub(super) fn validate(
             )
         })?;
         for (n, line) in text.lines().enumerate() {
-            check_placeholders(line, links, &mut ports).map_err(|m| {
+            check_placeholders(line, links, ports).map_err(|m| {
                 at(
                     &template.referenced,
                     format!(
@@ -245,91 +328,40 @@ pub(super) fn validate(
         }
         files.push((name, text));
     }
-    let ingest = match raw.ingest {
-        None => {
-            return Err(at(
-                anchor,
-                "field `system.ingest`: missing; say how drill feeds the engine, e.g. ingest: { kind: http, path: /ingest }".to_string(),
-            ));
-        }
-        Some(i) => ingest(i)?,
+    Ok(files)
+}
+
+/// `system.write_key`: exactly one place — `json_field`, or the destination kind's own field.
+fn write_key(
+    raw: Spanned<RawWriteKey>,
+    destination: &crate::dest::Spec,
+) -> Result<WriteKeyPlace, Located> {
+    let imp = &destination.imp;
+    let (own, _) = destination.kind.write_key_field();
+    let fail = |m: String| at(&raw.referenced, format!("field `system.write_key`: {m}"));
+    let mut fields = raw.value.0.into_iter();
+    let (Some((field, value)), None) = (fields.next(), fields.next()) else {
+        return Err(fail(format!(
+            "give exactly one of {own} (this `{}` destination's own place) or json_field",
+            destination.kind.name()
+        )));
     };
-    let (ready, ready_within) = match raw.ready {
-        None => (Ready::Tcp, Duration::from_secs(20)),
-        Some(r) => ready(r, &ports)?,
-    };
-    let stats = match raw.stats {
-        None => None,
-        Some(s) => {
-            if let Some(p) = &s.value.port
-                && !ports.contains(p)
-                && p != "ingest"
-            {
-                return Err(at(
-                    &s.referenced,
-                    format!(
-                        "field `system.stats.port`: `{p}` is not a port the command uses; use `ingest` or a name from a {{port.NAME}} placeholder"
-                    ),
-                ));
-            }
-            if !s.value.path.starts_with('/') {
-                return Err(at(
-                    &s.referenced,
-                    "field `system.stats.path`: must start with `/`".to_string(),
-                ));
-            }
-            let s = s.value;
-            Some(StatsSpec {
-                path: s.path,
-                port: s.port.filter(|p| p != "ingest"),
-                waiting: s.waiting.unwrap_or_else(|| "waiting".to_string()),
-                failed: s.failed.unwrap_or_else(|| "failed".to_string()),
-                held: Some(s.held.unwrap_or_else(|| "held".to_string())),
-                delivered: Some(s.delivered.unwrap_or_else(|| "delivered".to_string())),
-            })
-        }
-    };
-    let write_key = match raw.write_key {
-        None => None,
-        Some(w) => {
-            let v = w.value;
-            let mut places = Vec::new();
-            if let Some(p) = v.mqtt_user_property {
-                places.push(WriteKeyPlace::MqttUserProperty(p));
-            }
-            if let Some(h) = v.kafka_header {
-                places.push(WriteKeyPlace::KafkaHeader(h));
-            }
-            if v.nats_msg_id == Some(true) {
-                places.push(WriteKeyPlace::NatsMsgId);
-            }
-            if let Some(f) = v.json_field {
-                places.push(WriteKeyPlace::JsonField(f));
-            }
-            if places.len() != 1 {
-                return Err(at(
-                    &w.referenced,
-                    "field `system.write_key`: give exactly one of mqtt_user_property, kafka_header, nats_msg_id: true, json_field".to_string(),
-                ));
-            }
-            places.pop()
-        }
-    };
-    Ok(CommandSpec {
-        argv: raw.command.into_iter().map(|a| a.value).collect(),
-        env,
-        files,
-        ingest,
-        ready,
-        ready_within,
-        stats,
-        write_key,
-        ports,
-        stop_grace: raw
-            .stop_grace
-            .map(|d| d.0)
-            .unwrap_or(Duration::from_secs(10)),
-    })
+    if field == "json_field" {
+        return match value.as_str() {
+            Some(path) if !path.is_empty() => Ok(WriteKeyPlace::JsonField(path.to_string())),
+            _ => Err(fail(
+                "json_field: the field's dotted path, e.g. meta.key".to_string(),
+            )),
+        };
+    }
+    if field != own {
+        return Err(fail(format!(
+            "`{field}` is no place a `{}` destination has; use {own} or json_field",
+            destination.kind.name()
+        )));
+    }
+    imp.write_key_place(&value)
+        .map_err(|m| fail(format!("{own}: {m}")))
 }
 
 fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {

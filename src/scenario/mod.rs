@@ -14,15 +14,16 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::dest;
+use crate::promise::{Order, Promise};
 use crate::proxy::FaultSpec;
+use crate::workload::WorkloadSpec;
 
 pub mod command;
 mod raw;
-mod units;
 mod validate;
 
-pub use command::{CommandSpec, IngestSpec, Ready, StatsSpec, WriteKeyPlace};
-pub use units::{Dur, Rate};
+pub use command::{CommandSpec, IngestSpec, Ready, StatsSpec};
 
 /// Why a scenario could not be turned into a plan. Both variants mean "invalid input" (exit 2).
 #[derive(Debug, thiserror::Error)]
@@ -39,79 +40,6 @@ pub enum ScenarioError {
         column: u32,
         message: String,
     },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum DestinationKind {
-    Mqtt,
-    Kafka,
-    Nats,
-}
-
-impl DestinationKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            DestinationKind::Mqtt => "mqtt",
-            DestinationKind::Kafka => "kafka",
-            DestinationKind::Nats => "nats",
-        }
-    }
-}
-
-/// Where a broker runs (DESIGN.md §2). `auto` picks the best one available.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RuntimeChoice {
-    Auto,
-    Container,
-    Process,
-    Embedded,
-    /// Brokers the user already runs, at the addresses the scenario gives (scenario only).
-    #[value(skip)]
-    External,
-}
-
-/// The order an output keeps (DESIGN.md §1.9).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Order {
-    #[default]
-    InOrder,
-    Any,
-}
-
-/// What an output promises (DESIGN.md §1.7).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, schemars::JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Promise {
-    AtMostOnce,
-    #[default]
-    AtLeastOnce,
-    EffectivelyOnce,
-}
-
-impl Promise {
-    pub fn name(self) -> &'static str {
-        match self {
-            Promise::AtMostOnce => "at_most_once",
-            Promise::AtLeastOnce => "at_least_once",
-            Promise::EffectivelyOnce => "effectively_once",
-        }
-    }
-
-    /// How much the promise claims: at_most_once < at_least_once < effectively_once.
-    pub fn rank(self) -> u8 {
-        match self {
-            Promise::AtMostOnce => 0,
-            Promise::AtLeastOnce => 1,
-            Promise::EffectivelyOnce => 2,
-        }
-    }
 }
 
 /// A process fault (DESIGN.md §3): `kill` and `stop` for the engine, `restart` for the proxy.
@@ -164,7 +92,8 @@ pub struct Plan {
     pub about: Option<String>,
     pub source: PathBuf,
     pub seed: u64,
-    pub destination: Destination,
+    /// The validated `destination:` section, with the kind's own settings and rules.
+    pub destination: dest::Spec,
     /// The built-in engine's settings, and the promise the system under test declares
     /// (`engine.promise`, whichever engine runs).
     pub engine: EngineSpec,
@@ -175,108 +104,6 @@ pub struct Plan {
     pub expect: Expectations,
     pub drain_timeout: Duration,
     pub tags: Vec<String>,
-}
-
-#[derive(Debug, Clone)]
-pub struct Destination {
-    pub kind: DestinationKind,
-    /// Broker nodes (a NATS cluster when more than 1).
-    pub nodes: usize,
-    pub runtime: RuntimeChoice,
-    /// The MQTT topic, or the NATS subject.
-    pub topic: String,
-    /// NATS: the stream's duplicate window (always set for `nats` once validated).
-    pub duplicate_window: Option<Duration>,
-    /// NATS: the JetStream stream that stores `topic`.
-    pub stream: String,
-    /// `runtime: external`: the user's own brokers.
-    pub external: Option<External>,
-}
-
-/// Brokers the user already runs (`runtime: external`): drill starts none, puts its links in
-/// front of them, refuses broker faults, and never deletes what it did not create.
-#[derive(Debug, Clone)]
-pub struct External {
-    /// `host:port` each, as written: Kafka's bootstrap list, NATS's servers, MQTT's address.
-    pub addresses: Vec<String>,
-    /// Create the topic (Kafka) or stream (NATS) when it does not exist.
-    pub create: bool,
-    /// Keep what drill created when the drill ends (else drill removes it).
-    pub keep: bool,
-    pub credentials: Credentials,
-}
-
-/// Where an external broker's credentials are: the names of environment variables, never the
-/// secrets (they reach the engine and the reader through the environment too).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Credentials {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub username_env: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password_env: Option<String>,
-    /// Kafka: the SASL mechanism (with username and password).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sasl_mechanism: Option<String>,
-}
-
-/// Credentials read from the environment, for one connection.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Secrets {
-    pub username: Option<String>,
-    pub password: Option<String>,
-    pub sasl_mechanism: Option<String>,
-}
-
-impl Credentials {
-    pub fn is_empty(&self) -> bool {
-        *self == Credentials::default()
-    }
-
-    /// Reads the variables; the error names the first one that is not set.
-    pub fn read(&self) -> Result<Secrets, String> {
-        let get = |field: &str, name: &Option<String>| -> Result<Option<String>, String> {
-            match name {
-                None => Ok(None),
-                Some(n) => std::env::var(n).map(Some).map_err(|_| {
-                    format!(
-                        "environment variable `{n}` (destination.credentials.{field}) is not set; export it before the drill"
-                    )
-                }),
-            }
-        };
-        Ok(Secrets {
-            username: get("username_env", &self.username_env)?,
-            password: get("password_env", &self.password_env)?,
-            sasl_mechanism: self.sasl_mechanism.clone(),
-        })
-    }
-}
-
-impl Destination {
-    /// The proxy link in front of this destination's broker is named after its kind.
-    pub fn link_name(&self) -> &'static str {
-        self.kind.name()
-    }
-
-    /// One link per broker node: `nats` for one node, `nats-1`, `nats-2` … for a cluster.
-    pub fn link_names(&self) -> Vec<String> {
-        if self.nodes <= 1 {
-            vec![self.link_name().to_string()]
-        } else {
-            (1..=self.nodes)
-                .map(|n| format!("{}-{n}", self.link_name()))
-                .collect()
-        }
-    }
-}
-
-/// Which broker node a process fault hits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BrokerNode {
-    /// The node the stream's leader is on at that instant.
-    Leader,
-    /// Node `n` (from 1).
-    Number(usize),
 }
 
 /// Settings of the built-in engine under test.
@@ -291,40 +118,18 @@ pub struct EngineSpec {
     pub refusals: (u32, Duration, Duration),
 }
 
-#[derive(Debug, Clone)]
-pub struct WorkloadSpec {
-    pub rate_per_s: f64,
-    pub duration: Duration,
-    pub keys: u32,
-    pub payload_bytes: usize,
-    /// Indices of records the destination will refuse.
-    pub poison: Vec<u64>,
-}
-
-impl WorkloadSpec {
-    /// The broker's message size limit when a drill has poison records: well above every
-    /// ordinary record, well below a poison one.
-    pub fn message_limit(&self) -> usize {
-        (self.payload_bytes * 4).max(16 * 1024)
-    }
-
-    /// How large a poison record's payload is made.
-    pub fn poison_bytes(&self) -> usize {
-        self.message_limit() + 4096
-    }
-}
-
-impl WorkloadSpec {
-    /// How many records a complete run generates.
-    pub fn total_records(&self) -> u64 {
-        (self.rate_per_s * self.duration.as_secs_f64()).round() as u64
-    }
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScheduledFault {
     pub at: Duration,
     pub what: FaultAction,
+}
+
+/// How a `power_cut` cuts: torn or clean, now or at a crash point armed now (its
+/// `restart_after` then counts from the crash).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PowerCut {
+    pub torn: bool,
+    pub crash_at: Option<crate::powerfs::CrashPoint>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -347,9 +152,11 @@ pub enum FaultAction {
         wipe_data: bool,
         /// `fill_disk`'s `for`: space returns this long after `at`.
         lasts: Option<Duration>,
+        /// `power_cut`: how the power goes.
+        power: PowerCut,
     },
     Broker {
-        node: BrokerNode,
+        node: dest::Node,
         action: ProcessAction,
         restart_after: Option<Duration>,
     },
@@ -409,6 +216,8 @@ pub struct Expectations {
     pub failed: Option<u64>,
     /// Copies at the destination the engine never accepted (default 0).
     pub unexpected: Option<u64>,
+    /// Copies that arrived with other bytes than the source sent (default 0).
+    pub altered: Option<u64>,
     /// Ingests whose answer was lost and that never reached the destination (no default).
     pub not_accepted: Option<u64>,
     /// How long the drain may take after the workload and the timeline.

@@ -5,16 +5,19 @@
 //! them, and [`Spanned`] keeps the location of the values a later check may refuse. They hold
 //! no defaults and no rules: what a field means, which fields go together and what is missing
 //! is decided in `validate.rs`. The raw types of `system.command` live with that section in
-//! `command.rs`.
+//! `command.rs`; `destination:` is the destination kinds' own (`dest::RawDestination`).
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
+use super::ProcessAction;
 use super::command;
-use super::{DestinationKind, Dur, Order, ProcessAction, Promise, Rate, RuntimeChoice};
+use crate::dest::RawDestination;
+use crate::promise::{Order, Promise};
 use crate::proxy::{Direction, Fault};
+use crate::units::{Dur, Rate};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -38,67 +41,6 @@ pub(super) struct RawScenario {
     pub(super) drain_timeout: Option<Dur>,
     #[serde(default)]
     pub(super) tags: Vec<String>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawDestination {
-    #[schemars(with = "DestinationKind")]
-    pub(super) kind: Spanned<DestinationKind>,
-    #[serde(default)]
-    pub(super) runtime: Option<RuntimeChoice>,
-    #[serde(default)]
-    pub(super) topic: Option<String>,
-    /// NATS only: the stream's duplicate window (default: the longest outage plus the longest
-    /// backoff, at least 2 min).
-    #[serde(default)]
-    #[schemars(with = "Option<Dur>")]
-    pub(super) duplicate_window: Option<Spanned<Dur>>,
-    /// NATS only: a cluster of this many nodes (routes between them, one proxy link each,
-    /// named `nats-1` …). Default 1.
-    #[serde(default)]
-    #[schemars(with = "Option<usize>")]
-    pub(super) nodes: Option<Spanned<usize>>,
-    /// `runtime: external`, Kafka: the brokers to bootstrap from (`host:port` each).
-    #[serde(default)]
-    #[schemars(with = "Option<Vec<String>>")]
-    pub(super) bootstrap: Option<Vec<Spanned<String>>>,
-    /// `runtime: external`, NATS: the servers (`host:port` each; several make a cluster).
-    #[serde(default)]
-    #[schemars(with = "Option<Vec<String>>")]
-    pub(super) servers: Option<Vec<Spanned<String>>>,
-    /// `runtime: external`, MQTT: the broker (`host:port`).
-    #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    pub(super) address: Option<Spanned<String>>,
-    /// `runtime: external`: create the Kafka topic or the JetStream stream when it does not
-    /// exist (default false: it must exist). What drill created it removes at the end unless
-    /// `keep: true`.
-    #[serde(default)]
-    pub(super) create: Option<bool>,
-    #[serde(default)]
-    pub(super) keep: Option<bool>,
-    /// `runtime: external`, NATS: the JetStream stream that stores the subject (default `DRILL`).
-    #[serde(default)]
-    pub(super) stream: Option<String>,
-    /// `runtime: external`: the names of the environment variables holding the credentials —
-    /// never the credentials themselves.
-    #[serde(default)]
-    #[schemars(with = "Option<RawCredentials>")]
-    pub(super) credentials: Option<Spanned<RawCredentials>>,
-}
-
-/// Where an external broker's credentials are: environment variable names.
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawCredentials {
-    #[serde(default)]
-    pub(super) username_env: Option<String>,
-    #[serde(default)]
-    pub(super) password_env: Option<String>,
-    /// Kafka: the SASL mechanism (`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`; default `PLAIN`).
-    #[serde(default)]
-    pub(super) sasl_mechanism: Option<String>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -222,6 +164,23 @@ pub(super) struct RawFault {
     /// A fault that starts once the workload has ended (during the drain): said on purpose.
     #[serde(default)]
     pub(super) after_workload: Option<bool>,
+    /// `power_cut`: the last unsynced write of each file lands torn (its final 512-byte sector
+    /// reads as zeros) instead of every unsynced write being lost.
+    #[serde(default)]
+    pub(super) torn: Option<bool>,
+    /// `power_cut`: armed at `at`, power goes at the `nth` `op` (`write`, `fsync`,
+    /// `fdatasync`) on a file whose name matches `path` (a glob).
+    #[serde(default)]
+    pub(super) crash_at: Option<RawCrashAt>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCrashAt {
+    pub(super) op: crate::powerfs::CrashOp,
+    pub(super) path: String,
+    #[serde(default)]
+    pub(super) nth: Option<u64>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -241,6 +200,8 @@ pub(super) struct RawExpect {
     pub(super) failed: Option<u64>,
     #[serde(default)]
     pub(super) unexpected: Option<u64>,
+    #[serde(default)]
+    pub(super) altered: Option<u64>,
     #[serde(default)]
     pub(super) not_accepted: Option<u64>,
     #[serde(default)]

@@ -6,33 +6,35 @@
 //! message that names the field and says what to write instead. Defaults are filled here, once.
 //! Nothing here starts anything; the only thing read is a command engine's template files.
 
-use std::collections::BTreeSet;
 use std::fmt::Display;
 use std::path::Path;
 use std::time::Duration;
 
 use serde_saphyr::{Location, Spanned};
 
-use super::command::{self, Located, at};
+use super::command;
 use super::raw::{
-    LedgerExpectation, RawBuiltin, RawDestination, RawExpect, RawFault, RawScenario, RawSystem,
-    RawWorkload,
+    LedgerExpectation, RawBuiltin, RawExpect, RawFault, RawScenario, RawSystem, RawWorkload,
 };
 use super::{
-    BrokerNode, CommandSpec, Credentials, Destination, DestinationKind, EngineSpec, Expectations,
-    External, FaultAction, Plan, ProcessAction, Promise, RuntimeChoice, ScheduledFault,
-    WorkloadSpec, longest_outage,
+    CommandSpec, EngineSpec, Expectations, FaultAction, Plan, PowerCut, ProcessAction,
+    ScheduledFault, longest_outage,
 };
+use crate::dest::{self, Node, Spec};
+use crate::located::{Located, at};
+use crate::powerfs::CrashPoint;
+use crate::promise::Promise;
 use crate::proxy::{Direction, Fault, FaultSpec};
+use crate::workload::WorkloadSpec;
 
 /// Checks every section of `raw`; `source` is the scenario file (its folder holds a command
 /// engine's templates). Errors that belong to no one value point at `name:`.
 pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located> {
     let anchor = raw.name.referenced;
     let name = name(&raw.name)?;
-    let mut destination = destination(raw.destination)?;
+    let mut destination = dest::validate(&raw.destination)?;
     let (engine, command) = system(raw.system, &destination, source, &anchor)?;
-    let workload = workload(raw.workload, destination.kind, &anchor)?;
+    let workload = workload(raw.workload, &destination, &anchor)?;
     let faults = faults(
         &raw.faults,
         &destination,
@@ -49,10 +51,13 @@ pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located>
         ));
     }
     let drain_timeout = raw.drain_timeout.map_or(Duration::from_secs(60), |d| d.0);
-    if destination.kind == DestinationKind::Nats && destination.duplicate_window.is_none() {
-        let drill_ends = workload.duration + drain_timeout;
-        destination.duplicate_window = Some(duplicate_window(&faults, drill_ends, &engine));
-    }
+    // What the destination's own settings depend on (a stream's duplicate window).
+    let shape = dest::Shape {
+        longest_outage: longest_outage(&faults, workload.duration + drain_timeout),
+        longest_backoff: engine.refusals.2,
+        answer_timeout: engine.answer_timeout,
+    };
+    destination.imp = destination.imp.settle(&shape);
     let poison = workload.poison.len() as u64;
     Ok(Plan {
         name,
@@ -88,230 +93,17 @@ fn name(raw: &Spanned<String>) -> Result<String, Located> {
     Ok(name)
 }
 
-/// `destination:`: the broker's kind, where it runs and the topic. Only `nats` takes a
-/// `duplicate_window` (left out, it is filled once the faults are known: [`duplicate_window`])
-/// and `nodes` (a cluster of 1 to 5); only `mqtt` has an embedded broker.
-fn destination(raw: RawDestination) -> Result<Destination, Located> {
-    let kind = raw.kind.value;
-    if let Some(w) = &raw.duplicate_window
-        && kind != DestinationKind::Nats
-    {
-        return Err(at(
-            &w.referenced,
-            "field `destination.duplicate_window`: only a `nats` destination has one".to_string(),
-        ));
-    }
-    let runtime = raw.runtime.unwrap_or(RuntimeChoice::Auto);
-    if kind != DestinationKind::Mqtt && runtime == RuntimeChoice::Embedded {
-        return Err(at(
-            &raw.kind.referenced,
-            format!(
-                "field `destination.runtime`: there is no embedded {} broker; use `process` or `auto`",
-                kind.name()
-            ),
-        ));
-    }
-    let nodes = match &raw.nodes {
-        None => 1,
-        Some(n) if kind != DestinationKind::Nats || n.value == 0 || n.value > 5 => {
-            return Err(at(
-                &n.referenced,
-                "field `destination.nodes`: a NATS cluster of 1 to 5 nodes (only `nats` has nodes)"
-                    .to_string(),
-            ));
-        }
-        Some(n) => n.value,
-    };
-    if let Some(stream) = &raw.stream
-        && kind != DestinationKind::Nats
-    {
-        return Err(at(
-            &raw.kind.referenced,
-            format!(
-                "field `destination.stream` (`{stream}`): only a `nats` destination has a stream"
-            ),
-        ));
-    }
-    let stream = raw.stream.clone().unwrap_or_else(|| "DRILL".to_string());
-    let external = external(&raw, kind, runtime)?;
-    let nodes = match &external {
-        Some(e) if kind == DestinationKind::Nats => {
-            if let Some(n) = &raw.nodes {
-                return Err(at(
-                    &n.referenced,
-                    "field `destination.nodes`: an external NATS cluster has as many nodes as `servers` lists; leave `nodes` out".to_string(),
-                ));
-            }
-            e.addresses.len()
-        }
-        _ => nodes,
-    };
-    Ok(Destination {
-        kind,
-        nodes,
-        runtime,
-        topic: raw.topic.unwrap_or_else(|| "drill".to_string()),
-        duplicate_window: raw.duplicate_window.map(|w| w.value.0),
-        stream,
-        external,
-    })
-}
-
-/// `runtime: external`: the addresses the kind takes (`bootstrap` for Kafka, `servers` for
-/// NATS, `address` for MQTT), `create`, `keep` and `credentials`. Without it none of these may
-/// be given.
-fn external(
-    raw: &RawDestination,
-    kind: DestinationKind,
-    runtime: RuntimeChoice,
-) -> Result<Option<External>, Located> {
-    let given: [(&str, Option<&serde_saphyr::Location>); 3] = [
-        (
-            "bootstrap",
-            raw.bootstrap.as_ref().map(|_| &raw.kind.referenced),
-        ),
-        (
-            "servers",
-            raw.servers.as_ref().map(|_| &raw.kind.referenced),
-        ),
-        ("address", raw.address.as_ref().map(|a| &a.referenced)),
-    ];
-    let wanted = match kind {
-        DestinationKind::Kafka => "bootstrap",
-        DestinationKind::Nats => "servers",
-        DestinationKind::Mqtt => "address",
-    };
-    if runtime != RuntimeChoice::External {
-        let extra = given
-            .iter()
-            .map(|(f, l)| (*f, l.is_some()))
-            .chain([
-                ("create", raw.create.is_some()),
-                ("keep", raw.keep.is_some()),
-                ("credentials", raw.credentials.is_some()),
-            ])
-            .find(|(_, g)| *g);
-        if let Some((field, _)) = extra {
-            return Err(at(
-                &raw.kind.referenced,
-                format!(
-                    "field `destination.{field}`: goes with `runtime: external` (brokers you already run); drill starts its own otherwise"
-                ),
-            ));
-        }
-        return Ok(None);
-    }
-    if let Some((field, loc)) = given.iter().find(|(f, l)| l.is_some() && *f != wanted) {
-        return Err(at(
-            loc.unwrap_or(&raw.kind.referenced),
-            format!(
-                "field `destination.{field}`: a `{}` destination takes `{wanted}`",
-                kind.name()
-            ),
-        ));
-    }
-    let addresses: Vec<&Spanned<String>> = match kind {
-        DestinationKind::Kafka => raw.bootstrap.iter().flatten().collect(),
-        DestinationKind::Nats => raw.servers.iter().flatten().collect(),
-        DestinationKind::Mqtt => raw.address.iter().collect(),
-    };
-    if addresses.is_empty() {
-        return Err(at(
-            &raw.kind.referenced,
-            format!(
-                "field `destination.{wanted}`: `runtime: external` needs the broker address(es), e.g. {wanted}: {}",
-                match kind {
-                    DestinationKind::Mqtt => "broker.site.local:1883",
-                    DestinationKind::Nats => "[nats-1:4222, nats-2:4222]",
-                    DestinationKind::Kafka => "[kafka-1:9092, kafka-2:9092]",
-                }
-            ),
-        ));
-    }
-    if kind == DestinationKind::Nats && addresses.len() > 5 {
-        return Err(at(
-            &addresses[5].referenced,
-            "field `destination.servers`: at most 5 servers".to_string(),
-        ));
-    }
-    for a in &addresses {
-        let ok = a.value.rsplit_once(':').is_some_and(|(host, port)| {
-            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
-        });
-        if !ok {
-            return Err(at(
-                &a.referenced,
-                format!(
-                    "field `destination.{wanted}`: `{}` is not host:port (e.g. kafka-1.staging:9092)",
-                    a.value
-                ),
-            ));
-        }
-    }
-    let credentials = match &raw.credentials {
-        None => Credentials::default(),
-        Some(c) => {
-            let v = &c.value;
-            let kafka = kind == DestinationKind::Kafka;
-            if let Some(m) = &v.sasl_mechanism
-                && (!kafka || !["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"].contains(&m.as_str()))
-            {
-                return Err(at(
-                    &c.referenced,
-                    format!(
-                        "field `destination.credentials.sasl_mechanism`: `{m}`; Kafka only, one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"
-                    ),
-                ));
-            }
-            if v.username_env.is_some() != v.password_env.is_some() {
-                return Err(at(
-                    &c.referenced,
-                    "field `destination.credentials`: `username_env` and `password_env` go together".to_string(),
-                ));
-            }
-            for name in [&v.username_env, &v.password_env].into_iter().flatten() {
-                let usable = !name.is_empty()
-                    && name
-                        .chars()
-                        .all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
-                if !usable {
-                    return Err(at(
-                        &c.referenced,
-                        format!(
-                            "field `destination.credentials`: `{name}` is not an environment variable name; give the variable's NAME (the secret itself never goes in the file)"
-                        ),
-                    ));
-                }
-            }
-            Credentials {
-                username_env: v.username_env.clone(),
-                password_env: v.password_env.clone(),
-                sasl_mechanism: v
-                    .sasl_mechanism
-                    .clone()
-                    .or_else(|| (kafka && v.username_env.is_some()).then(|| "PLAIN".to_string())),
-            }
-        }
-    };
-    Ok(Some(External {
-        addresses: addresses.iter().map(|a| a.value.clone()).collect(),
-        create: raw.create.unwrap_or(false),
-        keep: raw.keep.unwrap_or(false),
-        credentials,
-    }))
-}
-
 /// `system:`: the built-in engine with its settings under `builtin`, or a user's engine —
 /// `command` and the fields that go with it (checked in `command.rs`) — with the promise it
 /// declares. Either way the [`EngineSpec`] carries the promise of the system under test.
 fn system(
     raw: Option<RawSystem>,
-    destination: &Destination,
+    destination: &Spec,
     source: &Path,
     anchor: &Location,
 ) -> Result<(EngineSpec, Option<CommandSpec>), Located> {
     let Some(raw) = raw else {
-        return Ok((builtin(RawBuiltin::default(), destination.kind), None));
+        return Ok((builtin(RawBuiltin::default(), destination), None));
     };
     let Some(argv) = raw.command else {
         let for_a_command = first_given([
@@ -333,7 +125,7 @@ fn system(
             ));
         }
         let settings = raw.builtin.map(|b| b.value).unwrap_or_default();
-        return Ok((builtin(settings, destination.kind), None));
+        return Ok((builtin(settings, destination), None));
     };
     let anchor = argv.first().map_or(*anchor, |a| a.referenced);
     if let Some(b) = &raw.builtin {
@@ -354,28 +146,27 @@ fn system(
             write_key: raw.write_key,
             stop_grace: raw.stop_grace,
         },
-        &destination.link_names(),
+        destination,
         &command::scenario_dir(source),
         &anchor,
     )?;
     // A user's engine has none of the built-in engine's settings; only its promise counts.
     let engine = EngineSpec {
         promise: raw.promise.map_or(Promise::AtLeastOnce, |p| p.value),
-        ..builtin(RawBuiltin::default(), destination.kind)
+        ..builtin(RawBuiltin::default(), destination)
     };
     Ok((engine, Some(spec)))
 }
 
 /// `system.builtin:`, with its defaults. The promise defaults to what the destination lets the
-/// built-in engine keep: `effectively_once` on NATS (the stream drops a resend it already
-/// has), `at_least_once` elsewhere.
-fn builtin(raw: RawBuiltin, kind: DestinationKind) -> EngineSpec {
+/// built-in engine keep (`effectively_once` on NATS: the stream drops a resend it already has;
+/// `at_least_once` elsewhere).
+fn builtin(raw: RawBuiltin, destination: &Spec) -> EngineSpec {
     EngineSpec {
         order: raw.order.unwrap_or_default(),
-        promise: raw.promise.unwrap_or(match kind {
-            DestinationKind::Nats => Promise::EffectivelyOnce,
-            _ => Promise::AtLeastOnce,
-        }),
+        promise: raw
+            .promise
+            .unwrap_or_else(|| destination.imp.builtin_promise()),
         keepalive: raw.keepalive.map_or(Duration::from_secs(2), |d| d.0),
         answer_timeout: raw.answer_timeout.map_or(Duration::from_secs(3), |d| d.0),
         window: raw.window.unwrap_or(64).max(1),
@@ -395,7 +186,7 @@ fn builtin(raw: RawBuiltin, kind: DestinationKind) -> EngineSpec {
 /// one of the records the drill generates, on a destination that can refuse it.
 fn workload(
     raw: RawWorkload,
-    kind: DestinationKind,
+    destination: &Spec,
     anchor: &Location,
 ) -> Result<WorkloadSpec, Located> {
     let keys = match raw.keys {
@@ -469,11 +260,10 @@ fn workload(
             ),
         ));
     }
-    if kind == DestinationKind::Kafka && !workload.poison.is_empty() {
-        return Err(at(
-            anchor,
-            "field `workload.poison`: poison records need a destination that refuses one oversized write (`mqtt` or `nats`); remove it for `kafka`".to_string(),
-        ));
+    if !workload.poison.is_empty()
+        && let Err(why) = destination.imp.refuses_one_write()
+    {
+        return Err(at(anchor, format!("field `workload.poison`: {why}")));
     }
     Ok(workload)
 }
@@ -483,12 +273,10 @@ fn workload(
 /// workload has ended would meet no traffic: it must say `after_workload: true`.
 fn faults(
     raw: &[Spanned<RawFault>],
-    destination: &Destination,
+    destination: &Spec,
     command_engine: bool,
     workload_ends: Duration,
 ) -> Result<Vec<ScheduledFault>, Located> {
-    let link_names = destination.link_names();
-    let links: BTreeSet<&str> = link_names.iter().map(String::as_str).collect();
     let mut faults = Vec::new();
     for (i, spanned) in raw.iter().enumerate() {
         let entry = FaultEntry {
@@ -501,7 +289,7 @@ fn faults(
                 "at",
                 format!(
                     "{} is when the workload has ended ({}): the fault would meet no traffic; start it earlier, or say `after_workload: true` for a fault during the drain",
-                    entry.raw.at, super::Dur(workload_ends)
+                    entry.raw.at, crate::units::Dur(workload_ends)
                 ),
             ));
         }
@@ -517,7 +305,7 @@ fn faults(
                     destination.link_name()
                 )));
             }
-            (Some(link), None) => faults.extend(link_fault(&entry, link, &links)?),
+            (Some(link), None) => faults.extend(link_fault(&entry, link, destination)?),
             (None, Some(target)) if target == "broker" && destination.external.is_some() => {
                 return Err(entry.field(
                     "target",
@@ -527,7 +315,7 @@ fn faults(
             (None, Some(target)) => faults.push(process_fault(
                 &entry,
                 target,
-                destination.nodes,
+                destination.imp.nodes(),
                 command_engine,
             )?),
         }
@@ -559,36 +347,22 @@ impl FaultEntry<'_> {
     }
 }
 
-/// Whether `link` is one of `links`, or — in front of Kafka, whose link gives every broker a
-/// link of its own — one broker's link, `kafka-<node id>`.
-fn names_a_link(links: &BTreeSet<&str>, link: &str) -> bool {
-    links.contains(link)
-        || (links.contains("kafka")
-            && link
-                .strip_prefix("kafka-")
-                .is_some_and(|n| n.parse::<i32>().is_ok_and(|n| n >= 0)))
-}
-
 /// A link fault: `fault` on `link` (both ways unless `direction` says otherwise) from `at`,
 /// for a while (`for`), flapping (`repeat`, `every`), or until a later `heal`. Which kinds take
 /// `latency`, `jitter`, `bytes_per_s`, `for` and `repeat` is [`LinkSetting::taken_by`]'s to say.
 fn link_fault(
     entry: &FaultEntry,
     link: &str,
-    links: &BTreeSet<&str>,
+    destination: &Spec,
 ) -> Result<Vec<ScheduledFault>, Located> {
     let f = entry.raw;
-    if !names_a_link(links, link) {
-        let kafka = if links.contains("kafka") {
-            " (and `kafka-<node id>`, one broker's own link)"
-        } else {
-            ""
-        };
+    if !destination.imp.names_a_link(link) {
         return Err(entry.field(
             "link",
             format!(
-                "no link named `{link}`; this scenario has: {}{kafka}",
-                links.iter().copied().collect::<Vec<_>>().join(", ")
+                "no link named `{link}`; this scenario has: {}{}",
+                destination.link_names().join(", "),
+                destination.imp.other_link_names()
             ),
         ));
     }
@@ -597,6 +371,8 @@ fn link_fault(
         ("restart_after", f.restart_after.is_some()),
         ("wipe_data", f.wipe_data.is_some()),
         ("down_for", f.down_for.is_some()),
+        ("torn", f.torn.is_some()),
+        ("crash_at", f.crash_at.is_some()),
     ]);
     if let Some(name) = of_a_process_fault {
         return Err(entry.field(name, "only process faults (`target:`) take it"));
@@ -838,6 +614,7 @@ fn engine_fault(
                 restart_after: None,
                 wipe_data: false,
                 lasts: f.for_.map(|d| d.0),
+                power: PowerCut::default(),
             });
         }
         ProcessAction::Pause if !command_engine => {
@@ -863,6 +640,52 @@ fn engine_fault(
         restart_after: f.restart_after.map(|d| d.0),
         wipe_data: f.wipe_data.unwrap_or(false),
         lasts: None,
+        power: power_cut(entry, action)?,
+    })
+}
+
+/// `torn` and `crash_at`, which only a `power_cut` takes.
+fn power_cut(entry: &FaultEntry, action: ProcessAction) -> Result<PowerCut, Located> {
+    let f = entry.raw;
+    if action != ProcessAction::PowerCut {
+        for (name, given) in [
+            ("torn", f.torn.is_some()),
+            ("crash_at", f.crash_at.is_some()),
+        ] {
+            if given {
+                return Err(entry.field(name, "only a `power_cut` takes it"));
+            }
+        }
+        return Ok(PowerCut::default());
+    }
+    let torn = f.torn.unwrap_or(false);
+    let Some(at) = &f.crash_at else {
+        return Ok(PowerCut {
+            torn,
+            crash_at: None,
+        });
+    };
+    let nth = at.nth.unwrap_or(1);
+    if nth == 0 {
+        return Err(entry.field(
+            "crash_at.nth",
+            "counts from 1 (the first matching operation)",
+        ));
+    }
+    if at.path.trim().is_empty() {
+        return Err(entry.field(
+            "crash_at.path",
+            "empty; a glob over the file's name, as `*.log`, or `*` for every file",
+        ));
+    }
+    Ok(PowerCut {
+        torn,
+        crash_at: Some(CrashPoint {
+            op: at.op,
+            path: at.path.clone(),
+            nth,
+            torn,
+        }),
     })
 }
 
@@ -882,10 +705,10 @@ fn broker_fault(
         }
     }
     let node = match f.node.as_deref() {
-        None => BrokerNode::Number(1),
-        Some("leader") if nodes > 1 => BrokerNode::Leader,
+        None => Node::Number(1),
+        Some("leader") if nodes > 1 => Node::Leader,
         Some(n) => match n.parse::<usize>() {
-            Ok(n) if (1..=nodes).contains(&n) => BrokerNode::Number(n),
+            Ok(n) if (1..=nodes).contains(&n) => Node::Number(n),
             _ => {
                 return Err(entry.field(
                     "node",
@@ -943,18 +766,6 @@ fn cannot(entry: &FaultEntry, target: &str, action: ProcessAction) -> Located {
     )
 }
 
-/// A NATS stream's duplicate window when the scenario gives none: a record resent after the
-/// longest outage, the longest backoff and two answer timeouts must still be recognised as a
-/// resend. At least 2 min.
-fn duplicate_window(
-    faults: &[ScheduledFault],
-    drill_ends: Duration,
-    engine: &EngineSpec,
-) -> Duration {
-    let window = longest_outage(faults, drill_ends) + engine.refusals.2 + 2 * engine.answer_timeout;
-    window.max(Duration::from_secs(120))
-}
-
 /// `expect:`; left out, nothing may be lost and the ledger must close. Either way, `failed`
 /// must equal the number of poison records and nothing unexpected may arrive, unless said
 /// otherwise.
@@ -968,6 +779,7 @@ fn expect(raw: Option<RawExpect>, poison: u64) -> Expectations {
             recovery_within: e.recovery_within.map(|d| d.0),
             failed: Some(e.failed.unwrap_or(poison)),
             unexpected: Some(e.unexpected.unwrap_or(0)),
+            altered: Some(e.altered.unwrap_or(0)),
             not_accepted: e.not_accepted,
             drain_within: e.drain_within.map(|d| d.0),
             max_copies: e.max_copies,
@@ -977,6 +789,7 @@ fn expect(raw: Option<RawExpect>, poison: u64) -> Expectations {
             ledger_closes: true,
             failed: Some(poison),
             unexpected: Some(0),
+            altered: Some(0),
             ..Expectations::default()
         },
     }
@@ -1006,103 +819,10 @@ mod tests {
     use std::path::Path;
     use std::time::Duration;
 
-    use super::super::{BrokerNode, FaultAction, Promise, parse};
+    use super::super::{FaultAction, parse};
 
     fn err(text: &str) -> String {
         parse(Path::new("s.yaml"), text).unwrap_err().to_string()
-    }
-
-    #[test]
-    fn a_nats_destination_gets_a_duplicate_window_longer_than_its_outages() {
-        let text = "name: n\ndestination: { kind: nats }\nworkload: { rate: 10/s, duration: 10m }\nfaults:\n  - { at: 10s, link: nats, fault: swallow, direction: downstream, for: 5m }\n";
-        let plan = parse(Path::new("n.yaml"), text).unwrap();
-        assert_eq!(plan.engine.promise, Promise::EffectivelyOnce);
-        // 5 min outage + 60 s backoff cap + twice the 3 s answer timeout.
-        assert_eq!(
-            plan.destination.duplicate_window,
-            Some(Duration::from_secs(300 + 60 + 6))
-        );
-        let short = text.replace("for: 5m", "for: 5s");
-        let plan = parse(Path::new("n.yaml"), &short).unwrap();
-        assert_eq!(
-            plan.destination.duplicate_window,
-            Some(Duration::from_secs(120))
-        );
-        let e = err(&text.replace("kind: nats }", "kind: nats, runtime: embedded }"));
-        assert!(e.contains("no embedded nats broker"), "{e}");
-        let e = err(&text
-            .replace("kind: nats }", "kind: mqtt, duplicate_window: 1m }")
-            .replace("link: nats", "link: mqtt"));
-        assert!(e.contains("only a `nats` destination"), "{e}");
-        let cluster = text
-            .replace("kind: nats }", "kind: nats, nodes: 3 }")
-            .replace("link: nats,", "link: nats-2,")
-            + "  - { at: 20s, target: broker, node: leader, action: kill, restart_after: 5s }\n";
-        let plan = parse(Path::new("n.yaml"), &cluster).unwrap();
-        assert_eq!(
-            plan.destination.link_names(),
-            ["nats-1", "nats-2", "nats-3"]
-        );
-        assert!(matches!(
-            plan.faults[1].what,
-            FaultAction::Broker {
-                node: BrokerNode::Leader,
-                ..
-            }
-        ));
-        let e = err(&cluster.replace("node: leader", "node: 4"));
-        assert!(e.contains("node number 1..=3"), "{e}");
-        let e = err(&text.replace("kind: nats }", "kind: mqtt, nodes: 3 }"));
-        assert!(e.contains("only `nats` has nodes"), "{e}");
-        let e = err(&text.replace("kind: nats }", "kind: kafka, runtime: embedded }"));
-        assert!(e.contains("no embedded kafka broker"), "{e}");
-    }
-
-    #[test]
-    fn kafka_broker_links_and_external_destinations() {
-        let kafka = "name: k\ndestination: { kind: kafka }\nworkload: { rate: 10/s, duration: 1m }\nfaults:\n  - { at: 10s, link: kafka-111, fault: refuse, for: 5s }\n";
-        assert!(parse(Path::new("k.yaml"), kafka).is_ok());
-        let e = err(&kafka.replace("kafka-111", "kafka-x"));
-        assert!(e.contains("kafka-<node id>"), "{e}");
-        let e = err(&kafka
-            .replace("kind: kafka", "kind: mqtt")
-            .replace("kafka-111", "mqtt-1"));
-        assert!(
-            e.contains("no link named `mqtt-1`") && !e.contains("node id"),
-            "{e}"
-        );
-
-        let ext = "name: x\ndestination: { kind: nats, runtime: external, servers: [a:4222, b:4222], create: true, credentials: { username_env: NATS_USER, password_env: NATS_PASSWORD } }\nworkload: { rate: 10/s, duration: 1m }\n";
-        let plan = parse(Path::new("x.yaml"), ext).unwrap();
-        let e = plan.destination.external.as_ref().unwrap();
-        assert_eq!(plan.destination.nodes, 2);
-        assert_eq!(plan.destination.link_names(), ["nats-1", "nats-2"]);
-        assert!(e.create && !e.keep);
-        assert_eq!(e.credentials.password_env.as_deref(), Some("NATS_PASSWORD"));
-        let servers = "servers: [a:4222, b:4222]";
-        for (text, says) in [
-            (
-                ext.replace(&format!("{servers}, "), ""),
-                "needs the broker address",
-            ),
-            (ext.replace("a:4222", "a"), "is not host:port"),
-            (ext.replace(servers, "address: a:4222"), "takes `servers`"),
-            (
-                ext.replace(", password_env: NATS_PASSWORD", ""),
-                "go together",
-            ),
-            (
-                ext.replace("NATS_USER", "s3cret!"),
-                "is not an environment variable name",
-            ),
-        ] {
-            let e = err(&text);
-            assert!(e.contains(says), "{says}: {e}");
-        }
-        let e = err(
-            "name: m\ndestination: { kind: mqtt, address: a:1883 }\nworkload: { rate: 10/s, duration: 1m }\n",
-        );
-        assert!(e.contains("goes with `runtime: external`"), "{e}");
     }
 
     #[test]
@@ -1192,6 +912,38 @@ mod tests {
         assert!(plan.needs_powerfs());
         let e = err(&fault("target: broker, action: power_cut"));
         assert!(e.contains("`broker` cannot `power_cut`"), "{e}");
+        // Torn, and at a crash point (nth counts from 1).
+        let plan = parse(
+            Path::new("k.yaml"),
+            &fault("target: engine, action: power_cut, torn: true, crash_at: { op: fdatasync, path: \"*.log\", nth: 3 }"),
+        )
+        .unwrap();
+        let FaultAction::Engine { power, .. } = &plan.faults[0].what else {
+            panic!("an engine fault")
+        };
+        let point = power.crash_at.as_ref().expect("a crash point");
+        assert!(power.torn && point.torn);
+        assert_eq!(point.describe(), "fdatasync #3 on *.log");
+        let e = err(&fault(
+            "target: engine, action: power_cut, crash_at: { op: fsync, path: x, nth: 0 }",
+        ));
+        assert!(e.contains("`faults[0].crash_at.nth`: counts from 1"), "{e}");
+        let e = err(&fault(
+            "target: engine, action: power_cut, crash_at: { op: rename, path: x }",
+        ));
+        assert!(e.contains("rename"), "{e}");
+        let e = err(&fault("target: engine, action: kill, torn: true"));
+        assert!(
+            e.contains("`faults[0].torn`: only a `power_cut` takes it"),
+            "{e}"
+        );
+        let e = err(&fault(
+            "link: mqtt, fault: refuse, crash_at: { op: write, path: x }",
+        ));
+        assert!(
+            e.contains("`faults[0].crash_at`: only process faults"),
+            "{e}"
+        );
         // A full disk lasts `for`, and takes nothing else.
         let plan = parse(
             Path::new("k.yaml"),

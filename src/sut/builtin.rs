@@ -86,7 +86,7 @@ impl EngineProcess {
         let err = log
             .try_clone()
             .map_err(|e| SutError::Start(e.to_string()))?;
-        let mut child = crate::brokers::dies_with_drill(&mut Command::new(&self.exe))
+        let mut child = crate::process::dies_with_drill(&mut Command::new(&self.exe))
             .arg("engine")
             .arg("--config")
             .arg(&self.config_path)

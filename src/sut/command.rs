@@ -168,7 +168,7 @@ impl CommandEngine {
             return Err(SutError::Start("empty command".to_string()));
         };
         let mut command = Command::new(program);
-        crate::brokers::dies_with_drill(&mut command)
+        crate::process::dies_with_drill(&mut command)
             .args(args)
             .envs(&self.env)
             .current_dir(&self.work_dir)

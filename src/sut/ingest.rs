@@ -24,18 +24,7 @@ use tokio::net::TcpStream;
 
 use crate::mqtt::{self, Inbound, Packet, Publish, QoS};
 use crate::scenario::IngestSpec;
-use crate::workload::Record;
-
-/// What the engine said of one record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IngestAnswer {
-    /// Held, with the write key if the engine told it.
-    Accepted(Option<String>),
-    /// The answer was lost: the engine may or may not hold it.
-    Unknown,
-    /// The engine refused it, or the request never reached it.
-    NotAccepted(String),
-}
+use crate::workload::{IngestAnswer, Intake, Record};
 
 /// How long one ingest call may wait for its answer.
 const ANSWER_LIMIT: Duration = Duration::from_secs(10);
@@ -94,7 +83,7 @@ impl Ingest {
     }
 
     /// Hands `records` to the engine; one answer per record, in order.
-    pub async fn send(&mut self, records: &[Record]) -> Vec<IngestAnswer> {
+    async fn send_batch(&mut self, records: &[Record]) -> Vec<IngestAnswer> {
         let lines: Vec<String> = records
             .iter()
             .map(|r| serde_json::to_string(r).unwrap_or_default())
@@ -274,6 +263,12 @@ async fn write_lines(
             *stream = None;
             vec![IngestAnswer::Unknown; n]
         }
+    }
+}
+
+impl Intake for Ingest {
+    fn send(&mut self, records: &[Record]) -> impl Future<Output = Vec<IngestAnswer>> + Send {
+        self.send_batch(records)
     }
 }
 

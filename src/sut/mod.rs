@@ -18,7 +18,7 @@ use std::time::Duration;
 
 pub use builtin::EngineProcess;
 pub use command::CommandEngine;
-pub use ingest::{Ingest, IngestAnswer};
+pub use ingest::Ingest;
 
 use crate::engine::{AttemptCountsView, Stats};
 use crate::scenario::{IngestSpec, StatsSpec};

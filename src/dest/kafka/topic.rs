@@ -1,36 +1,47 @@
-//! Brokers the user already runs (`runtime: external`, DESIGN.md §2): drill starts nothing.
-//! Here it reaches them, finds the drill's Kafka topic or JetStream stream (or creates it when
-//! the scenario allows), notes where the drill's records will begin, and removes afterwards
-//! only what it created itself. Every error is one line that says what to do.
+//! The drill's Kafka topic: created on a broker drill started ([`create_topic`]), found or
+//! created on the user's cluster ([`find_or_create`], with each partition's end offset confirmed
+//! by reading on: where the drill's records begin), and removed when drill made it
+//! ([`delete`]).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::scenario::Secrets;
+use crate::credentials::Secrets;
+use crate::process::StartError;
 
-/// How long reaching an external broker may take before the drill gives up.
-const REACH: Duration = Duration::from_secs(5);
-
-/// Resolves `address` (`host:port`, from `field`) and opens a TCP connection to it.
-pub async fn reach(address: &str, field: &str) -> Result<SocketAddr, String> {
-    let resolved = tokio::time::timeout(REACH, tokio::net::lookup_host(address))
+/// Creates a Kafka topic with `partitions` partitions, through `bootstrap` (the broker's
+/// advertised address answers the metadata, so that must be reachable from here).
+pub async fn create_topic(
+    bootstrap: SocketAddr,
+    topic: &str,
+    partitions: i32,
+) -> Result<(), StartError> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let fail = |why: String| StartError {
+        what: format!("Kafka topic {topic}"),
+        why,
+    };
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap.to_string())
+        .create()
+        .map_err(|e| fail(e.to_string()))?;
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &options,
+        )
         .await
-        .ok()
-        .and_then(Result::ok)
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| {
-            format!("cannot resolve the external broker `{address}` ({field}); check the name")
-        })?;
-    match tokio::time::timeout(REACH, tokio::net::TcpStream::connect(resolved)).await {
-        Ok(Ok(_)) => Ok(resolved),
-        Ok(Err(e)) => Err(format!(
-            "cannot reach the external broker at {address} ({resolved}, {field}): {e}; check that it runs and listens there (with runtime: external drill starts nothing)"
-        )),
-        Err(_) => Err(format!(
-            "cannot reach the external broker at {address} ({resolved}, {field}): no answer within {} s; check the address and any firewall",
-            REACH.as_secs()
-        )),
+        .map_err(|e| fail(e.to_string()))?;
+    for r in results {
+        if let Err((name, code)) = r
+            && code != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists
+        {
+            return Err(fail(format!("{name}: {code}")));
+        }
     }
+    Ok(())
 }
 
 /// The drill's Kafka topic on an external cluster.
@@ -44,7 +55,7 @@ pub struct KafkaTopic {
 
 /// Finds `topic` through `bootstrap`, or creates it (`partitions`, the cluster's default
 /// replication) when `create` allows; then reads each partition's end offset.
-pub async fn kafka_topic(
+pub async fn find_or_create(
     bootstrap: SocketAddr,
     topic: &str,
     partitions: i32,
@@ -68,9 +79,10 @@ pub async fn kafka_topic(
     let secrets = secrets.clone();
     let offsets = tokio::task::spawn_blocking(move || {
         use rdkafka::consumer::{BaseConsumer, Consumer};
-        let consumer: BaseConsumer = super::kafka_config(&bootstrap.to_string(), &secrets)
-            .create()
-            .map_err(|e| e.to_string())?;
+        let consumer: BaseConsumer =
+            crate::dest::kafka::client_config(&bootstrap.to_string(), &secrets)
+                .create()
+                .map_err(|e| e.to_string())?;
         let metadata = consumer
             .fetch_metadata(Some(&topic_owned), Duration::from_secs(10))
             .map_err(|e| format!("metadata of {topic_owned}: {e}"))?;
@@ -105,7 +117,7 @@ fn confirm_ends(
     if offsets.is_empty() {
         return Ok(());
     }
-    let consumer: BaseConsumer = super::kafka_config(&bootstrap.to_string(), secrets)
+    let consumer: BaseConsumer = crate::dest::kafka::client_config(&bootstrap.to_string(), secrets)
         .set("group.id", format!("drill-start-{}", std::process::id()))
         .set("enable.partition.eof", "true")
         .set("enable.auto.commit", "false")
@@ -157,7 +169,7 @@ async fn kafka_partitions(
     let secrets = secrets.clone();
     tokio::task::spawn_blocking(move || {
         use rdkafka::consumer::{BaseConsumer, Consumer};
-        let consumer: BaseConsumer = super::kafka_config(&bootstrap.to_string(), &secrets)
+        let consumer: BaseConsumer = crate::dest::kafka::client_config(&bootstrap.to_string(), &secrets)
             .set("allow.auto.create.topics", "false")
             .create()
             .map_err(|e| e.to_string())?;
@@ -186,7 +198,7 @@ async fn create_kafka_topic(
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
     let admin: AdminClient<DefaultClientContext> =
-        super::kafka_config(&bootstrap.to_string(), secrets)
+        crate::dest::kafka::client_config(&bootstrap.to_string(), secrets)
             .create()
             .map_err(|e| e.to_string())?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
@@ -216,15 +228,11 @@ async fn create_kafka_topic(
 }
 
 /// Removes a topic drill created.
-pub async fn delete_kafka_topic(
-    bootstrap: SocketAddr,
-    topic: &str,
-    secrets: &Secrets,
-) -> Result<(), String> {
+pub async fn delete(bootstrap: SocketAddr, topic: &str, secrets: &Secrets) -> Result<(), String> {
     use rdkafka::admin::{AdminClient, AdminOptions};
     use rdkafka::client::DefaultClientContext;
     let admin: AdminClient<DefaultClientContext> =
-        super::kafka_config(&bootstrap.to_string(), secrets)
+        crate::dest::kafka::client_config(&bootstrap.to_string(), secrets)
             .create()
             .map_err(|e| e.to_string())?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
@@ -238,143 +246,4 @@ pub async fn delete_kafka_topic(
         }
     }
     Ok(())
-}
-
-/// The drill's JetStream stream on an external server or cluster.
-#[derive(Debug, Clone)]
-pub struct NatsStream {
-    /// drill created it (and removes it at the end unless told to keep it).
-    pub created: bool,
-    /// The first sequence the drill's messages will have.
-    pub first_sequence: u64,
-    /// The stream's duplicate window (the report judges it against the outages).
-    pub duplicate_window: Duration,
-    pub replicas: usize,
-}
-
-/// What a drill's stream should be, when drill creates it.
-pub struct StreamWish<'a> {
-    pub name: &'a str,
-    pub subject: &'a str,
-    pub duplicate_window: Duration,
-    pub max_message_size: Option<usize>,
-    pub replicas: usize,
-}
-
-/// Finds the stream through `server`, or creates it when `create` allows; notes where the
-/// drill's messages will begin. An existing stream must capture the subject.
-pub async fn nats_stream(
-    server: SocketAddr,
-    wish: StreamWish<'_>,
-    create: bool,
-    secrets: &Secrets,
-) -> Result<NatsStream, String> {
-    use async_nats::jetstream;
-    let client = super::nats_options(secrets)
-        .await?
-        .name("drill-provisioner")
-        .connection_timeout(REACH)
-        .connect(server.to_string())
-        .await
-        .map_err(|e| format!("cannot connect to the external NATS server at {server}: {e}; check the address and credentials"))?;
-    let js = jetstream::new(client);
-    match js.get_stream(wish.name).await {
-        Ok(mut stream) => {
-            let info = stream
-                .info()
-                .await
-                .map_err(|e| format!("stream {}: {e}", wish.name))?;
-            let captures = info
-                .config
-                .subjects
-                .iter()
-                .any(|s| subject_matches(s, wish.subject));
-            if !captures {
-                return Err(format!(
-                    "JetStream stream `{}` on {server} does not capture subject `{}` (it captures {:?}); name the right stream (destination.stream) or topic",
-                    wish.name, wish.subject, info.config.subjects
-                ));
-            }
-            Ok(NatsStream {
-                created: false,
-                first_sequence: info.state.last_sequence + 1,
-                duplicate_window: info.config.duplicate_window,
-                replicas: info.config.num_replicas,
-            })
-        }
-        Err(_) if !create => Err(format!(
-            "JetStream stream `{}` does not exist on the external server at {server}; create it (capturing `{}`), or set `create: true` so drill creates it (and removes it at the end unless `keep: true`)",
-            wish.name, wish.subject
-        )),
-        Err(_) => {
-            let config = jetstream::stream::Config {
-                name: wish.name.to_string(),
-                subjects: vec![wish.subject.to_string()],
-                duplicate_window: wish.duplicate_window,
-                max_message_size: wish.max_message_size.map_or(-1, |m| m as i32),
-                storage: jetstream::stream::StorageType::File,
-                num_replicas: wish.replicas,
-                ..Default::default()
-            };
-            js.create_stream(config)
-                .await
-                .map_err(|e| format!("creating JetStream stream {} on {server}: {e}", wish.name))?;
-            Ok(NatsStream {
-                created: true,
-                first_sequence: 1,
-                duplicate_window: wish.duplicate_window,
-                replicas: wish.replicas,
-            })
-        }
-    }
-}
-
-/// Removes a stream drill created.
-pub async fn delete_nats_stream(
-    server: SocketAddr,
-    name: &str,
-    secrets: &Secrets,
-) -> Result<(), String> {
-    let client = super::nats_options(secrets)
-        .await?
-        .name("drill-provisioner")
-        .connection_timeout(REACH)
-        .connect(server.to_string())
-        .await
-        .map_err(|e| e.to_string())?;
-    async_nats::jetstream::new(client)
-        .delete_stream(name)
-        .await
-        .map(|_| ())
-        .map_err(|e| format!("deleting JetStream stream {name}: {e}"))
-}
-
-/// Whether NATS subject pattern `pattern` (with `*` and `>`) matches `subject`.
-fn subject_matches(pattern: &str, subject: &str) -> bool {
-    let mut p = pattern.split('.');
-    let mut s = subject.split('.');
-    loop {
-        match (p.next(), s.next()) {
-            (Some(">"), Some(_)) => return true,
-            (Some("*"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::subject_matches;
-
-    #[test]
-    fn subjects_match_like_nats() {
-        assert!(subject_matches("drill", "drill"));
-        assert!(subject_matches("site.*.data", "site.a.data"));
-        assert!(subject_matches("site.>", "site.a.b"));
-        assert!(!subject_matches("site.>", "site"));
-        assert!(!subject_matches("site.*", "site.a.b"));
-        assert!(!subject_matches("other", "drill"));
-    }
 }

@@ -1,4 +1,4 @@
-//! The NATS JetStream output: the I/O side of one [`Output`] whose destination is a stream.
+//! The engine's NATS JetStream sink: the I/O side of an output whose destination is a stream.
 //!
 //! Each record is published with `Nats-Msg-Id` = its write key, so the stream's duplicate window
 //! turns a resend into `duplicate: true` instead of a second copy: the output declares
@@ -20,30 +20,28 @@
 //! (a reconnect would flush its buffered publishes without the output's say): this output
 //! decides when to connect.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures::{FutureExt, StreamExt};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
-use super::Shared;
-use super::config::OutputConfig;
-use super::journal::{Journal, ToOutput};
-use super::output::{Answer, Output};
-use super::session::OutputSide;
-use super::stats::publish_stats;
+use crate::engine::OutputConfig;
+use crate::engine::output::Answer;
+use crate::engine::sink::{Answers, Attempts, Connect, Open, Session, Sink, Tick};
+use crate::promise::Promise;
+
+/// The JetStream sink (stateless: everything is in the output's config).
+#[derive(Clone, Copy)]
+pub struct NatsSink;
 
 /// Connects and probes: a JetStream account-info request and its answer. Writes no data.
-pub(super) async fn connect_and_probe(
+pub async fn connect_and_probe(
     cfg: &OutputConfig,
     name: &str,
 ) -> Result<jetstream::Context, String> {
     let limit = cfg.answer_timeout.0;
     let secrets = cfg.credentials.read()?;
-    let options = crate::brokers::nats_options(&secrets)
-        .await?
+    let options = super::options(&secrets)
         .name(name)
         .ignore_discovered_servers()
         .ping_interval(cfg.keepalive.0)
@@ -164,147 +162,98 @@ impl Inbox {
     }
 }
 
-/// Handles one answer from the inbox: the attempt it names gets its outcome. `Err` when the
-/// connection is to be treated as lost.
-fn answer(
-    out: &mut Output,
-    journal: &mut Journal,
-    message: &async_nats::Message,
-) -> Result<(), String> {
-    let Some(tag) = tag_of(&message.subject) else {
-        return Ok(());
-    };
-    match classify(message) {
-        Outcome::Answer(answer) => {
-            journal.record(out.on_answer(tag, answer, std::time::Instant::now()));
-            Ok(())
-        }
-        Outcome::LinkLost(why) => Err(why),
+impl Sink for NatsSink {
+    type Session = NatsSession;
+
+    const PROMISE: (Promise, &'static str) = (
+        Promise::EffectivelyOnce,
+        "a JetStream output keeps `effectively_once` only within the stream's duplicate window",
+    );
+
+    /// JetStream publishes awaiting their acks.
+    const DEFAULT_WINDOW: usize = 4096;
+
+    async fn connect<'a>(&'a self, to: Connect<'a>) -> Result<NatsSession, String> {
+        let client = connect_and_probe(to.cfg, to.client_id).await?.client();
+        let inbox = Inbox::open(&client).await?;
+        Ok(NatsSession {
+            subject: async_nats::Subject::from(to.cfg.topic.as_str()),
+            answer_timeout: to.cfg.answer_timeout.0,
+            client,
+            inbox,
+        })
     }
 }
 
-/// The I/O side of one JetStream output. Runs until `cancel` fires or the ingest channel closes.
-pub(super) async fn drive_nats(
-    mut out: Output,
-    cfg: OutputConfig,
-    index: usize,
-    mut rx: mpsc::UnboundedReceiver<ToOutput>,
-    mut journal: Journal,
-    shared: Arc<Shared>,
-    cancel: CancellationToken,
-) {
-    let name = cfg
-        .client_id
-        .clone()
-        .unwrap_or_else(|| format!("drill-engine-{}", cfg.name));
-    let subject = async_nats::Subject::from(cfg.topic.as_str());
-    let answer_timeout = cfg.answer_timeout.0;
-    let mut said_down = false;
-    publish_stats(&shared, index, &out, false);
-    loop {
-        let mut side = OutputSide {
-            out: &mut out,
-            index,
-            rx: &mut rx,
-            journal: &mut journal,
-            shared: &shared,
-        };
-        let connected = side
-            .connect(&cfg.name, &mut said_down, &cancel, || async {
-                let client = connect_and_probe(&cfg, &name).await?.client();
-                let inbox = Inbox::open(&client).await?;
-                Ok((client, inbox))
-            })
-            .await;
-        let Some((client, mut inbox)) = connected else {
-            break;
-        };
-        publish_stats(&shared, index, &out, true);
-        let mut sends = Vec::new();
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let lost: String = 'conn: loop {
-            journal.refill(&mut out);
-            out.next_attempts_into(std::time::Instant::now(), &mut sends);
-            for (tag, record) in sends.drain(..) {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert(async_nats::header::NATS_MESSAGE_ID, record.key.as_str());
-                let payload = bytes::Bytes::copy_from_slice(record.data.as_bytes());
-                let reply = inbox.reply(tag);
-                match client
-                    .publish_with_reply_and_headers(subject.clone(), reply, headers, payload)
-                    .await
-                {
-                    Ok(()) => {}
-                    Err(e)
-                        if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded =>
-                    {
-                        // It never left the machine: the server's limit refuses it.
-                        let now = std::time::Instant::now();
-                        journal.record(out.on_answer(tag, Answer::Refused(e.to_string()), now));
-                    }
-                    Err(e) => break 'conn format!("publish: {e}"),
+/// One connection: the client, its inbox, the subject the stream captures.
+pub struct NatsSession {
+    client: async_nats::Client,
+    inbox: Inbox,
+    subject: async_nats::Subject,
+    answer_timeout: Duration,
+}
+
+impl Session for NatsSession {
+    async fn send(&mut self, attempts: &mut Attempts, answers: &mut Answers) -> Result<(), String> {
+        for (tag, record) in attempts.drain(..) {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, record.key.as_str());
+            let payload = bytes::Bytes::copy_from_slice(record.data.as_bytes());
+            let reply = self.inbox.reply(tag);
+            let published = self
+                .client
+                .publish_with_reply_and_headers(self.subject.clone(), reply, headers, payload)
+                .await;
+            match published {
+                Ok(()) => {}
+                Err(e) if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                    // It never left the machine: the server's limit refuses it.
+                    answers.push((tag, Answer::Refused(e.to_string())));
                 }
+                Err(e) => return Err(format!("publish: {e}")),
             }
-            let due = out.next_due().map(tokio::time::Instant::from_std);
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break "engine stopping".to_string(),
-                first = inbox.answers.next() => {
-                    let Some(first) = first else {
-                        break "the inbox subscription ended".to_string();
-                    };
-                    // Every answer already in is handled now, and costs one write of delivery
-                    // marks, not one per record.
-                    let mut next = Some(first);
-                    let mut gone = None;
-                    let mut handled = 0;
-                    while let Some(message) = next {
-                        if let Err(why) = answer(&mut out, &mut journal, &message) {
-                            gone = Some(why);
-                            break;
-                        }
-                        handled += 1;
-                        next = if handled < ANSWERS_AT_ONCE {
-                            inbox.answers.next().now_or_never().flatten()
-                        } else {
-                            None
-                        };
-                    }
-                    journal.write_marks();
-                    if let Some(why) = gone {
-                        break why;
-                    }
-                }
-                m = rx.recv() => match m {
-                    Some(m) => journal.take(&shared.data_dir, &mut out, m),
-                    None => break "ingest closed".to_string(),
-                },
-                _ = async { if let Some(d) = due { tokio::time::sleep_until(d).await } }, if due.is_some() => {}
-                _ = tick.tick() => {
-                    if matches!(client.connection_state(), async_nats::connection::State::Disconnected) {
-                        break "connection lost".to_string();
-                    }
-                    let waited = out.oldest_open_waited(std::time::Instant::now());
-                    if waited.is_some_and(|w| w > answer_timeout) {
-                        break format!("no PubAck within {answer_timeout:?}");
-                    }
-                    journal.housekeeping(&out, &shared, index);
-                }
-            }
-        };
-        // Whatever is still open has no certain answer: possibly sent, held, and sent again
-        // (same message id) only after the next probe.
-        journal.end_session(&mut out, &shared, index, &lost);
-        drop(inbox);
-        drop(client);
-        if cancel.is_cancelled() {
-            break;
         }
-        eprintln!("drill engine: output {}: connection lost: {lost}", cfg.name);
-        said_down = true;
+        Ok(())
     }
-    journal.sync();
-    publish_stats(&shared, index, &out, false);
+
+    async fn answers(&mut self, into: &mut Answers) -> Result<(), String> {
+        let Some(first) = self.inbox.answers.next().await else {
+            return Err("the inbox subscription ended".to_string());
+        };
+        // Every answer already in is taken now, and costs one write of delivery marks, not
+        // one per record.
+        let mut next = Some(first);
+        let mut handled = 0;
+        while let Some(message) = next {
+            if let Some(tag) = tag_of(&message.subject) {
+                match classify(&message) {
+                    Outcome::Answer(answer) => into.push((tag, answer)),
+                    Outcome::LinkLost(why) => return Err(why),
+                }
+            }
+            handled += 1;
+            next = if handled < ANSWERS_AT_ONCE {
+                self.inbox.answers.next().now_or_never().flatten()
+            } else {
+                None
+            };
+        }
+        Ok(())
+    }
+
+    fn tick(&mut self, _now: Instant, open: Open) -> impl Future<Output = Tick> + Send {
+        let state = self.client.connection_state();
+        let limit = self.answer_timeout;
+        async move {
+            if matches!(state, async_nats::connection::State::Disconnected) {
+                return Tick::Lost("connection lost".to_string());
+            }
+            if open.oldest_waited.is_some_and(|w| w > limit) {
+                return Tick::Lost(format!("no PubAck within {limit:?}"));
+            }
+            Tick::Fine
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! The Kafka output: the I/O side of one [`Output`] whose destination is a Kafka topic, through
-//! librdkafka (`rdkafka`).
+//! The engine's Kafka sink: the I/O side of an output whose destination is a Kafka topic,
+//! through librdkafka (`rdkafka`).
 //!
 //! The producer is idempotent (`enable.idempotence=true`, so within one producer session the
 //! broker drops a retried batch it already has) and has no age limit (`message.timeout.ms=0`:
@@ -17,34 +17,34 @@
 //! an idempotent broker deduplicates. Declared promise: `at_least_once` (a new producer session
 //! after a crash or a lost session may add a copy, carrying the same write key).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
+use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
-use super::Shared;
-use super::config::OutputConfig;
-use super::journal::{Journal, ToOutput};
-use super::log::StoredRecord;
-use super::output::{Answer, Output};
-use super::session::OutputSide;
-use super::stats::publish_stats;
+use crate::engine::OutputConfig;
+use crate::engine::log::StoredRecord;
+use crate::engine::output::Answer;
+use crate::engine::sink::{Answers, Attempts, Connect, Open, Session, Sink, Tick};
+use crate::promise::Promise;
 
 #[cfg(feature = "mutants")]
-use super::mutant::{self, Mutant};
+use crate::engine::mutant::{self, Mutant};
+
+/// The Kafka sink (stateless: everything is in the output's config).
+#[derive(Clone, Copy)]
+pub struct KafkaSink;
 
 /// The producer settings the rules above need (SASL from the environment when the output
 /// names credentials; a variable that is not set leaves them out and the broker refuses).
 fn producer_config(cfg: &OutputConfig, name: &str) -> ClientConfig {
     let secrets = cfg.credentials.read().unwrap_or_default();
-    let mut config = crate::brokers::kafka_config(&cfg.address.to_string(), &secrets);
+    let mut config = super::client_config(&cfg.address.to_string(), &secrets);
     config.set("client.id", name);
     config
         .set("enable.idempotence", "true")
@@ -62,6 +62,16 @@ fn producer_config(cfg: &OutputConfig, name: &str) -> ClientConfig {
             "socket.connection.setup.timeout.ms",
             cfg.answer_timeout.0.as_millis().max(1000).to_string(),
         )
+        // A request (a produce too) unanswered this long times out, and librdkafka drops the
+        // connection (`socket.max.fails` = 1) and retries the batch on a new one under the same
+        // producer id and sequence: a connection gone silent (a strand) is noticed within the
+        // answer timeout instead of librdkafka's 60 s, and the broker still drops a retried
+        // batch it has. (Ending the session here instead, as the other kinds do, would give up
+        // the producer id and make copies after a half-open link: `kafka-half-open` found it.)
+        .set(
+            "socket.timeout.ms",
+            cfg.answer_timeout.0.as_millis().max(1000).to_string(),
+        )
         .set("reconnect.backoff.ms", "100")
         .set("reconnect.backoff.max.ms", "1000")
         .set("linger.ms", "5");
@@ -70,10 +80,7 @@ fn producer_config(cfg: &OutputConfig, name: &str) -> ClientConfig {
 
 /// Builds a producer and probes: a metadata request for the topic and its answer. Writes no
 /// data.
-pub(super) async fn connect_and_probe(
-    cfg: &OutputConfig,
-    name: &str,
-) -> Result<FutureProducer, String> {
+pub async fn connect_and_probe(cfg: &OutputConfig, name: &str) -> Result<FutureProducer, String> {
     let producer: FutureProducer = producer_config(cfg, name)
         .create()
         .map_err(|e| format!("cannot make a producer: {e}"))?;
@@ -141,140 +148,102 @@ fn classify(error: &KafkaError) -> Outcome {
     }
 }
 
-/// The I/O side of one Kafka output. Runs until `cancel` fires or the ingest channel closes.
-pub(super) async fn drive_kafka(
-    mut out: Output,
-    cfg: OutputConfig,
-    index: usize,
-    mut rx: mpsc::UnboundedReceiver<ToOutput>,
-    mut journal: Journal,
-    shared: Arc<Shared>,
-    cancel: CancellationToken,
-) {
-    let name = cfg
-        .client_id
-        .clone()
-        .unwrap_or_else(|| format!("drill-engine-{}", cfg.name));
-    let mut said_down = false;
-    publish_stats(&shared, index, &out, false);
-    loop {
-        let mut side = OutputSide {
-            out: &mut out,
-            index,
-            rx: &mut rx,
-            journal: &mut journal,
-            shared: &shared,
-        };
-        let Some(producer) = side
-            .connect(&cfg.name, &mut said_down, &cancel, || {
-                connect_and_probe(&cfg, &name)
-            })
-            .await
-        else {
-            break;
-        };
-        publish_stats(&shared, index, &out, true);
-        let mut in_flight = FuturesUnordered::new();
-        let mut sends = Vec::new();
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let lost: String = 'session: loop {
-            journal.refill(&mut out);
-            out.next_attempts_into(std::time::Instant::now(), &mut sends);
-            for (tag, record) in sends.drain(..) {
-                match producer.send_result(produce(&cfg.topic, &record)) {
-                    Ok(delivery) => in_flight.push(
-                        async move {
-                            let outcome = match delivery.await {
-                                Ok(Ok(_)) => Outcome::Answer(Answer::Accepted),
-                                Ok(Err((e, _))) => classify(&e),
-                                Err(_) => {
-                                    Outcome::SessionLost("delivery report dropped".to_string())
-                                }
-                            };
-                            (tag, outcome)
-                        }
-                        .boxed(),
-                    ),
-                    Err((e, _)) => match classify(&e) {
-                        Outcome::Answer(answer) => {
-                            journal.record(out.on_answer(tag, answer, std::time::Instant::now()));
-                        }
-                        Outcome::SessionLost(why) => break 'session why,
-                    },
-                }
-            }
-            let due = out.next_due().map(tokio::time::Instant::from_std);
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => break "engine stopping".to_string(),
-                Some(first) = in_flight.next(), if !in_flight.is_empty() => {
-                    // Every answer already in is handled now, and costs one write of delivery
-                    // marks, not one per record.
-                    let mut next = Some(first);
-                    let mut gone = None;
-                    let mut handled = 0;
-                    while let Some((tag, outcome)) = next {
-                        match outcome {
-                            Outcome::Answer(answer) => {
-                                journal.record(out.on_answer(tag, answer, std::time::Instant::now()));
-                            }
-                            Outcome::SessionLost(why) => {
-                                gone = Some(why);
-                                break;
-                            }
-                        }
-                        handled += 1;
-                        next = if handled < ANSWERS_AT_ONCE {
-                            in_flight.next().now_or_never().flatten()
-                        } else {
-                            None
-                        };
-                    }
-                    journal.write_marks();
-                    if let Some(why) = gone {
-                        break why;
-                    }
-                }
-                m = rx.recv() => match m {
-                    Some(m) => journal.take(&shared.data_dir, &mut out, m),
-                    None => break "ingest closed".to_string(),
-                },
-                _ = async { if let Some(d) = due { tokio::time::sleep_until(d).await } }, if due.is_some() => {}
-                _ = tick.tick() => {
-                    journal.housekeeping(&out, &shared, index);
-                }
-            }
-        };
-        // Whatever is still in flight has no certain answer: possibly sent, held, and sent
-        // again (same write key) only after the next probe, by a new producer session.
-        drop(in_flight);
-        journal.end_session(&mut out, &shared, index, &lost);
-        drop(producer);
-        if cancel.is_cancelled() {
-            break;
-        }
-        eprintln!(
-            "drill engine: output {}: producer session lost: {lost}",
-            cfg.name
-        );
-        said_down = true;
+impl Sink for KafkaSink {
+    type Session = KafkaSession;
+
+    const PROMISE: (Promise, &'static str) = (
+        Promise::AtLeastOnce,
+        "a Kafka output keeps `at_least_once` (a new producer session after a crash may add a copy)",
+    );
+
+    /// Kafka records in the producer's batches.
+    const DEFAULT_WINDOW: usize = 16_384;
+
+    const SESSION: &'static str = "producer session";
+
+    async fn connect<'a>(&'a self, to: Connect<'a>) -> Result<KafkaSession, String> {
+        Ok(KafkaSession {
+            producer: connect_and_probe(to.cfg, to.client_id).await?,
+            topic: to.cfg.topic.clone(),
+            in_flight: FuturesUnordered::new(),
+        })
     }
-    journal.sync();
-    publish_stats(&shared, index, &out, false);
+}
+
+/// One producer session: the producer and the deliveries it has not answered yet.
+pub struct KafkaSession {
+    /// Dropped last (after the deliveries in flight): a new session is a new producer.
+    in_flight: FuturesUnordered<BoxFuture<'static, (u16, Outcome)>>,
+    producer: FutureProducer,
+    topic: String,
+}
+
+impl Session for KafkaSession {
+    async fn send(&mut self, attempts: &mut Attempts, answers: &mut Answers) -> Result<(), String> {
+        for (tag, record) in attempts.drain(..) {
+            match self.producer.send_result(produce(&self.topic, &record)) {
+                Ok(delivery) => self.in_flight.push(
+                    async move {
+                        let outcome = match delivery.await {
+                            Ok(Ok(_)) => Outcome::Answer(Answer::Accepted),
+                            Ok(Err((e, _))) => classify(&e),
+                            Err(_) => Outcome::SessionLost("delivery report dropped".to_string()),
+                        };
+                        (tag, outcome)
+                    }
+                    .boxed(),
+                ),
+                Err((e, _)) => match classify(&e) {
+                    Outcome::Answer(answer) => answers.push((tag, answer)),
+                    Outcome::SessionLost(why) => return Err(why),
+                },
+            }
+        }
+        Ok(())
+    }
+
+    async fn answers(&mut self, into: &mut Answers) -> Result<(), String> {
+        if self.in_flight.is_empty() {
+            return std::future::pending().await;
+        }
+        let Some(first) = self.in_flight.next().await else {
+            return std::future::pending().await;
+        };
+        // Every answer already in is taken now, and costs one write of delivery marks, not
+        // one per record.
+        let mut next = Some(first);
+        let mut handled = 0;
+        while let Some((tag, outcome)) = next {
+            match outcome {
+                Outcome::Answer(answer) => into.push((tag, answer)),
+                Outcome::SessionLost(why) => return Err(why),
+            }
+            handled += 1;
+            next = if handled < ANSWERS_AT_ONCE {
+                self.in_flight.next().now_or_never().flatten()
+            } else {
+                None
+            };
+        }
+        Ok(())
+    }
+
+    /// librdkafka keeps its own connections alive, drops one whose produce went unanswered for
+    /// the answer timeout (`request.timeout.ms`), and retries the open batches itself (under the
+    /// same producer id and sequence numbers); nothing to do here.
+    async fn tick(&mut self, _now: Instant, _open: Open) -> Tick {
+        Tick::Fine
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::OutputKind;
 
     /// The settings that keep DESIGN.md §1 with librdkafka, pinned: change one and this fails.
     #[test]
     fn the_producer_keeps_the_rules() {
-        let cfg = OutputConfig {
-            kind: OutputKind::Kafka,
-            ..OutputConfig::mqtt("k", "127.0.0.1:19092".parse().unwrap(), "t")
-        };
+        let cfg = OutputConfig::new("kafka", "k", "127.0.0.1:19092".parse().unwrap(), "t");
         let config = producer_config(&cfg, "drill-engine-k");
         let get = |key: &str| config.get(key);
         // §1.1: no age limit, not even in the client library.
@@ -285,6 +254,16 @@ mod tests {
         assert_eq!(get("acks"), Some("all"));
         // Only through the link in front of the broker.
         assert_eq!(get("bootstrap.servers"), Some("127.0.0.1:19092"));
+        // A silent connection is dropped after the answer timeout (a strand), and only then.
+        assert_eq!(
+            get("socket.timeout.ms").map(str::to_string),
+            Some(cfg.answer_timeout.0.as_millis().max(1000).to_string())
+        );
+        assert_eq!(
+            get("socket.max.fails"),
+            None,
+            "librdkafka's 1: a timeout disconnects"
+        );
         // Nothing that bounds retries or delivery time, or lets batches overtake each other,
         // under another name (librdkafka's aliases): its defaults under idempotence keep the
         // rules (unbounded retries, at most 5 requests in flight, in order).

@@ -1,0 +1,432 @@
+//! `drill selftest [--tag T] [--out DIR]`: every deliberately broken engine (the test-only
+//! mutants of the built-in engine, `engine::mutant`) against the catalogue, and the correct
+//! engine against the same drills. The matrix says, per mutant and drill, what the drill found:
+//! the mutant caught by its *signature* (the expectation its breakage must fail, with the
+//! count), missed, or failed for another reason — which is not a catch (`cell.rs`). A mutant no
+//! drill catches by its signature, or a correct engine that fails a drill or skips a planned
+//! fault, fails the selftest.
+//!
+//! Each cell is one `drill run` of one scenario as a child process (the mutant chosen by
+//! `DRILL_MUTANT` in its environment), so cells run side by side (`--jobs`) with their own
+//! brokers on their own ports and cannot disturb each other (`play.rs`). Unless `--full`, a
+//! mutant's row stops at its first catch and drills are tried shortest first: CI pays for one
+//! catch per mutant, not for the whole matrix. `render.rs` draws the matrix and `selftest.md`.
+
+mod cell;
+mod play;
+mod render;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use drill::scenario::Plan;
+
+use super::{FAIL, INFRASTRUCTURE, INVALID, PASS};
+pub use cell::{Cell, CellOutcome};
+use play::Jobs;
+use render::{markdown, matrix, summary_lines};
+
+pub struct Flags {
+    pub paths: Vec<PathBuf>,
+    pub tags: Vec<String>,
+    pub out: PathBuf,
+    pub jobs: usize,
+    pub full: bool,
+    /// Only these mutants (all when empty).
+    pub mutants: Vec<String>,
+    /// Only the correct engine's row: the catalogue's false-alarm check.
+    pub no_mutants: bool,
+    pub seed: Option<u64>,
+}
+
+/// One engine's row: the correct engine (`mutant: None`) or one mutant.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub engine: String,
+    pub description: String,
+    /// What catches it (empty for the correct engine): see `Mutant::signature`.
+    pub signature: Vec<String>,
+    pub cells: Vec<Cell>,
+    /// The drill its row tries first, when the mutant names one (a fault only one drill of
+    /// the catalogue plays); the rest follow shortest first.
+    #[serde(skip)]
+    pub first: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Selftest {
+    pub scenarios: Vec<String>,
+    pub rows: Vec<Row>,
+    /// Mutants no drill caught by their signature.
+    pub missed: Vec<String>,
+    pub false_alarms: Vec<String>,
+    pub errors: Vec<String>,
+    pub took_s: f64,
+    pub ok: bool,
+}
+
+/// A mutant: its name, what it does wrong, and its signature.
+/// A mutant's name, what it does wrong, its signature, and the drill to try first.
+type MutantRow = (
+    &'static str,
+    &'static str,
+    Vec<String>,
+    Option<&'static str>,
+);
+
+pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
+    let mutants = if flags.no_mutants {
+        Vec::new()
+    } else {
+        let Some(mutants) = mutants(&flags.mutants) else {
+            return INVALID;
+        };
+        mutants
+    };
+    let plans = match super::run::plans(&flags.paths, &flags.tags) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let exe = match std::env::current_exe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("drill selftest: cannot find my own executable: {e}");
+            return INFRASTRUCTURE;
+        }
+    };
+    let dir = flags.out.join("selftest");
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("drill selftest: cannot create {}: {e}", dir.display());
+        return INFRASTRUCTURE;
+    }
+    // Shortest drills first: a mutant's row usually ends at its first, cheapest catch.
+    let mut plans = plans;
+    plans.sort_by_key(|p| (p.plays_for(), p.name.clone()));
+    let started = Instant::now();
+    println!(
+        "drill selftest: {} engines (the correct one and {} mutants) × {} drills, {} at a time{}",
+        mutants.len() + 1,
+        mutants.len(),
+        plans.len(),
+        flags.jobs,
+        if flags.full {
+            ""
+        } else {
+            "; a mutant's row stops at its first catch by its signature (--full runs every cell)"
+        }
+    );
+    let mut rows = empty_rows(&mutants, &plans);
+    let jobs = Jobs {
+        exe: &exe,
+        dir: &dir,
+        plans: &plans,
+        seed: flags.seed,
+    };
+    jobs.play(&mut rows, flags.jobs.max(1), flags.full, &cancel)
+        .await;
+    if cancel.is_cancelled() {
+        eprintln!("drill selftest: interrupted");
+        return INFRASTRUCTURE;
+    }
+    let result = conclude(
+        plans.iter().map(|p| p.name.clone()).collect(),
+        rows,
+        started,
+    );
+    if let Err(code) = publish(&result, &dir) {
+        return code;
+    }
+    if !result.errors.is_empty() && result.missed.is_empty() && result.false_alarms.is_empty() {
+        INFRASTRUCTURE
+    } else if result.ok {
+        PASS
+    } else {
+        FAIL
+    }
+}
+
+/// One row per engine (the correct one first), every cell not run yet.
+fn empty_rows(mutants: &[MutantRow], plans: &[Plan]) -> Vec<Row> {
+    std::iter::once((
+        "correct".to_string(),
+        "the built-in engine as shipped".to_string(),
+        Vec::new(),
+        None,
+    ))
+    .chain(mutants.iter().map(|(n, d, s, first)| {
+        (
+            n.to_string(),
+            d.to_string(),
+            s.clone(),
+            first.map(str::to_string),
+        )
+    }))
+    .map(|(engine, description, signature, first)| Row {
+        engine,
+        description,
+        signature,
+        cells: plans.iter().map(|p| Cell::not_run(&p.name)).collect(),
+        first,
+    })
+    .collect()
+}
+
+/// Prints the matrix and the summary, and writes `selftest.md` and `selftest.json` into `dir`.
+fn publish(result: &Selftest, dir: &Path) -> Result<(), u8> {
+    println!("{}", matrix(result));
+    for line in summary_lines(result) {
+        println!("{line}");
+    }
+    let md = markdown(result);
+    let written = std::fs::write(dir.join("selftest.md"), md).and_then(|()| {
+        std::fs::write(
+            dir.join("selftest.json"),
+            serde_json::to_string_pretty(result).unwrap_or_default(),
+        )
+    });
+    match written {
+        Ok(()) => {
+            println!(
+                "  wrote {} and {}",
+                dir.join("selftest.md").display(),
+                dir.join("selftest.json").display()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("drill selftest: cannot write to {}: {e}", dir.display());
+            Err(INFRASTRUCTURE)
+        }
+    }
+}
+
+/// The mutants this build has (name, description, signature), filtered by `--mutant`; `None`
+/// after saying why when there are none or a name is unknown.
+fn mutants(only: &[String]) -> Option<Vec<MutantRow>> {
+    #[cfg(feature = "mutants")]
+    let all: Vec<MutantRow> = drill::engine::mutant::Mutant::ALL
+        .iter()
+        .map(|m| {
+            let signature = m.signature().iter().map(|s| s.to_string()).collect();
+            (m.name(), m.about(), signature, m.tried_first())
+        })
+        .collect();
+    #[cfg(not(feature = "mutants"))]
+    let all: Vec<MutantRow> = Vec::new();
+    if all.is_empty() {
+        eprintln!(
+            "drill selftest: this drill binary was built without the `mutants` feature (test builds only); run `cargo run --release --features mutants -- selftest`"
+        );
+        return None;
+    }
+    if let Some(unknown) = only.iter().find(|m| !all.iter().any(|(n, ..)| n == m)) {
+        eprintln!(
+            "drill selftest: no mutant named `{unknown}`; this build has: {}",
+            all.iter().map(|(n, ..)| *n).collect::<Vec<_>>().join(", ")
+        );
+        return None;
+    }
+    Some(
+        all.into_iter()
+            .filter(|(n, ..)| only.is_empty() || only.iter().any(|m| m == n))
+            .collect(),
+    )
+}
+
+fn conclude(scenarios: Vec<String>, rows: Vec<Row>, started: Instant) -> Selftest {
+    let mut missed = Vec::new();
+    let mut false_alarms = Vec::new();
+    let mut errors = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        for cell in &row.cells {
+            match cell.outcome {
+                CellOutcome::Error => errors.push(format!(
+                    "{} × {}: {}",
+                    row.engine,
+                    cell.scenario,
+                    cell.failures.join("; ")
+                )),
+                CellOutcome::Caught | CellOutcome::Other if i == 0 => {
+                    false_alarms.push(format!("{}: {}", cell.scenario, cell.failures.join("; ")))
+                }
+                _ => {}
+            }
+        }
+        if i > 0 && !row.cells.iter().any(|c| c.outcome == CellOutcome::Caught) {
+            missed.push(row.engine.clone());
+        }
+    }
+    let correct_ran_all = rows
+        .first()
+        .is_some_and(|r| r.cells.iter().all(|c| c.outcome == CellOutcome::Pass));
+    let ok = missed.is_empty() && false_alarms.is_empty() && correct_ran_all;
+    Selftest {
+        scenarios,
+        rows,
+        missed,
+        false_alarms,
+        errors,
+        took_s: started.elapsed().as_secs_f64(),
+        ok,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cell::Finding;
+    use super::render::row_result;
+    use super::*;
+
+    /// A cell: `caught` names the signature finding (`lost 3`), `why` what failed.
+    fn cell(
+        scenario: &str,
+        outcome: CellOutcome,
+        caught: Option<(&str, u64)>,
+        why: &[&str],
+    ) -> Cell {
+        Cell {
+            scenario: scenario.into(),
+            outcome,
+            caught_by: caught
+                .map(|(check, n)| Finding {
+                    check: check.into(),
+                    count: Some(n),
+                })
+                .into_iter()
+                .collect(),
+            failures: why.iter().map(|s| s.to_string()).collect(),
+            exit: None,
+            took_s: 1.0,
+        }
+    }
+
+    fn row(engine: &str, signature: &str, cells: Vec<Cell>) -> Row {
+        Row {
+            engine: engine.into(),
+            description: String::new(),
+            signature: vec![signature.to_string()],
+            cells,
+            first: None,
+        }
+    }
+
+    #[test]
+    fn a_mutant_caught_only_for_another_reason_is_missed_and_says_why() {
+        let pass = |s| cell(s, CellOutcome::Pass, None, &[]);
+        let ok = conclude(
+            vec!["a".into(), "b".into()],
+            vec![
+                row("correct", "", vec![pass("a"), pass("b")]),
+                row(
+                    "m1",
+                    "lost",
+                    vec![
+                        pass("a"),
+                        cell(
+                            "b",
+                            CellOutcome::Caught,
+                            Some(("lost", 3)),
+                            &["lost (expected 0, got 3)"],
+                        ),
+                    ],
+                ),
+                row(
+                    "m2",
+                    "duplicates",
+                    vec![
+                        cell("a", CellOutcome::Caught, Some(("duplicates", 1)), &["x"]),
+                        Cell::not_run("b"),
+                    ],
+                ),
+            ],
+            Instant::now(),
+        );
+        assert!(ok.ok, "{ok:?}");
+        assert_eq!(row_result(1, &ok.rows[1]), "caught by b (lost 3)");
+        assert_eq!(row_result(2, &ok.rows[2]), "caught by a (duplicates 1)");
+        let md = markdown(&ok);
+        assert!(
+            md.contains("| `m2` | duplicates | duplicates 1 | · |"),
+            "{md}"
+        );
+
+        let other = "failed (expected = 1, got 0)";
+        let missed = conclude(
+            vec!["a".into()],
+            vec![
+                row("correct", "", vec![pass("a")]),
+                row(
+                    "m1",
+                    "keyless_copies",
+                    vec![cell("a", CellOutcome::Other, None, &[other])],
+                ),
+                row(
+                    "m2",
+                    "lost",
+                    vec![cell("a", CellOutcome::Error, None, &["exit 3"])],
+                ),
+            ],
+            Instant::now(),
+        );
+        assert!(!missed.ok);
+        assert_eq!(
+            missed.missed,
+            vec!["m1", "m2"],
+            "another expectation, or an error, is not a catch"
+        );
+        assert_eq!(
+            row_result(1, &missed.rows[1]),
+            "MISSED (signature: keyless_copies)"
+        );
+        let md = markdown(&missed);
+        assert!(md.contains("| other: failed |"), "{md}");
+        assert!(
+            md.contains("not caught (failed for another reason)"),
+            "{md}"
+        );
+
+        let alarm = conclude(
+            vec!["a".into()],
+            vec![
+                row(
+                    "correct",
+                    "",
+                    vec![cell(
+                        "a",
+                        CellOutcome::Other,
+                        None,
+                        &["lost (expected 0, got 1)"],
+                    )],
+                ),
+                row(
+                    "m1",
+                    "lost",
+                    vec![cell("a", CellOutcome::Caught, Some(("lost", 9)), &[])],
+                ),
+            ],
+            Instant::now(),
+        );
+        assert!(!alarm.ok);
+        assert_eq!(alarm.false_alarms.len(), 1);
+    }
+
+    /// Every signature names a check `report.json` has, or `keyless_copies`.
+    #[cfg(feature = "mutants")]
+    #[test]
+    fn every_signature_names_a_check_of_the_report() {
+        for m in drill::engine::mutant::Mutant::ALL {
+            assert!(!m.signature().is_empty(), "{}", m.name());
+            for word in m.signature() {
+                let check = serde_json::from_value::<drill::report::Check>(serde_json::json!(word));
+                assert!(
+                    check.is_ok() || *word == "keyless_copies",
+                    "{}: `{word}` is no check",
+                    m.name()
+                );
+            }
+        }
+    }
+}

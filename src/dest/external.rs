@@ -1,0 +1,110 @@
+//! What every kind does with brokers the user already runs (`runtime: external`, DESIGN.md §2):
+//! reach them. Finding or creating the drill's topic or stream, and removing only what drill
+//! created, is each kind's (`<kind>/broker.rs`). Every error is one line that says what to do.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// How long reaching an external broker may take before the drill gives up.
+pub(crate) const REACH: Duration = Duration::from_secs(5);
+
+/// Resolves `address` (`host:port`, from `field`) and opens a TCP connection to it.
+pub async fn reach(address: &str, field: &str) -> Result<SocketAddr, String> {
+    let resolved = tokio::time::timeout(REACH, tokio::net::lookup_host(address))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| {
+            format!("cannot resolve the external broker `{address}` ({field}); check the name")
+        })?;
+    match tokio::time::timeout(REACH, tokio::net::TcpStream::connect(resolved)).await {
+        Ok(Ok(_)) => Ok(resolved),
+        Ok(Err(e)) => Err(format!(
+            "cannot reach the external broker at {address} ({resolved}, {field}): {e}; check that it runs and listens there (with runtime: external drill starts nothing)"
+        )),
+        Err(_) => Err(format!(
+            "cannot reach the external broker at {address} ({resolved}, {field}): no answer within {} s; check the address and any firewall",
+            REACH.as_secs()
+        )),
+    }
+}
+
+/// What the report says of the drill's topic or stream on an external broker.
+pub(crate) fn made_or_found(created: bool, keep: bool) -> &'static str {
+    match (created, keep) {
+        (false, _) => "existed already (drill leaves it as it was)",
+        (true, false) => "was created by drill and is removed at the end",
+        (true, true) => "was created by drill and kept (`keep: true`)",
+    }
+}
+
+/// The user's brokers, reached: their addresses as resolved, the credentials read from the
+/// environment, and the report's first note.
+pub(crate) struct Reached {
+    pub servers: Vec<SocketAddr>,
+    pub secrets: crate::credentials::Secrets,
+    pub note: String,
+}
+
+/// Reads the credentials and reaches every address the scenario gives (each error names the
+/// field).
+pub(crate) async fn reach_all(
+    spec: &super::Spec,
+    ext: &super::External,
+) -> Result<Reached, super::DestError> {
+    let field = spec.kind.entry().external_field.0;
+    let secrets = ext.credentials.read().map_err(super::DestError::External)?;
+    let mut servers = Vec::new();
+    for (i, address) in ext.addresses.iter().enumerate() {
+        let at = if ext.addresses.len() > 1 {
+            format!("destination.{field}[{i}]")
+        } else {
+            format!("destination.{field}")
+        };
+        servers.push(
+            reach(address, &at)
+                .await
+                .map_err(super::DestError::External)?,
+        );
+    }
+    Ok(Reached {
+        servers,
+        secrets,
+        note: format!(
+            "external {} broker(s) at {}: drill started nothing and removes only what it created",
+            spec.kind.name(),
+            ext.addresses.join(", ")
+        ),
+    })
+}
+
+/// The running side of the user's brokers: nothing to stop; `made` removes what drill created
+/// (`None` with `keep: true`, or when it created nothing).
+pub(crate) fn running(
+    dest: std::sync::Arc<dyn super::Destination>,
+    spec: &super::Spec,
+    ext: &super::External,
+    reached: Reached,
+    access: crate::verify::Access,
+    made: Option<super::running::Remove>,
+) -> super::Running {
+    let version = format!(
+        "external {} at {}",
+        spec.kind.name(),
+        ext.addresses.join(", ")
+    );
+    let made = made.filter(|_| !ext.keep);
+    let mut running = super::Running::new(
+        dest,
+        reached.servers,
+        "external",
+        version,
+        super::running::Place::External { made },
+    );
+    running.access = crate::verify::Access {
+        secrets: reached.secrets,
+        ..access
+    };
+    running
+}

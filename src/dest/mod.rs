@@ -1,0 +1,408 @@
+//! Destination kinds, one folder each: `mqtt/`, `nats/`, `kafka/`.
+//!
+//! A kind's folder holds all that is that kind's, as vector's `src/sinks/<name>/` does:
+//!
+//! | file | what it owns |
+//! |---|---|
+//! | `<kind>/mod.rs` | the kind's [`Entry`] (its name, fields, external address field, validator, engine sink), its scenario rules and its [`Destination`] impl: links, strongest promise, where its write key travels |
+//! | `<kind>/broker.rs` | starting its receiving side on each runtime: a local process, a container ([`crate::container::Launch`]), embedded where one exists, external (reach, find or create, clean up only what drill made) |
+//! | `<kind>/read.rs` | the reader: from before the first record, straight from the broker (never through the proxy), decoding ids and write keys |
+//! | `<kind>/sink.rs` | the engine's side ([`crate::engine::Sink`]): connect + data-free probe, send, classify each answer into an outcome |
+//!
+//! This module holds the traits, the shared vocabulary of running brokers ([`Running`],
+//! [`ReadBack`]), and [`Kind::entry`]: the one place that maps a kind to its implementation.
+//! Outside `src/dest/`, nothing matches on a kind.
+//!
+//! # Adding a destination kind
+//!
+//! 1. A folder `src/dest/<kind>/` with `mod.rs`, `broker.rs`, `read.rs`, `sink.rs`, and its
+//!    client crate in `Cargo.toml`.
+//! 2. One variant of [`Kind`] and one arm of [`Kind::entry`] (the registration).
+//! 3. What each part must guarantee:
+//!    - the validator ([`Entry::validate`]) refuses every field the kind cannot honour, with
+//!      its location, and may not claim a promise the kind cannot keep;
+//!    - [`Destination::provision`] starts (or reaches) the broker and returns one proxy link
+//!      per broker listener the engine must use, each in front of the broker: no engine
+//!      traffic may reach the broker around a link;
+//!    - [`Destination::reader`] reads every copy from the broker directly, from before the
+//!      first record, and reports a reader that may have missed copies as a verifier fault,
+//!      never as engine loss;
+//!    - the sink's probe writes nothing; an unanswered attempt is `possibly_sent`, never
+//!      refused or delivered; a refusal counts only when the destination said no to that one
+//!      record.
+//! 4. What then runs on it by itself: every catalogue drill whose `destination.kind` names
+//!    it, the selftest's mutants on those drills (`drill selftest`), `tests/probes_write_nothing`
+//!    when it is added to that test's list, and `drill bench engine` when the kind gives
+//!    [`Destination::bench`].
+
+mod bench;
+mod external;
+pub mod kafka;
+pub mod mqtt;
+pub mod nats;
+mod running;
+mod spec;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{OutputConfig, SinkKind, Sinks};
+use crate::located::Located;
+use crate::promise::Promise;
+use crate::proxy::Link;
+use crate::verify::{Decoder, Received, WriteKeyPlace};
+
+pub use bench::{BenchAt, BenchBroker, BenchKind, BenchRun, Done, RawRun, RecordLine};
+pub use external::reach;
+pub use running::{Halt, Node, Running};
+pub use spec::{Common, External, RawCredentials, RawDestination, Spec, validate};
+
+/// A destination kind, as a scenario and `engine.yaml` name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Mqtt,
+    Kafka,
+    Nats,
+}
+
+impl Kind {
+    /// Every kind this build has.
+    pub const ALL: [Kind; 3] = [Kind::Mqtt, Kind::Nats, Kind::Kafka];
+
+    /// The kind's implementation: the one place a kind is mapped to it.
+    pub fn entry(self) -> &'static Entry {
+        match self {
+            Kind::Mqtt => &mqtt::ENTRY,
+            Kind::Nats => &nats::ENTRY,
+            Kind::Kafka => &kafka::ENTRY,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.entry().name
+    }
+
+    /// The kind called `name`.
+    pub fn parse(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The engine's side of the kind: its sink.
+    pub fn sink(self) -> &'static dyn SinkKind {
+        self.entry().sink
+    }
+
+    /// `system.write_key`'s field for this kind, and its JSON type.
+    pub fn write_key_field(self) -> (&'static str, &'static str) {
+        self.entry().write_key_field
+    }
+}
+
+/// A kind's validator: `destination:` → its [`Destination`], its own fields checked.
+pub type Validate = fn(&RawDestination, &Common) -> Result<Arc<dyn Destination>, Located>;
+
+/// What a kind registers: its name and the parts nothing else can say for it.
+pub struct Entry {
+    pub name: &'static str,
+    /// The engine's side.
+    pub sink: &'static dyn SinkKind,
+    /// The fields of `destination:` it takes beyond `kind`, `runtime`, `topic` and the
+    /// external ones.
+    pub fields: &'static [&'static str],
+    /// `runtime: external`: the field with the broker address(es), and an example value.
+    pub external_field: (&'static str, &'static str),
+    /// SASL mechanisms `credentials.sasl_mechanism` may name (none: it takes no mechanism).
+    pub sasl_mechanisms: &'static [&'static str],
+    /// Whether drill can run its broker inside its own process (`runtime: embedded`).
+    pub embedded: bool,
+    /// `system.write_key`'s field for a user's engine on this kind (`mqtt_user_property`,
+    /// `kafka_header`, `nats_msg_id`) and its JSON type; the value is the kind's to read
+    /// ([`Destination::write_key_place`]).
+    pub write_key_field: (&'static str, &'static str),
+    /// `destination:` → the kind's [`Destination`], its own fields checked.
+    pub validate: Validate,
+    /// What `drill bench engine` drains to, when the kind takes part.
+    pub bench: Option<&'static dyn BenchKind>,
+    /// The protocol tap for the kind's links, finding the ids of a run (`None`: the kind has
+    /// none, and the report says so).
+    pub taps: Option<TapsFor>,
+}
+
+/// Makes a kind's protocol tap for the ids of run `run`.
+pub type TapsFor = fn(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker>;
+
+/// Where a broker runs (DESIGN.md §2). `auto` picks the best one available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Runtime {
+    Auto,
+    Container,
+    Process,
+    Embedded,
+    /// Brokers the user already runs, at the addresses the scenario gives (scenario only).
+    #[value(skip)]
+    External,
+}
+
+/// What the rest of the scenario says that the destination's settings depend on.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// The longest stretch one fault keeps the destination out of reach.
+    pub longest_outage: Duration,
+    /// The built-in engine's longest backoff after a refusal.
+    pub longest_backoff: Duration,
+    /// The built-in engine's answer timeout.
+    pub answer_timeout: Duration,
+}
+
+/// What a drill needs of its broker beyond the destination's own settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Needs {
+    /// Refuse (per record) any write larger than this: how a drill makes poison records.
+    pub message_limit: Option<usize>,
+    /// The scenario kills, stops or pauses the broker.
+    pub broker_faults: bool,
+    /// … and one of those is a pause (a container's freezer).
+    pub pauses: bool,
+    /// The longest outage plus the longest backoff: what a resend must survive (a stream's
+    /// duplicate window is judged against it).
+    pub resend_after: Duration,
+}
+
+/// What provisioning is given.
+pub struct Provision<'a> {
+    pub spec: &'a Spec,
+    pub needs: Needs,
+    /// The runtime in force (`--runtime`, else the scenario's).
+    pub runtime: Runtime,
+    /// The drill's work folder: broker configs and stores go under it.
+    pub work: &'a Path,
+    /// The drill's run id: containers are labelled with it.
+    pub run_id: &'a str,
+    /// Cancels every link's tasks.
+    pub links: CancellationToken,
+}
+
+/// A provisioned destination: the links in front of it, and its running receiving side.
+pub struct Provisioned {
+    /// One per broker listener the engine uses; the first is the one it forwards to.
+    pub links: Vec<Link>,
+    pub running: Running,
+    /// What the report should say about how the broker was set up.
+    pub notes: Vec<String>,
+}
+
+/// Why a destination could not be provisioned or read (exit code 3).
+#[derive(Debug, thiserror::Error)]
+pub enum DestError {
+    /// A program the kind needs is not installed: what to install.
+    #[error("{0}")]
+    Missing(String),
+    #[error("container runtime: {0}")]
+    ContainerUnavailable(String),
+    /// The scenario asks something this runtime cannot do.
+    #[error("{0}")]
+    Unsupported(String),
+    #[error(transparent)]
+    Start(#[from] crate::process::StartError),
+    #[error("proxy: {0}")]
+    Proxy(#[from] crate::proxy::ProxyError),
+    /// An external broker could not be reached or used as the scenario says.
+    #[error("external broker: {0}")]
+    External(String),
+    #[error("reader: {0}")]
+    Reader(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// How the reader is to find records: the drill's decoder and clock.
+pub struct ReaderSpec {
+    /// The topic, subject or stream's subject the drill writes to.
+    pub topic: String,
+    pub decoder: Decoder,
+    /// The drill's start (monotonic, for live readers).
+    pub t0: std::time::Instant,
+    /// The drill's start as wall time (for readers that read the broker's own timestamps).
+    pub t0_wall: std::time::SystemTime,
+    /// Cancels a live reader.
+    pub cancel: CancellationToken,
+}
+
+/// The read-back of one drill: subscribed (or ready to read) before the first record, straight
+/// from the broker.
+pub trait ReadBack: Send + Sync {
+    /// How many copies have arrived so far, where that can be known without reading them
+    /// (`None`: it cannot, e.g. Kafka's reported end offsets are not trusted). Bounded: a
+    /// progress line must never wait on a broker that is down.
+    fn count(&self) -> BoxFuture<'_, Option<usize>>;
+
+    /// Everything that arrived, reading from `addrs` (the broker's addresses now: a restarted
+    /// container may have moved).
+    fn finish(self: Box<Self>, addrs: Vec<SocketAddr>) -> BoxFuture<'static, Received>;
+}
+
+/// One destination kind with its settings, as a scenario configured it: the scenario's rules,
+/// its broker, its reader.
+pub trait Destination: std::fmt::Debug + Send + Sync {
+    fn kind(&self) -> Kind;
+
+    /// The proxy links in front of the broker(s): `mqtt`; `nats-1` … for a cluster.
+    fn link_names(&self) -> Vec<String> {
+        vec![self.kind().name().to_string()]
+    }
+
+    /// Whether a fault may name `link` (Kafka: also one broker's own link, `kafka-<node id>`).
+    fn names_a_link(&self, link: &str) -> bool {
+        self.link_names().iter().any(|l| l == link)
+    }
+
+    /// What else a link may be called, for the error that lists the links (` (and …)`).
+    fn other_link_names(&self) -> &'static str {
+        ""
+    }
+
+    /// Broker nodes a broker fault may name by number (a cluster's size).
+    fn nodes(&self) -> usize {
+        1
+    }
+
+    /// The promise the built-in engine declares when the scenario says none.
+    fn builtin_promise(&self) -> Promise {
+        Promise::AtLeastOnce
+    }
+
+    /// Whether the broker refuses one oversized write while it accepts the rest: poison
+    /// records need it. `Err` says what to write instead.
+    fn refuses_one_write(&self) -> Result<(), &'static str> {
+        Ok(())
+    }
+
+    /// Settles what depends on the rest of the scenario (NATS: the duplicate window).
+    fn settle(&self, shape: &Shape) -> Arc<dyn Destination>;
+
+    /// Where the built-in engine puts the write key.
+    fn builtin_write_key(&self) -> WriteKeyPlace;
+
+    /// The place `system.write_key.<field>: value` names; `Err` says what to write.
+    fn write_key_place(&self, value: &serde_json::Value) -> Result<WriteKeyPlace, String>;
+
+    /// Whether the reader's arrival times are the destination's own (a JetStream stream's
+    /// store time, a subscriber's receipt), so that a record delivered while the link was cut
+    /// proves a bypass; Kafka's are the producer's timestamps.
+    fn arrivals_timed_by_destination(&self) -> bool {
+        true
+    }
+
+    /// Starts (or reaches) the broker and puts the links in front of it.
+    fn provision<'a>(&'a self, p: Provision<'a>) -> BoxFuture<'a, Result<Provisioned, DestError>>;
+
+    /// The reader, subscribed (or ready to read) before the first record.
+    fn reader<'a>(
+        &'a self,
+        at: &'a Running,
+        r: ReaderSpec,
+    ) -> BoxFuture<'a, Result<Box<dyn ReadBack>, DestError>>;
+
+    /// The node (from 0) that leads the drill's data now, for `node: leader`.
+    fn leader<'a>(&'a self, _at: &'a Running) -> BoxFuture<'a, Option<usize>> {
+        Box::pin(async { None })
+    }
+}
+
+/// Where the broker runs: a container ([`crate::container::Placement`]) or `None` for a local
+/// process (or the embedded broker). `auto` takes a container when a Docker engine answers and
+/// the image is present or can be pulled, and says in one line why not otherwise.
+pub async fn place(
+    image: (&str, &str),
+    local: &str,
+    runtime: Runtime,
+    notes: &mut Vec<String>,
+) -> Result<Option<crate::container::Placement>, DestError> {
+    use crate::container;
+    let (var, official) = image;
+    let image = container::image_for(var, official);
+    match runtime {
+        Runtime::Process | Runtime::Embedded | Runtime::External => Ok(None),
+        Runtime::Container => {
+            let docker = container::daemon().await.map_err(|why| {
+                DestError::ContainerUnavailable(format!(
+                    "{why}; start Docker (or set DOCKER_HOST), or use --runtime process"
+                ))
+            })?;
+            let image_id = container::ensure_image(&docker, &image)
+                .await
+                .map_err(|why| {
+                    DestError::ContainerUnavailable(format!(
+                        "{why}; pull it, set {var} to an image you have, or use --runtime process"
+                    ))
+                })?;
+            Ok(Some(container::Placement {
+                docker,
+                image,
+                image_id,
+            }))
+        }
+        Runtime::Auto => {
+            let why = match container::daemon().await {
+                Ok(docker) => match container::ensure_image(&docker, &image).await {
+                    Ok(image_id) => {
+                        return Ok(Some(container::Placement {
+                            docker,
+                            image,
+                            image_id,
+                        }));
+                    }
+                    Err(why) => why,
+                },
+                Err(why) => why,
+            };
+            notes.push(format!("{why}: using {local}"));
+            Ok(None)
+        }
+    }
+}
+
+/// Broker faults need a broker drill can kill on its own: a container (a pause, too) or a
+/// cluster's node.
+pub fn check_broker_faults(needs: &Needs, container: bool, nodes: usize) -> Result<(), DestError> {
+    if needs.broker_faults && !container && (nodes < 2 || needs.pauses) {
+        return Err(DestError::ContainerUnavailable(
+            "broker faults need the container runtime (pause too) or a NATS cluster (kill, stop); use --runtime container".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// Every kind's sink, by name: what `drill engine` runs with.
+pub struct Registry;
+
+/// The destination kinds of this build, for the engine.
+pub static SINKS: Registry = Registry;
+
+impl Sinks for Registry {
+    fn kind(&self, name: &str) -> Option<&dyn SinkKind> {
+        Kind::parse(name).map(Kind::sink)
+    }
+
+    fn names(&self) -> Vec<&'static str> {
+        Kind::ALL.iter().map(|k| k.name()).collect()
+    }
+}
+
+/// One data-free probe of an output's destination, exactly as its worker makes it before
+/// (re)connecting: MQTT CONNECT + PINGREQ, a JetStream account-info request, a Kafka metadata
+/// request. For tests that show a probe writes nothing.
+pub async fn probe(cfg: &OutputConfig) -> Result<(), String> {
+    let kind = SINKS
+        .kind(&cfg.kind)
+        .ok_or_else(|| format!("unknown kind `{}`", cfg.kind))?;
+    kind.probe(cfg).await
+}

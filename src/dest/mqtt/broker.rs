@@ -1,0 +1,346 @@
+//! MQTT brokers a drill starts: `mosquitto` as a local process, `rumqttd` embedded in drill
+//! when mosquitto is not installed, mosquitto in a container (`eclipse-mosquitto:2`, or
+//! `DRILL_IMAGE_MQTT`), or the user's own broker (`runtime: external`). One plain link in
+//! front of it.
+//!
+//! A broker is configured so that it never drops a record on the verifier's behalf:
+//! persistence on, queue and in-flight limits lifted. Poison records need a broker that
+//! refuses one oversized write while it accepts the rest: only mosquitto does
+//! (`message_size_limit`, an error PUBACK to an MQTT 5 client).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio::process::Command;
+
+use crate::container::{self, Launch};
+use crate::dest::running::Place;
+use crate::dest::{DestError, Destination, Provision, Provisioned, Running, Runtime, place};
+use crate::process::{LocalProcess, StartError, dies_with_drill, free_port, wait_listening};
+use crate::proxy::Link;
+
+/// The image and the variable that overrides it.
+const IMAGE: (&str, &str) = ("DRILL_IMAGE_MQTT", "eclipse-mosquitto:2");
+
+/// Finds the mosquitto binary, if installed.
+pub fn mosquitto_path() -> Option<PathBuf> {
+    crate::process::find_binary("mosquitto", &["/usr/sbin".into(), "/usr/local/sbin".into()])
+}
+
+/// A local MQTT broker drill started.
+pub struct LocalMqtt {
+    /// Where it listens (the link's upstream; the verifier's address).
+    pub addr: SocketAddr,
+    /// `process` or `embedded`.
+    pub runtime: &'static str,
+    /// What ran, e.g. `mosquitto 2.0.11`.
+    pub version: String,
+    /// Why this runtime was chosen, when `auto` fell back.
+    pub note: Option<String>,
+    /// `None`: embedded (it stops with drill).
+    pub process: Option<LocalProcess>,
+}
+
+impl LocalMqtt {
+    /// Stops it (SIGTERM, then SIGKILL after 5 s); nothing to stop when embedded.
+    pub async fn stop(&mut self) {
+        if let Some(p) = self.process.as_mut() {
+            p.stop(false).await;
+        }
+    }
+}
+
+/// Starts an MQTT broker on the chosen runtime (`process`, `embedded`, or `auto`: mosquitto
+/// when installed, else embedded); `work` holds its config and store.
+///
+/// `message_limit`: the broker refuses (per record, with an error PUBACK) any publish whose
+/// payload is larger — how a drill makes poison records. Only mosquitto can do this.
+pub async fn start_mqtt(
+    runtime: Runtime,
+    work: &Path,
+    message_limit: Option<usize>,
+) -> Result<LocalMqtt, DestError> {
+    if message_limit.is_some() && (runtime == Runtime::Embedded || mosquitto_path().is_none()) {
+        return Err(DestError::Unsupported(
+            "poison records need a broker that refuses one oversized write while accepting the rest: mosquitto (runtime process); install it (Debian: apt-get install mosquitto) or remove `workload.poison`".to_string(),
+        ));
+    }
+    match runtime {
+        Runtime::Embedded => start_embedded().await,
+        Runtime::Process | Runtime::External | Runtime::Container => {
+            start_mosquitto(work, message_limit).await
+        }
+        Runtime::Auto => match mosquitto_path() {
+            Some(_) => start_mosquitto(work, message_limit).await,
+            None => {
+                let mut broker = start_embedded().await?;
+                broker.note = Some(
+                    "mosquitto is not installed: using the embedded broker (rumqttd)".to_string(),
+                );
+                Ok(broker)
+            }
+        },
+    }
+}
+
+/// The provisioning of an MQTT destination: one plain link in front of the broker.
+pub(super) async fn provision(
+    dest: Arc<dyn Destination>,
+    p: Provision<'_>,
+) -> Result<Provisioned, DestError> {
+    let name = p.spec.link_name();
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    if let Some(ext) = &p.spec.external {
+        let reached = crate::dest::external::reach_all(p.spec, ext).await?;
+        let link = Link::start(&name, any, reached.servers[0], p.links.clone()).await?;
+        let notes = vec![reached.note.clone()];
+        let access = crate::verify::Access::default();
+        let running = crate::dest::external::running(dest, p.spec, ext, reached, access, None);
+        return Ok(Provisioned {
+            links: vec![link],
+            running,
+            notes,
+        });
+    }
+    let mut notes = Vec::new();
+    let placement = place(
+        IMAGE,
+        "local mosquitto (or the embedded broker)",
+        p.runtime,
+        &mut notes,
+    )
+    .await?;
+    crate::dest::check_broker_faults(&p.needs, placement.is_some(), 1)?;
+    let running = match placement {
+        Some(at) => {
+            let launch = launch(p.needs.message_limit);
+            let c = container::start(at, launch, p.run_id, ready).await?;
+            let version = c.describe();
+            let addr = c.addr;
+            Running::new(
+                dest,
+                vec![addr],
+                "container",
+                version,
+                Place::Container(Box::new(c)),
+            )
+        }
+        None => {
+            let broker = start_mqtt(p.runtime, p.work, p.needs.message_limit).await?;
+            let mut running = Running::new(
+                dest,
+                vec![broker.addr],
+                broker.runtime,
+                broker.version,
+                Place::Local(broker.process),
+            );
+            running.note = broker.note;
+            running
+        }
+    };
+    let link = Link::start(&name, any, running.addrs[0], p.links.clone()).await?;
+    Ok(Provisioned {
+        links: vec![link],
+        running,
+        notes,
+    })
+}
+
+/// mosquitto in a container: the same limits as a local one.
+fn launch(message_limit: Option<usize>) -> Launch {
+    let mut conf = "listener 1883 0.0.0.0\nallow_anonymous true\nuser root\npersistence true\npersistence_location /tmp/\nmax_queued_messages 0\nmax_queued_bytes 0\nmax_inflight_messages 0\nmax_keepalive 65535\n".to_string();
+    if let Some(limit) = message_limit {
+        conf.push_str(&format!("message_size_limit {limit}\n"));
+    }
+    Launch {
+        entrypoint: "/usr/sbin/mosquitto".into(),
+        args: vec!["-c".into(), "/tmp/drill-mosquitto.conf".into()],
+        env: Vec::new(),
+        files: vec![("/tmp/drill-mosquitto.conf".into(), conf.into_bytes())],
+        port: 1883,
+        host_port: None,
+    }
+}
+
+/// Whether an MQTT broker answers at `addr`: CONNECT and its CONNACK.
+pub(crate) fn ready(addr: SocketAddr) -> BoxFuture<'static, Result<(), String>> {
+    async move {
+        let limit = Duration::from_secs(3);
+        crate::mqtt::connect(addr, "drill-ready", limit, limit)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    .boxed()
+}
+
+async fn mosquitto_version(bin: &Path) -> String {
+    // `mosquitto -h` prints "mosquitto version 2.0.11" on its first line (and exits non-zero).
+    crate::process::version_line(bin, &["-h"], "version")
+        .await
+        .unwrap_or_else(|| "mosquitto (version unknown)".to_string())
+}
+
+/// mosquitto's config: a listener on `port`, persistence in `store`, limits lifted so the
+/// broker never drops a record for the verifier (0 = no maximum).
+fn mosquitto_conf(port: u16, store: &Path, message_limit: Option<usize>) -> String {
+    let text = format!(
+        "listener {port} 127.0.0.1\n\
+         allow_anonymous true\n\
+         persistence true\n\
+         persistence_location {store}/\n\
+         max_queued_messages 0\n\
+         max_queued_bytes 0\n\
+         max_inflight_messages 0\n\
+         max_keepalive 65535\n\
+         log_dest file {store}/mosquitto.log\n\
+         log_type error\n\
+         log_type warning\n\
+         log_type notice\n",
+        store = store.display()
+    );
+    // An MQTT 5 client gets a PUBACK with an error reason for an oversized publish; the
+    // connection and every other write carry on.
+    let text = match message_limit {
+        Some(limit) => format!("{text}message_size_limit {limit}\n"),
+        None => text,
+    };
+    // Started as root, mosquitto switches to user `mosquitto`; that credential change would
+    // clear the parent-death signal (and the store dir is drill's). Stay as we are.
+    if nix::unistd::Uid::effective().is_root() {
+        format!("user root\n{text}")
+    } else {
+        text
+    }
+}
+
+async fn start_mosquitto(
+    work: &Path,
+    message_limit: Option<usize>,
+) -> Result<LocalMqtt, DestError> {
+    let bin = mosquitto_path().ok_or_else(|| {
+        DestError::Missing(
+            "mosquitto is not installed (looked for `mosquitto` on PATH and in /usr/sbin); install it (Debian: apt-get install mosquitto) or use --runtime embedded".to_string(),
+        )
+    })?;
+    let store = work.join("mosquitto");
+    std::fs::create_dir_all(&store)?;
+    let mut last_error = String::new();
+    for _ in 0..5 {
+        let port = free_port()?;
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let conf = store.join("mosquitto.conf");
+        std::fs::write(&conf, mosquitto_conf(port, &store, message_limit))?;
+        let mut child = dies_with_drill(&mut Command::new(&bin))
+            .arg("-c")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| StartError {
+                what: bin.display().to_string(),
+                why: e.to_string(),
+            })?;
+        match wait_listening(addr, &mut child, "mosquitto").await {
+            Ok(()) => {
+                return Ok(LocalMqtt {
+                    addr,
+                    runtime: "process",
+                    version: mosquitto_version(&bin).await,
+                    note: None,
+                    process: Some(LocalProcess::new(child)),
+                });
+            }
+            Err(e) => {
+                let _ = child.kill().await;
+                last_error = format!(
+                    "{e} (log: {})",
+                    std::fs::read_to_string(store.join("mosquitto.log"))
+                        .unwrap_or_default()
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                );
+            }
+        }
+    }
+    Err(StartError {
+        what: "mosquitto".to_string(),
+        why: last_error,
+    }
+    .into())
+}
+
+async fn start_embedded() -> Result<LocalMqtt, DestError> {
+    let port = free_port()?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let fail = |why: String| StartError {
+        what: "embedded broker (rumqttd)".to_string(),
+        why,
+    };
+    // rumqttd keeps a commit log per filter; make it large enough that nothing a drill sends
+    // is ever rotated out before the verifier reads it.
+    let config = serde_json::json!({
+        "id": 0,
+        "router": {
+            "max_connections": 1000,
+            "max_outgoing_packet_count": 100000,
+            "max_segment_size": 104857600,
+            "max_segment_count": 100
+        },
+        "v5": {
+            "1": {
+                "name": "v5-1",
+                "listen": addr.to_string(),
+                "next_connection_delay_ms": 0,
+                "connections": {
+                    "connection_timeout_ms": 10000,
+                    "max_payload_size": 1048576,
+                    "max_inflight_count": 1000,
+                    "dynamic_filters": true
+                }
+            }
+        }
+    });
+    let config: rumqttd::Config =
+        serde_json::from_value(config).map_err(|e| fail(e.to_string()))?;
+    std::thread::Builder::new()
+        .name("rumqttd".to_string())
+        .spawn(move || {
+            let mut broker = rumqttd::Broker::new(config);
+            if let Err(e) = broker.start() {
+                eprintln!("drill: embedded broker stopped: {e}");
+            }
+        })?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        if Instant::now() > deadline {
+            return Err(fail(format!("nothing listening on {addr} after 10 s")).into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(LocalMqtt {
+        addr,
+        runtime: "embedded",
+        version: "rumqttd 0.20.0 (in-process)".to_string(),
+        note: None,
+        process: None,
+    })
+}
+
+impl From<LocalMqtt> for crate::dest::BenchBroker {
+    fn from(b: LocalMqtt) -> Self {
+        crate::dest::BenchBroker {
+            addr: b.addr,
+            version: b.version,
+            process: b.process,
+        }
+    }
+}

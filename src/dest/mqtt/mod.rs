@@ -1,0 +1,106 @@
+//! MQTT 5 (mosquitto, or rumqttd embedded in drill): QoS 1, the write key in the user property
+//! `write-key`. Keeps `at_least_once` (a lost PUBACK means a resend). One plain link, named
+//! `mqtt`; no fields of its own in `destination:`; `system.write_key: { mqtt_user_property:
+//! NAME }` for a user's engine.
+
+pub mod bench;
+pub mod broker;
+pub mod read;
+pub mod sink;
+pub mod tap;
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::{
+    Common, DestError, Destination, Entry, Kind, Provision, Provisioned, RawDestination, ReadBack,
+    ReaderSpec, Running, Shape,
+};
+use crate::credentials::Secrets;
+use crate::located::Located;
+use crate::verify::WriteKeyPlace;
+
+/// The kind's tap for the ids of run `run`.
+fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
+    let ids = crate::proxy::tap::IdFinder::new(run);
+    Arc::new(tap::MqttTaps { ids })
+}
+
+/// The kind's registration.
+pub static ENTRY: Entry = Entry {
+    name: "mqtt",
+    sink: &sink::MqttSink,
+    fields: &[],
+    external_field: ("address", "broker.site.local:1883"),
+    sasl_mechanisms: &[],
+    write_key_field: ("mqtt_user_property", "string"),
+    embedded: true,
+    validate,
+    bench: Some(&bench::MqttBench),
+    taps: Some(taps),
+};
+
+/// An MQTT login from `secrets`, if they give one.
+pub fn login(secrets: &Secrets) -> Option<crate::mqtt::Login> {
+    secrets
+        .login()
+        .map(|(u, p)| crate::mqtt::Login::new(u.to_string(), p.to_string()))
+}
+
+/// An MQTT destination: nothing of its own beyond what every kind has.
+#[derive(Debug, Clone)]
+pub struct Mqtt;
+
+fn validate(_raw: &RawDestination, _common: &Common) -> Result<Arc<dyn Destination>, Located> {
+    Ok(Arc::new(Mqtt))
+}
+
+impl Destination for Mqtt {
+    fn kind(&self) -> Kind {
+        Kind::Mqtt
+    }
+
+    fn settle(&self, _shape: &Shape) -> Arc<dyn Destination> {
+        Arc::new(self.clone())
+    }
+
+    fn builtin_write_key(&self) -> WriteKeyPlace {
+        WriteKeyPlace::Meta(crate::mqtt::WRITE_KEY_PROPERTY.to_string())
+    }
+
+    fn write_key_place(&self, value: &serde_json::Value) -> Result<WriteKeyPlace, String> {
+        match value.as_str() {
+            Some(name) if !name.is_empty() => Ok(WriteKeyPlace::Meta(name.to_string())),
+            _ => {
+                Err("the name of the user property, e.g. mqtt_user_property: write-key".to_string())
+            }
+        }
+    }
+
+    fn provision<'a>(&'a self, p: Provision<'a>) -> BoxFuture<'a, Result<Provisioned, DestError>> {
+        broker::provision(Arc::new(self.clone()), p).boxed()
+    }
+
+    fn reader<'a>(
+        &'a self,
+        at: &'a Running,
+        r: ReaderSpec,
+    ) -> BoxFuture<'a, Result<Box<dyn ReadBack>, DestError>> {
+        async move {
+            let reader = read::Reader::start_as(
+                at.addrs[0],
+                &r.topic,
+                r.decoder,
+                r.t0,
+                r.cancel,
+                login(&at.access.secrets),
+            )
+            .await
+            .map_err(|e| DestError::Reader(e.to_string()))?;
+            Ok(Box::new(reader) as Box<dyn ReadBack>)
+        }
+        .boxed()
+    }
+}

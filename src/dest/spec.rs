@@ -1,0 +1,321 @@
+//! The scenario's `destination:` section: as written ([`RawDestination`]), and validated
+//! ([`Spec`]).
+//!
+//! What every kind shares is checked here — the runtime, the topic, `runtime: external` with
+//! its addresses, `create`, `keep` and credentials — and a field only some kinds take is
+//! refused for the others, by the kind's [`Entry::fields`](super::Entry). Then the kind's own
+//! validator makes its [`Destination`]. Every error names the field and points at its line.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_saphyr::{Location, Spanned};
+
+use super::{Destination, Entry, Kind, Runtime};
+use crate::credentials::Credentials;
+use crate::located::{Located, at};
+use crate::units::Dur;
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawDestination {
+    #[schemars(with = "Kind")]
+    pub kind: Spanned<Kind>,
+    #[serde(default)]
+    pub runtime: Option<Runtime>,
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// NATS only: the stream's duplicate window (default: the longest outage plus the longest
+    /// backoff, at least 2 min).
+    #[serde(default)]
+    #[schemars(with = "Option<Dur>")]
+    pub duplicate_window: Option<Spanned<Dur>>,
+    /// NATS only: a cluster of this many nodes (routes between them, one proxy link each,
+    /// named `nats-1` …). Default 1.
+    #[serde(default)]
+    #[schemars(with = "Option<usize>")]
+    pub nodes: Option<Spanned<usize>>,
+    /// `runtime: external`, Kafka: the brokers to bootstrap from (`host:port` each).
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>")]
+    pub bootstrap: Option<Vec<Spanned<String>>>,
+    /// `runtime: external`, NATS: the servers (`host:port` each; several make a cluster).
+    #[serde(default)]
+    #[schemars(with = "Option<Vec<String>>")]
+    pub servers: Option<Vec<Spanned<String>>>,
+    /// `runtime: external`, MQTT: the broker (`host:port`).
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub address: Option<Spanned<String>>,
+    /// `runtime: external`: create the Kafka topic or the JetStream stream when it does not
+    /// exist (default false: it must exist). What drill created it removes at the end unless
+    /// `keep: true`.
+    #[serde(default)]
+    pub create: Option<bool>,
+    #[serde(default)]
+    pub keep: Option<bool>,
+    /// NATS: the JetStream stream that stores the subject (default `DRILL`).
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub stream: Option<Spanned<String>>,
+    /// `runtime: external`: the names of the environment variables holding the credentials —
+    /// never the credentials themselves.
+    #[serde(default)]
+    #[schemars(with = "Option<RawCredentials>")]
+    pub credentials: Option<Spanned<RawCredentials>>,
+}
+
+/// Where an external broker's credentials are: environment variable names.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawCredentials {
+    #[serde(default)]
+    pub username_env: Option<String>,
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// Kafka: the SASL mechanism (`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`; default `PLAIN`).
+    #[serde(default)]
+    pub sasl_mechanism: Option<String>,
+}
+
+/// The fields of `destination:` that only some kinds take ([`Entry::fields`]), with where each
+/// was given.
+fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 6] {
+    let kind = raw.kind.referenced;
+    [
+        (
+            "duplicate_window",
+            raw.duplicate_window.as_ref().map(|w| w.referenced),
+        ),
+        ("nodes", raw.nodes.as_ref().map(|n| n.referenced)),
+        ("stream", raw.stream.as_ref().map(|s| s.referenced)),
+        ("bootstrap", raw.bootstrap.as_ref().map(|_| kind)),
+        ("servers", raw.servers.as_ref().map(|_| kind)),
+        ("address", raw.address.as_ref().map(|a| a.referenced)),
+    ]
+}
+
+/// A validated `destination:`.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub kind: Kind,
+    /// Where the broker runs (`auto` picks the best one available).
+    pub runtime: Runtime,
+    /// The MQTT topic, the NATS subject, the Kafka topic.
+    pub topic: String,
+    /// `runtime: external`: the user's own brokers.
+    pub external: Option<External>,
+    /// The kind's own settings and everything it knows how to do: the scenario's rules, its
+    /// broker, its reader (see [`Destination`]).
+    pub imp: Arc<dyn Destination>,
+}
+
+impl Spec {
+    /// One proxy link per broker node, named after the kind: `mqtt`; `nats-1`, `nats-2` … for
+    /// a cluster.
+    pub fn link_names(&self) -> Vec<String> {
+        self.imp.link_names()
+    }
+
+    /// The link the system under test forwards to (the first).
+    pub fn link_name(&self) -> String {
+        self.link_names().into_iter().next().unwrap_or_default()
+    }
+}
+
+/// Brokers the user already runs (`runtime: external`): drill starts none, puts its links in
+/// front of them, refuses broker faults, and never deletes what it did not create.
+#[derive(Debug, Clone)]
+pub struct External {
+    /// `host:port` each, as written: Kafka's bootstrap list, NATS's servers, MQTT's address.
+    pub addresses: Vec<String>,
+    /// Create the topic (Kafka) or stream (NATS) when it does not exist.
+    pub create: bool,
+    /// Keep what drill created when the drill ends (else drill removes it).
+    pub keep: bool,
+    pub credentials: Credentials,
+}
+
+/// What a kind's validator is given besides the raw section: what every kind shares, checked.
+pub struct Common {
+    pub runtime: Runtime,
+    pub external: Option<External>,
+}
+
+/// `destination:` → a [`Spec`]: the shared fields, then the kind's own (its validator).
+pub fn validate(raw: &RawDestination) -> Result<Spec, Located> {
+    let kind = raw.kind.value;
+    let entry = kind.entry();
+    for (field, given) in kind_fields(raw) {
+        if let Some(loc) = given
+            && !entry.fields.contains(&field)
+            && !is_external_field(field)
+        {
+            return Err(at(&loc, refused_field(field)));
+        }
+    }
+    let runtime = raw.runtime.unwrap_or(Runtime::Auto);
+    if !entry.embedded && runtime == Runtime::Embedded {
+        return Err(at(
+            &raw.kind.referenced,
+            format!(
+                "field `destination.runtime`: there is no embedded {} broker; use `process` or `auto`",
+                kind.name()
+            ),
+        ));
+    }
+    let common = Common {
+        runtime,
+        external: external(raw, entry, runtime)?,
+    };
+    Ok(Spec {
+        kind,
+        runtime,
+        topic: raw.topic.clone().unwrap_or_else(|| "drill".to_string()),
+        imp: (entry.validate)(raw, &common)?,
+        external: common.external,
+    })
+}
+
+fn is_external_field(field: &str) -> bool {
+    Kind::ALL
+        .iter()
+        .any(|k| k.entry().external_field.0 == field)
+}
+
+/// A kind-specific field given to a kind that does not take it: which kinds do.
+fn refused_field(field: &str) -> String {
+    let takers: Vec<String> = Kind::ALL
+        .iter()
+        .filter(|k| k.entry().fields.contains(&field))
+        .map(|k| format!("`{}`", k.name()))
+        .collect();
+    format!(
+        "field `destination.{field}`: only a {} destination takes it",
+        takers.join(" or ")
+    )
+}
+
+/// `runtime: external`: the addresses the kind takes (`bootstrap` for Kafka, `servers` for
+/// NATS, `address` for MQTT), `create`, `keep` and `credentials`. Without it none of these may
+/// be given.
+fn external(
+    raw: &RawDestination,
+    entry: &Entry,
+    runtime: Runtime,
+) -> Result<Option<External>, Located> {
+    let (wanted, example) = entry.external_field;
+    let given: Vec<(&str, Location)> = kind_fields(raw)
+        .into_iter()
+        .filter(|(f, _)| is_external_field(f))
+        .filter_map(|(f, l)| l.map(|l| (f, l)))
+        .collect();
+    if runtime != Runtime::External {
+        let extra = given
+            .iter()
+            .map(|(f, _)| *f)
+            .chain(raw.create.is_some().then_some("create"))
+            .chain(raw.keep.is_some().then_some("keep"))
+            .chain(raw.credentials.is_some().then_some("credentials"))
+            .next();
+        if let Some(field) = extra {
+            return Err(at(
+                &raw.kind.referenced,
+                format!(
+                    "field `destination.{field}`: goes with `runtime: external` (brokers you already run); drill starts its own otherwise"
+                ),
+            ));
+        }
+        return Ok(None);
+    }
+    if let Some((field, loc)) = given.iter().find(|(f, _)| *f != wanted) {
+        return Err(at(
+            loc,
+            format!(
+                "field `destination.{field}`: a `{}` destination takes `{wanted}`",
+                raw.kind.value.name()
+            ),
+        ));
+    }
+    let addresses: Vec<&Spanned<String>> = match wanted {
+        "bootstrap" => raw.bootstrap.iter().flatten().collect(),
+        "servers" => raw.servers.iter().flatten().collect(),
+        _ => raw.address.iter().collect(),
+    };
+    if addresses.is_empty() {
+        return Err(at(
+            &raw.kind.referenced,
+            format!(
+                "field `destination.{wanted}`: `runtime: external` needs the broker address(es), e.g. {wanted}: {example}"
+            ),
+        ));
+    }
+    for a in &addresses {
+        let ok = a.value.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+        });
+        if !ok {
+            return Err(at(
+                &a.referenced,
+                format!(
+                    "field `destination.{wanted}`: `{}` is not host:port (e.g. kafka-1.staging:9092)",
+                    a.value
+                ),
+            ));
+        }
+    }
+    Ok(Some(External {
+        addresses: addresses.iter().map(|a| a.value.clone()).collect(),
+        create: raw.create.unwrap_or(false),
+        keep: raw.keep.unwrap_or(false),
+        credentials: credentials(raw, entry)?,
+    }))
+}
+
+/// `credentials:`: environment variable names (user and password go together); the SASL
+/// mechanism only where the kind has one.
+fn credentials(raw: &RawDestination, entry: &Entry) -> Result<Credentials, Located> {
+    let Some(c) = &raw.credentials else {
+        return Ok(Credentials::default());
+    };
+    let v = &c.value;
+    if let Some(m) = &v.sasl_mechanism
+        && !entry.sasl_mechanisms.contains(&m.as_str())
+    {
+        return Err(at(
+            &c.referenced,
+            format!(
+                "field `destination.credentials.sasl_mechanism`: `{m}`; Kafka only, one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"
+            ),
+        ));
+    }
+    if v.username_env.is_some() != v.password_env.is_some() {
+        return Err(at(
+            &c.referenced,
+            "field `destination.credentials`: `username_env` and `password_env` go together",
+        ));
+    }
+    for name in [&v.username_env, &v.password_env].into_iter().flatten() {
+        let usable = !name.is_empty()
+            && name
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+        if !usable {
+            return Err(at(
+                &c.referenced,
+                format!(
+                    "field `destination.credentials`: `{name}` is not an environment variable name; give the variable's NAME (the secret itself never goes in the file)"
+                ),
+            ));
+        }
+    }
+    let sasl = !entry.sasl_mechanisms.is_empty() && v.username_env.is_some();
+    Ok(Credentials {
+        username_env: v.username_env.clone(),
+        password_env: v.password_env.clone(),
+        sasl_mechanism: v
+            .sasl_mechanism
+            .clone()
+            .or_else(|| sasl.then(|| "PLAIN".to_string())),
+    })
+}

@@ -1,0 +1,157 @@
+//! Local child processes and ports: what every broker started as a process, and the engine
+//! under test, have in common.
+//!
+//! A child started here dies with drill ([`dies_with_drill`]: the kernel SIGKILLs it when
+//! drill's thread that started it exits, even if drill itself is SIGKILLed), listens on a
+//! free 127.0.0.1 port ([`free_port`]), and is stopped with SIGTERM then SIGKILL
+//! ([`LocalProcess::stop`]). Nothing here knows which program it runs.
+
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+/// A program that did not start, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} did not start: {why}")]
+pub struct StartError {
+    pub what: String,
+    pub why: String,
+}
+
+/// Makes a child die with drill: the kernel sends it SIGKILL when drill's thread that
+/// started it exits, even if drill itself is SIGKILLed and gets no chance to clean up.
+pub fn dies_with_drill(command: &mut Command) -> &mut Command {
+    // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
+    // async-signal-safe; it allocates nothing and touches no lock.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        })
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; callers retry if it is taken meanwhile).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The first `name` found on PATH or in `more` folders.
+pub fn find_binary(name: &str, more: &[PathBuf]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(more.iter().cloned())
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// `~/.cargo/bin`, where `cargo install` puts programs.
+pub fn cargo_bin() -> Option<PathBuf> {
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo/bin"))
+}
+
+/// Waits (at most 10 s) until something accepts TCP connections on `addr`; an error if the
+/// child exits first.
+pub async fn wait_listening(
+    addr: SocketAddr,
+    child: &mut Child,
+    what: &str,
+) -> Result<(), StartError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(StartError {
+                what: what.to_string(),
+                why: format!("exited with {status}"),
+            });
+        }
+        if Instant::now() > deadline {
+            return Err(StartError {
+                what: what.to_string(),
+                why: format!("nothing listening on {addr} after 10 s"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The first line of `bin ARGS`' output (stdout, then stderr) that contains `needle`.
+pub async fn version_line(bin: &Path, args: &[&str], needle: &str) -> Option<String> {
+    let out = Command::new(bin).args(args).output().await.ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stderr).lines())
+        .find(|l| l.contains(needle))
+        .map(|l| l.trim().to_string())
+}
+
+/// A local child process drill started (a broker, a broker node).
+pub struct LocalProcess {
+    child: Option<Child>,
+}
+
+impl LocalProcess {
+    pub fn new(child: Child) -> LocalProcess {
+        LocalProcess { child: Some(child) }
+    }
+
+    /// SIGKILL, or SIGTERM then SIGKILL after 5 s.
+    pub async fn stop(&mut self, kill: bool) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if !kill && let Some(pid) = child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            if tokio::time::timeout(Duration::from_secs(5), child.wait())
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+        let _ = child.kill().await;
+    }
+}
+
+/// Starts a program that listens on 127.0.0.1: on `port` (one try) or a free port (up to five
+/// tries, in case another process takes the port meanwhile). `command(port)` makes its
+/// command line; it is made to die with drill and killed when dropped.
+pub async fn start_listening(
+    what: &str,
+    port: Option<u16>,
+    mut command: impl FnMut(u16) -> std::io::Result<Command>,
+) -> Result<(LocalProcess, SocketAddr), StartError> {
+    let fail = |why: String| StartError {
+        what: what.to_string(),
+        why,
+    };
+    let mut last_error = String::new();
+    for _ in 0..if port.is_some() { 1 } else { 5 } {
+        let port = match port {
+            Some(p) => p,
+            None => free_port().map_err(|e| fail(e.to_string()))?,
+        };
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let mut cmd = command(port).map_err(|e| fail(e.to_string()))?;
+        cmd.kill_on_drop(true);
+        let mut child = dies_with_drill(&mut cmd)
+            .spawn()
+            .map_err(|e| fail(e.to_string()))?;
+        match wait_listening(addr, &mut child, what).await {
+            Ok(()) => return Ok((LocalProcess::new(child), addr)),
+            Err(e) => {
+                last_error = e.why;
+                let _ = child.kill().await;
+            }
+        }
+    }
+    Err(fail(last_error))
+}

@@ -1,0 +1,855 @@
+//! [`judge`]: the runner's [`Facts`] → a [`Report`] with its verdict.
+//!
+//! In order: reconcile by id (`verify::reconcile`); what the declared promise excuses
+//! (`oracle::excuses`, `oracle::allowance`); why the drill might have proved nothing (a fault
+//! that met no traffic, records that went around the proxy); the ledger and whether it closes;
+//! one [`ExpectationResult`] per expectation the scenario sets; the headline. Pure: it reads
+//! no clock, file or socket, so every expectation and every inconclusive reason is unit-tested
+//! below on facts made by hand.
+
+use super::last_seen::last_seen;
+use super::oracle::{self, Allowance, Crashes};
+use super::recovery::{recovery, series};
+use std::time::Duration;
+
+use super::{Check, EngineAccount, ExpectationResult, Ledger, RecoveryRecord, Report, Verdict};
+use crate::runner::Facts;
+use crate::scenario::Expectations;
+use crate::verify::{self, Reconciliation};
+
+/// Closes the ledger and checks every expectation.
+pub fn judge(facts: &Facts) -> Report {
+    let r = verify::reconcile(&facts.sent, &facts.received);
+    let allowance = allowance(facts);
+    let inconclusive = inconclusive(facts);
+    let recovery = recovery(&facts.faults, &facts.sent, &facts.received);
+    let (ledger, lost_beyond_promise) = ledger(&r, facts, allowance);
+    let closes = closes(&ledger, &r, facts);
+    let expectations = expectations(
+        facts,
+        Judged {
+            r: &r,
+            ledger: &ledger,
+            allowance,
+            lost_beyond_promise,
+            closes,
+            recovery: &recovery,
+        },
+    );
+    let lost_last_seen = last_seen(facts, &ledger);
+    let verifier_fault = facts.received.verifier_fault.as_deref();
+    let notes = notes(facts, verifier_fault);
+    let pass =
+        expectations.iter().all(|x| x.ok) && inconclusive.is_empty() && verifier_fault.is_none();
+    let mut headline = headline(ledger.lost, &expectations, verifier_fault.is_some());
+    if let Some(first) = inconclusive.first() {
+        headline = format!("Inconclusive: {first}. {headline}");
+    }
+    Report {
+        scenario: facts.plan.name.clone(),
+        about: facts.plan.about.clone(),
+        seed: facts.seed,
+        verdict: if pass { Verdict::Pass } else { Verdict::Fail },
+        inconclusive,
+        verifier_fault: verifier_fault.map(str::to_string),
+        headline,
+        engine_account: facts.engine.as_ref().map(|s| EngineAccount {
+            held: s.held,
+            delivered: s.delivered,
+            waiting: s.waiting,
+            failed: s.failed,
+        }),
+        ledger,
+        closes,
+        expectations,
+        faults: facts.faults.clone(),
+        recovery,
+        attempts: facts
+            .engine
+            .as_ref()
+            .and_then(|s| s.attempts)
+            .unwrap_or_default(),
+        promise: facts.plan.engine.promise.name(),
+        runtime: facts.runtime.clone(),
+        link: facts.link.clone(),
+        versions: facts.versions.clone(),
+        missing_examples: r.missing_examples.clone(),
+        lost_last_seen,
+        ingest_refused_example: r.ingest_refused_example.clone(),
+        duplicate_examples: r.duplicate_examples.clone(),
+        unexpected_examples: facts.received.unexpected_examples.clone(),
+        altered_examples: r.altered_examples.clone(),
+        series: series(&facts.samples, &facts.received),
+        gives_account: facts.gives_account,
+        system: facts.system.clone(),
+        notes,
+        duration_ms: facts.duration_ms,
+    }
+}
+
+/// What the declared promise excuses in this drill (DESIGN.md §5).
+fn allowance(facts: &Facts) -> Allowance {
+    let excuses = oracle::excuses(
+        &facts.sent,
+        &facts.received,
+        facts.possibly_sent_keys.as_ref(),
+        Crashes {
+            all: &facts.crashes,
+            power_cuts: &facts.power_cuts,
+        },
+        &facts.faults,
+    );
+    oracle::allowance(
+        facts.plan.engine.promise,
+        &facts.sent,
+        &facts.received,
+        &excuses,
+    )
+}
+
+/// Why the drill proved nothing, if it did not: a fault that met no traffic or found no target,
+/// records that arrived while the only link was cut (where the read-back's times can tell), a
+/// cut the tap saw records cross, records that reached the destination without crossing the
+/// link (where the tap reads every frame).
+fn inconclusive(facts: &Facts) -> Vec<String> {
+    let mut why = oracle::unbitten(&facts.faults, &facts.sent, &facts.received, facts.end_ms);
+    if facts.bypass_is_judged {
+        why.extend(oracle::bypassed(
+            &facts.faults,
+            &facts.received,
+            facts.end_ms,
+        ));
+    }
+    if let Some(tapped) = &facts.tapped {
+        why.extend(oracle::leaked(&facts.faults, tapped, facts.end_ms));
+        why.extend(oracle::went_around(tapped, &facts.received));
+    }
+    why
+}
+
+/// The ledger: what is neither at the destination nor still held by the engine is lost. Also
+/// the losses beyond what the promise allows.
+fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u64) {
+    let (waiting, failed) = facts
+        .engine
+        .as_ref()
+        .map(|s| (s.waiting, s.failed))
+        .unwrap_or((0, 0));
+    let lost = r.missing.saturating_sub(waiting + failed);
+    let (lost_beyond_promise, duplicates_beyond_promise) = oracle::beyond(r, allowance, lost);
+    let ledger = Ledger {
+        held: r.accepted,
+        delivered: r.delivered,
+        waiting,
+        failed,
+        lost,
+        duplicates: r.duplicates,
+        duplicates_same_key: r.duplicates_same_key,
+        duplicates_other_key: r.duplicates_other_key,
+        duplicates_beyond_promise,
+        reordered: r.reordered,
+        unexpected: r.unexpected,
+        altered: r.altered,
+        ingest_unknown: r.ingest_unknown,
+        recovered: r.recovered,
+        ingest_refused: r.ingest_refused,
+    };
+    (ledger, lost_beyond_promise)
+}
+
+/// The ledger closes when the equation holds with nothing lost, and the engine's own account
+/// agrees with what the source and the destination saw (as far as it gives one: a user's
+/// engine may report only waiting and failed, or nothing).
+fn closes(ledger: &Ledger, r: &Reconciliation, facts: &Facts) -> bool {
+    let engine_agrees = match &facts.engine {
+        Some(s) => {
+            let held_agrees = s.held.is_none_or(|h| h == ledger.held + r.recovered);
+            let sums = match (s.held, s.delivered) {
+                (Some(h), Some(d)) => d + s.waiting + s.failed == h,
+                _ => true,
+            };
+            held_agrees && sums
+        }
+        None => !facts.gives_account,
+    };
+    ledger.lost == 0
+        && ledger.delivered + ledger.waiting + ledger.failed == ledger.held
+        && engine_agrees
+}
+
+/// What the expectations are checked against.
+struct Judged<'a> {
+    r: &'a Reconciliation,
+    ledger: &'a Ledger,
+    allowance: Allowance,
+    lost_beyond_promise: u64,
+    closes: bool,
+    recovery: &'a [RecoveryRecord],
+}
+
+/// One row per expectation the scenario sets, in a fixed order.
+fn expectations(facts: &Facts, j: Judged<'_>) -> Vec<ExpectationResult> {
+    let e: &Expectations = &facts.plan.expect;
+    let promise = facts.plan.engine.promise.name();
+    let (r, l) = (j.r, j.ledger);
+    let mut rows = Vec::new();
+    // A count against a bound: `at most n`.
+    let mut at_most = |check: Check, name: String, n: u64, actual: u64| {
+        rows.push(row(check, name, n.to_string(), actual, actual <= n))
+    };
+    if let Some(n) = e.lost {
+        let name = if j.allowance.missing > 0 {
+            format!("lost beyond {promise}")
+        } else {
+            "lost".to_string()
+        };
+        at_most(Check::Lost, name, n, j.lost_beyond_promise);
+    }
+    // Data at the destination that the engine never accepted (a probe that wrote, a record
+    // the source was told was refused) fails the drill unless the scenario allows some.
+    if let Some(n) = e.unexpected {
+        at_most(Check::Unexpected, "unexpected".into(), n, r.unexpected);
+    }
+    // A record that arrived with other bytes than were sent (a torn write passed on) is not
+    // delivered whole.
+    if let Some(n) = e.altered {
+        at_most(Check::Altered, "altered".into(), n, r.altered);
+    }
+    if let Some(n) = e.not_accepted {
+        let name = "ingests not accepted".into();
+        at_most(Check::NotAccepted, name, n, r.not_accepted);
+    }
+    if let Some(n) = e.duplicates {
+        let name = format!("duplicates beyond {promise}");
+        at_most(Check::Duplicates, name, n, l.duplicates_beyond_promise);
+    }
+    if let Some(n) = e.reordered {
+        at_most(Check::Reordered, "reordered".into(), n, r.reordered);
+    }
+    // Set aside: exactly as many as the destination refused (drill's brokers refuse only the
+    // planted poison records), so drops reported as "failed" do not pass.
+    if let Some(n) = e.failed {
+        let ok = l.failed == n;
+        rows.push(row(
+            Check::Failed,
+            "failed".into(),
+            format!("= {n}"),
+            l.failed,
+            ok,
+        ));
+    }
+    if let Some(n) = e.max_copies {
+        let ok = r.max_copies <= n;
+        let name = "copies of one record".into();
+        rows.push(row(
+            Check::MaxCopies,
+            name,
+            format!("≤ {n}"),
+            r.max_copies,
+            ok,
+        ));
+    }
+    if let Some(bound) = e.drain_within {
+        rows.push(timed(
+            Check::Drain,
+            "drain".into(),
+            bound,
+            Some(facts.drain_ms),
+        ));
+    }
+    if e.ledger_closes {
+        rows.push(ExpectationResult {
+            check: Check::Ledger,
+            name: "ledger".into(),
+            expected: "closes".into(),
+            actual: if j.closes { "closes" } else { "does not close" }.into(),
+            count: None,
+            ok: j.closes,
+        });
+    }
+    if let Some(bound) = e.recovery_within {
+        for rec in j.recovery {
+            let took = rec.first_delivery_ms.map(|f| f.saturating_sub(rec.heal_ms));
+            let name = format!("recovery after {}", rec.fault);
+            rows.push(timed(Check::Recovery, name, bound, took));
+        }
+    }
+    order(rows)
+}
+
+/// The rows in the order reports have always shown them.
+fn order(mut rows: Vec<ExpectationResult>) -> Vec<ExpectationResult> {
+    let rank = |c: Check| match c {
+        Check::Lost => 0,
+        Check::Unexpected => 1,
+        Check::Altered => 2,
+        Check::Failed => 3,
+        Check::NotAccepted => 4,
+        Check::MaxCopies => 5,
+        Check::Drain => 6,
+        Check::Duplicates => 7,
+        Check::Reordered => 8,
+        Check::Ledger => 9,
+        Check::Recovery => 10,
+    };
+    rows.sort_by_key(|x| rank(x.check));
+    rows
+}
+
+/// A row that compares a count.
+fn row(check: Check, name: String, expected: String, actual: u64, ok: bool) -> ExpectationResult {
+    ExpectationResult {
+        check,
+        name,
+        expected,
+        actual: actual.to_string(),
+        count: Some(actual),
+        ok,
+    }
+}
+
+/// A row that compares a time against its bound (`None`: it never happened).
+fn timed(check: Check, name: String, bound: Duration, took_ms: Option<u64>) -> ExpectationResult {
+    ExpectationResult {
+        check,
+        name,
+        expected: format!("≤ {} ms", bound.as_millis()),
+        actual: took_ms.map_or_else(|| "no delivery".to_string(), |t| format!("{t} ms")),
+        count: took_ms,
+        ok: took_ms.is_some_and(|t| u128::from(t) <= bound.as_millis()),
+    }
+}
+
+/// The runner's notes, then what the verdict itself has to say.
+fn notes(facts: &Facts, verifier_fault: Option<&str>) -> Vec<String> {
+    let mut notes = facts.notes.clone();
+    if let Some(f) = verifier_fault {
+        notes.push(format!(
+            "verifier fault: {f} — read-back counts may be low; this is not engine loss"
+        ));
+    }
+    if facts.tapped.is_none() {
+        notes.push("the links carry no protocol tap for this destination kind: where lost records were last seen cannot be told, and a bypass of the proxy is judged by arrival times alone".to_string());
+    }
+    if let Some(n) = facts.engine.as_ref().map(|a| a.errors).filter(|n| *n > 0) {
+        notes.push(format!("the engine reported {n} failed writes of its attempt journal, delivery marks or failed store (see its log): the verdict's allowance for extra copies may be wrong"));
+    }
+    if verifier_fault.is_some() {
+        notes.push("the verdict is fail because the reader itself failed; fix the verifier, the engine was not judged".to_string());
+    }
+    notes
+}
+
+/// The failed expectations first, then what was lost: "recovery after link mqtt swallow both
+/// 2 ms (expected ≤ 1 ms); nothing lost."
+pub fn headline(lost: u64, expectations: &[ExpectationResult], verifier_fault: bool) -> String {
+    let losses = match lost {
+        0 => "nothing lost".to_string(),
+        1 => "1 record lost".to_string(),
+        n => format!("{n} records lost"),
+    };
+    let mut parts: Vec<String> = Vec::new();
+    if verifier_fault {
+        parts.push("the reader itself failed (a verifier fault, not engine loss)".to_string());
+    }
+    parts.extend(
+        expectations
+            .iter()
+            .filter(|x| !x.ok && !x.name.starts_with("lost"))
+            .map(|x| {
+                if x.expected == "closes" {
+                    format!("{} {}", x.name, x.actual)
+                } else {
+                    format!("{} {} (expected {})", x.name, x.actual, x.expected)
+                }
+            }),
+    );
+    parts.push(losses);
+    let mut text = parts.join("; ");
+    if let Some(first) = text.get(..1) {
+        text = first.to_uppercase() + &text[1..];
+    }
+    text + "."
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! One test per expectation and per inconclusive reason, each on facts made by hand: a
+    //! clean drill passes, and the one thing changed fails exactly its row.
+
+    use std::collections::{BTreeMap, HashSet};
+    use std::net::SocketAddr;
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::proxy::{Direction, Fault, FaultSpec, LinkStatus};
+    use crate::runner::events::{FaultKind, FaultRecord, FaultTarget};
+    use crate::scenario::Plan;
+    use crate::sut::Account;
+    use crate::verify::{Arrival, Received};
+    use crate::workload::{Ingested, Record, Sent};
+
+    pub(crate) fn link_status() -> LinkStatus {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 9));
+        LinkStatus {
+            name: "mqtt".to_string(),
+            listen: addr,
+            upstream: addr,
+            fault: "pass".to_string(),
+            direction: None,
+            latency_ms: None,
+            jitter_ms: None,
+            bytes_per_s: None,
+            since_ms: 0,
+            connections_accepted: 0,
+            connections_reset: 0,
+            connections_open: 0,
+            bytes_upstream: 0,
+            bytes_downstream: 0,
+            bytes_swallowed_upstream: 0,
+            bytes_swallowed_downstream: 0,
+            broker_links: Vec::new(),
+            answers_rewritten: 0,
+            connections_stranded: 0,
+        }
+    }
+
+    /// Facts with nothing observed beyond `sent` and `received`: no faults, no account.
+    pub(crate) fn facts(plan: Plan, sent: Sent, received: Received) -> Facts {
+        let tapped = crossed(&received);
+        Facts {
+            plan,
+            seed: 1,
+            runtime: "process".to_string(),
+            sent,
+            received,
+            possibly_sent_keys: Some(HashSet::new()),
+            crashes: Vec::new(),
+            power_cuts: Vec::new(),
+            faults: Vec::new(),
+            samples: Vec::new(),
+            tapped: Some(tapped),
+            bypass_is_judged: true,
+            drain_ms: 0,
+            engine: None,
+            gives_account: false,
+            system: "test".to_string(),
+            link: link_status(),
+            versions: BTreeMap::new(),
+            notes: Vec::new(),
+            end_ms: 10_000,
+            duration_ms: 10_000,
+        }
+    }
+
+    /// A tap that saw every record the destination holds cross the link, before the drill
+    /// began: nothing went around it and nothing crossed during a fault.
+    fn crossed(received: &Received) -> crate::runner::Tapped {
+        let mut t = crate::runner::Tapped {
+            protocol: "a test tap",
+            ..Default::default()
+        };
+        for id in received.arrivals.iter().filter_map(|a| a.id.clone()) {
+            t.frames += 1;
+            t.left.insert(id.clone());
+            t.sent.insert(id.clone(), 0);
+            t.acked.insert(id);
+        }
+        t
+    }
+
+    fn plan(expect: &str) -> Plan {
+        let text = format!(
+            "name: verdict\ndestination: {{ kind: mqtt }}\nworkload: {{ rate: 10/s, duration: 1s }}\nexpect: {expect}\n"
+        );
+        crate::scenario::parse(Path::new("verdict.yaml"), &text).expect("a valid plan")
+    }
+
+    fn record(seq: u64) -> Record {
+        Record {
+            id: format!("r/k0/{seq}"),
+            key: "k0".to_string(),
+            seq,
+            index: seq,
+            pad: String::new(),
+        }
+    }
+
+    /// Ten records accepted one a second with write keys w0..w9, each delivered 100 ms later.
+    fn clean(expect: &str) -> Facts {
+        let sent = Sent {
+            order: (0..10)
+                .map(|i| {
+                    let at = Duration::from_secs(i);
+                    let write_key = Some(format!("w{i}"));
+                    (record(i), Ingested::Accepted { write_key, at })
+                })
+                .collect(),
+        };
+        let received = Received {
+            arrivals: (0..10)
+                .map(|i| Arrival {
+                    id: Some(format!("r/k0/{i}")),
+                    write_key: Some(format!("w{i}")),
+                    at: Duration::from_millis(i * 1000 + 100),
+                    pad: None,
+                })
+                .collect(),
+            ..Received::default()
+        };
+        let mut f = facts(plan(expect), sent, received);
+        f.gives_account = true;
+        f.engine = Some(Account {
+            held: Some(10),
+            delivered: Some(10),
+            waiting: 0,
+            failed: 0,
+            in_flight: 0,
+            attempts: None,
+            errors: 0,
+        });
+        f
+    }
+
+    fn link_fault(fault: Fault, at_ms: u64, until_ms: u64) -> FaultRecord {
+        // Answers lost, requests land (a half-open link): deliveries go on during it.
+        let direction = if fault == Fault::Swallow {
+            Direction::Downstream
+        } else {
+            Direction::Both
+        };
+        FaultRecord {
+            index: 0,
+            at_ms,
+            target: FaultTarget::Link("mqtt".to_string()),
+            kind: FaultKind::Link(FaultSpec::new(fault, direction)),
+            wiped: false,
+            until_ms: Some(until_ms),
+            bit: None,
+            no_target: None,
+        }
+    }
+
+    /// A report of a clean drill with one fault, for the renderers' tests.
+    pub(crate) fn a_report() -> Report {
+        let mut f =
+            clean("{ lost: 0, duplicates: 0, reordered: 0, ledger: closes, recovery_within: 5s }");
+        f.faults = vec![link_fault(Fault::Swallow, 2500, 4000)];
+        judge(&f)
+    }
+
+    /// The rows that failed, by name.
+    fn failed(f: &Facts) -> Vec<String> {
+        let report = judge(f);
+        report
+            .expectations
+            .iter()
+            .filter(|x| !x.ok)
+            .map(|x| format!("{} {}", x.name, x.actual))
+            .collect()
+    }
+
+    const ALL: &str = "{ lost: 0, duplicates: 0, reordered: 0, ledger: closes, recovery_within: 5s, failed: 0, unexpected: 0, altered: 0, not_accepted: 0, drain_within: 1s, max_copies: 2 }";
+
+    #[test]
+    fn a_clean_drill_passes_every_expectation() {
+        let mut f = clean(ALL);
+        f.faults = vec![link_fault(Fault::Swallow, 2500, 4000)];
+        let report = judge(&f);
+        assert!(report.verdict.is_pass(), "{:?}", report.expectations);
+        assert_eq!(report.expectations.len(), 11);
+        assert_eq!(report.headline, "Nothing lost.");
+        assert_eq!(
+            report.ledger_line(),
+            "10 held = 10 delivered + 0 waiting + 0 failed + 0 lost"
+        );
+    }
+
+    #[test]
+    fn lost() {
+        let mut f = clean(ALL);
+        f.received.arrivals.remove(4);
+        f.engine = None;
+        f.gives_account = false;
+        assert_eq!(failed(&f), ["lost 1", "ledger does not close"]);
+        assert_eq!(judge(&f).headline, "Ledger does not close; 1 record lost.");
+    }
+
+    #[test]
+    fn unexpected() {
+        let mut f = clean(ALL);
+        f.received.arrivals.push(Arrival {
+            id: None,
+            write_key: None,
+            at: Duration::from_secs(3),
+            pad: None,
+        });
+        assert_eq!(failed(&f), ["unexpected 1"]);
+    }
+
+    #[test]
+    fn failed_must_be_exactly_the_refused() {
+        let mut f = clean(ALL);
+        f.received.arrivals.remove(9);
+        if let Some(a) = f.engine.as_mut() {
+            a.failed = 1;
+            a.delivered = Some(9);
+        }
+        assert_eq!(failed(&f), ["failed 1"]);
+    }
+
+    #[test]
+    fn ingests_not_accepted() {
+        let mut f = clean(ALL);
+        f.sent.order.push((
+            record(10),
+            Ingested::Unknown {
+                at: Duration::from_secs(9),
+            },
+        ));
+        assert_eq!(failed(&f), ["ingests not accepted 1"]);
+        // Found at the destination: recovered, not a failure.
+        f.received.arrivals.push(Arrival {
+            id: Some("r/k0/10".into()),
+            write_key: None,
+            at: Duration::from_secs(10),
+            pad: None,
+        });
+        if let Some(a) = f.engine.as_mut() {
+            a.held = Some(11);
+            a.delivered = Some(11);
+        }
+        assert_eq!(failed(&f), Vec::<String>::new());
+    }
+
+    #[test]
+    fn copies_of_one_record_and_duplicates_beyond_the_promise() {
+        let mut f = clean(ALL);
+        for _ in 0..2 {
+            f.received.arrivals.push(f.received.arrivals[3].clone());
+        }
+        assert_eq!(
+            failed(&f),
+            [
+                "copies of one record 3",
+                "duplicates beyond at_least_once 2"
+            ]
+        );
+        // Its write had a possibly_sent attempt: within at_least_once, but still 3 copies.
+        f.possibly_sent_keys = Some(HashSet::from(["w3".to_string()]));
+        assert_eq!(failed(&f), ["copies of one record 3"]);
+    }
+
+    #[test]
+    fn drain() {
+        let mut f = clean(ALL);
+        f.drain_ms = 1500;
+        assert_eq!(failed(&f), ["drain 1500 ms"]);
+    }
+
+    #[test]
+    fn reordered() {
+        let mut f = clean(ALL);
+        f.received.arrivals.swap(5, 6);
+        assert_eq!(failed(&f), ["reordered 1"]);
+    }
+
+    #[test]
+    fn ledger_closes_only_when_the_engine_agrees() {
+        let mut f = clean(ALL);
+        if let Some(a) = f.engine.as_mut() {
+            a.held = Some(12);
+        }
+        assert_eq!(failed(&f), ["ledger does not close"]);
+    }
+
+    #[test]
+    fn recovery_within() {
+        let mut f = clean(ALL);
+        f.faults = vec![link_fault(Fault::Swallow, 2500, 4000)];
+        // Nothing arrives for 6 s after the heal.
+        for a in f.received.arrivals.iter_mut().skip(3) {
+            a.at += Duration::from_secs(6);
+        }
+        assert_eq!(
+            failed(&f),
+            ["recovery after link mqtt swallow downstream 5100 ms"]
+        );
+    }
+
+    #[test]
+    fn a_fault_that_met_no_traffic_is_inconclusive() {
+        let mut f = clean(ALL);
+        f.faults = vec![link_fault(Fault::Swallow, 20_000, 21_000)];
+        let report = judge(&f);
+        assert!(!report.verdict.is_pass());
+        assert_eq!(report.inconclusive.len(), 1);
+        assert!(
+            report.headline.starts_with(
+                "Inconclusive: the fault at 20.0 s (link mqtt swallow) met no traffic"
+            ),
+            "{}",
+            report.headline
+        );
+    }
+
+    #[test]
+    fn deliveries_through_a_refused_link_are_a_bypass_where_judged() {
+        let mut f = clean(ALL);
+        f.faults = vec![link_fault(Fault::Refuse, 2000, 8000)];
+        let report = judge(&f);
+        assert!(!report.verdict.is_pass());
+        assert!(
+            report.inconclusive[0].starts_with(
+                "the engine's traffic bypassed link mqtt: 5 records arrived while it was refuse"
+            ),
+            "{:?}",
+            report.inconclusive
+        );
+        f.bypass_is_judged = false;
+        assert!(judge(&f).inconclusive.is_empty());
+    }
+
+    #[test]
+    fn a_reader_that_failed_fails_the_verdict_and_says_so() {
+        let mut f = clean(ALL);
+        f.received.verifier_fault = Some("connection closed".into());
+        let report = judge(&f);
+        assert!(!report.verdict.is_pass());
+        assert!(
+            report.headline.starts_with("The reader itself failed"),
+            "{}",
+            report.headline
+        );
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|n| n.starts_with("verifier fault: connection closed"))
+        );
+    }
+
+    #[test]
+    fn a_broker_fault_that_found_no_target_is_inconclusive() {
+        let mut f = clean(ALL);
+        f.faults = vec![FaultRecord {
+            index: 0,
+            at_ms: 3000,
+            target: FaultTarget::Broker("leader".into()),
+            kind: FaultKind::Kill,
+            wiped: false,
+            until_ms: Some(3000),
+            bit: None,
+            no_target: Some("no node leads the drill's stream now".into()),
+        }];
+        let report = judge(&f);
+        assert!(!report.verdict.is_pass());
+        assert_eq!(
+            report.inconclusive,
+            [
+                "the fault at 3.0 s (broker leader kill (SIGKILL)) found no target: no node leads the drill's stream now"
+            ]
+        );
+        assert!(report.recovery.is_empty(), "nothing to recover from");
+    }
+
+    /// A clean drill as the tap saw it: every record went up at its acceptance and was
+    /// acknowledged.
+    fn tapped(f: &Facts) -> crate::runner::Tapped {
+        let mut t = crate::runner::Tapped {
+            protocol: "a test tap",
+            frames: 10,
+            link: Some("mqtt".to_string()),
+            ..Default::default()
+        };
+        for (r, _, at) in f.sent.accepted() {
+            t.left.insert(r.id.clone());
+            t.sent.insert(r.id.clone(), at.as_millis() as u64);
+            t.acked.insert(r.id.clone());
+        }
+        t
+    }
+
+    #[test]
+    fn records_at_the_destination_that_never_crossed_the_link_went_around_it() {
+        let mut f = clean(ALL);
+        let mut t = tapped(&f);
+        f.tapped = Some(t.clone());
+        assert!(judge(&f).inconclusive.is_empty());
+        t.sent.remove("r/k0/4");
+        f.tapped = Some(t.clone());
+        assert_eq!(
+            judge(&f).inconclusive,
+            [
+                "1 records reached the destination without crossing the link (the first: r/k0/4): the engine's traffic bypassed the proxy"
+            ]
+        );
+        // A tap that could not read every frame judges nothing.
+        t.unreadable = 1;
+        f.tapped = Some(t);
+        assert!(judge(&f).inconclusive.is_empty());
+    }
+
+    #[test]
+    fn a_cut_the_tap_saw_records_cross_did_not_hold() {
+        let mut f = clean(ALL);
+        // Refused from 2.2 s to 4.8 s, and records 3 and 4 went up at 3 s and 4 s.
+        f.faults = vec![link_fault(Fault::Refuse, 2200, 4800)];
+        f.bypass_is_judged = false;
+        f.tapped = Some(tapped(&f));
+        let report = judge(&f);
+        assert_eq!(
+            report.inconclusive,
+            [
+                "link mqtt carried 2 records to the broker while it was refuse (2.2–4.8 s): the fault did not hold"
+            ]
+        );
+        // Several links share one tap (a NATS cluster): what crossed cannot be pinned on the
+        // refused one, so nothing is judged.
+        if let Some(t) = f.tapped.as_mut() {
+            t.link = None;
+        }
+        assert!(judge(&f).inconclusive.is_empty());
+    }
+
+    #[test]
+    fn lost_records_are_classed_by_where_the_tap_last_saw_them() {
+        let mut f = clean(ALL);
+        f.engine = None;
+        f.gives_account = false;
+        let mut t = tapped(&f);
+        // Lost: 7 never went up, 8 went up unanswered, 9 was acknowledged by the broker.
+        f.received
+            .arrivals
+            .retain(|a| !matches!(a.id.as_deref(), Some("r/k0/7" | "r/k0/8" | "r/k0/9")));
+        t.left.remove("r/k0/7");
+        t.sent.remove("r/k0/7");
+        t.acked.remove("r/k0/7");
+        t.acked.remove("r/k0/8");
+        f.tapped = Some(t);
+        let report = judge(&f);
+        let seen = report.lost_last_seen.clone().expect("something was lost");
+        assert_eq!(report.ledger.lost, 3);
+        assert_eq!(
+            (
+                seen.never_left.count,
+                seen.no_answer.count,
+                seen.broker_lost.count
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(seen.broker_lost.first, ["r/k0/9"]);
+        let md = crate::report::markdown(&report);
+        assert!(
+            md.contains("## Where the lost records were last seen"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| the broker acknowledged it and does not have it | 1 | r/k0/9 |"),
+            "{md}"
+        );
+        // Nothing lost: no section.
+        assert!(judge(&clean(ALL)).lost_last_seen.is_none());
+    }
+}

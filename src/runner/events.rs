@@ -1,0 +1,274 @@
+//! The fault log as typed facts: what was hit ([`FaultTarget`]), how ([`FaultKind`]), from when
+//! until when ([`FaultRecord`]).
+//!
+//! Every reader of the log — the oracle (did a fault bite, was the proxy bypassed, which copies
+//! a fault excuses), the recovery measure, the chart, `report.md` and `report.json` — matches on
+//! these enums. Their words (`link mqtt`, `swallow`, `kill (SIGKILL)`) are made here once, by
+//! `Display`, for people and for `report.json`'s fields; no decision ever reads them back.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::proxy::{Direction, Fault, FaultSpec};
+
+/// What a fault acted on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FaultTarget {
+    /// One proxy link, by name (`mqtt`, `nats-2`, `kafka-111`).
+    Link(String),
+    /// The proxy itself (every link at once): a restart.
+    Proxy,
+    /// One broker the drill started, by node name (`n1`), or `container` for the broker's
+    /// container.
+    Broker(String),
+    /// The system under test's process.
+    Engine,
+    /// The engine's data directory's filesystem.
+    EngineDisk,
+}
+
+impl FaultTarget {
+    /// A fault on the network path between the engine and its destination (a link or the
+    /// proxy): the faults whose records a user's engine may have in flight.
+    pub fn is_network(&self) -> bool {
+        matches!(self, FaultTarget::Link(_) | FaultTarget::Proxy)
+    }
+
+    /// A fault on the destination's side (network or broker): a user's engine, whose attempts
+    /// drill cannot see, may have sent a record twice across it.
+    pub fn is_destination_side(&self) -> bool {
+        self.is_network() || matches!(self, FaultTarget::Broker(_))
+    }
+}
+
+impl fmt::Display for FaultTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FaultTarget::Link(name) => write!(f, "link {name}"),
+            FaultTarget::Proxy => f.write_str("link proxy"),
+            FaultTarget::Broker(name) => write!(f, "broker {name}"),
+            FaultTarget::Engine => f.write_str("engine"),
+            FaultTarget::EngineDisk => f.write_str("engine disk"),
+        }
+    }
+}
+
+/// What a fault did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FaultKind {
+    /// A link fault (`refuse`, `swallow`, `delay` …) in a direction.
+    Link(FaultSpec),
+    /// Every connection dropped and the port refused until the heal.
+    ProxyRestart,
+    /// SIGKILL.
+    Kill,
+    /// SIGTERM (SIGKILL after a grace).
+    Stop,
+    /// The engine frozen with SIGSTOP until SIGCONT.
+    Pause,
+    /// A broker's container frozen (`docker pause`) until resumed.
+    Freeze,
+    /// SIGKILL, and every write not made durable thrown away — or, `torn`, landed but for the
+    /// last write's final sector; at a crash point (`fdatasync #3 on *.log`) when it had one.
+    PowerCut {
+        writes: u64,
+        bytes: u64,
+        files: u64,
+        torn: u64,
+        crash_point: Option<String>,
+    },
+    /// The data directory's disk reports no space.
+    DiskFull,
+}
+
+impl FaultKind {
+    /// The link fault, when this is one.
+    pub fn link(&self) -> Option<&FaultSpec> {
+        match self {
+            FaultKind::Link(spec) => Some(spec),
+            _ => None,
+        }
+    }
+
+    /// The direction a link fault acts in (`None` for every other kind).
+    pub fn direction(&self) -> Option<Direction> {
+        self.link().map(|s| s.direction)
+    }
+
+    /// A link fault that keeps the engine's bytes from reaching the broker: `refuse`, or
+    /// `swallow` and `hang` when they act upstream. A record first delivered while one is in
+    /// force went around the proxy.
+    pub fn stops_upstream(&self) -> bool {
+        let Some(spec) = self.link() else {
+            return false;
+        };
+        let upstream = matches!(spec.direction, Direction::Both | Direction::Upstream);
+        spec.fault == Fault::Refuse
+            || (upstream && matches!(spec.fault, Fault::Swallow | Fault::Hang))
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FaultKind::Link(spec) => f.write_str(&describe(spec)),
+            FaultKind::ProxyRestart => f.write_str("restart"),
+            FaultKind::Kill => f.write_str("kill (SIGKILL)"),
+            FaultKind::Stop => f.write_str("stop (SIGTERM)"),
+            FaultKind::Pause => f.write_str("pause (SIGSTOP)"),
+            FaultKind::Freeze => f.write_str("pause"),
+            FaultKind::PowerCut {
+                writes,
+                bytes,
+                files,
+                torn,
+                crash_point,
+            } => {
+                f.write_str("power cut")?;
+                if let Some(point) = crash_point {
+                    write!(f, " at {point}")?;
+                }
+                if *torn > 0 {
+                    write!(
+                        f,
+                        " (SIGKILL; {torn} writes torn in {files} files: their last sector, {bytes} bytes, never landed)"
+                    )
+                } else {
+                    write!(
+                        f,
+                        " (SIGKILL; {writes} unsynced writes, {bytes} bytes in {files} files thrown away)"
+                    )
+                }
+            }
+            FaultKind::DiskFull => f.write_str("disk full (data directory)"),
+        }
+    }
+}
+
+/// A link fault in a few words: `swallow`, `delay 100ms±10ms`, `throttle 50000 B/s`.
+pub fn describe(spec: &FaultSpec) -> String {
+    match spec.fault {
+        Fault::Delay => format!(
+            "delay {}ms±{}ms",
+            spec.latency.as_millis(),
+            spec.jitter.as_millis()
+        ),
+        Fault::Throttle => format!("throttle {} B/s", spec.bytes_per_s),
+        f => f.name().to_string(),
+    }
+}
+
+/// A fault as it was applied (times relative to the drill's start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultRecord {
+    /// The scenario's fault it carries out (its place in `Plan::faults`).
+    pub index: usize,
+    pub at_ms: u64,
+    pub target: FaultTarget,
+    pub kind: FaultKind,
+    /// The engine's data directory was emptied with it (`wipe_data`).
+    pub wiped: bool,
+    /// When it ended (healed, restarted, resumed); `None`: in force until the end.
+    pub until_ms: Option<u64>,
+    /// Whether the fault met the engine, when the runner saw it directly (a `strand` bites
+    /// the connections open at its instant); `None`: judged from the records.
+    pub bit: Option<bool>,
+    /// Why the fault was not carried out at all (a broker fault that found no node, no
+    /// leader): the drill proved nothing about it.
+    pub no_target: Option<String>,
+}
+
+impl FaultRecord {
+    /// What it did, as the report words it: `kill (SIGKILL), data directory emptied`.
+    pub fn what(&self) -> String {
+        if self.wiped {
+            format!("{}, data directory emptied", self.kind)
+        } else {
+            self.kind.to_string()
+        }
+    }
+
+    /// `link mqtt swallow both`: target, what, and direction where there is one.
+    pub fn label(&self) -> String {
+        match self.kind.direction() {
+            Some(d) => format!("{} {} {}", self.target, self.what(), d.name()),
+            None => format!("{} {}", self.target, self.what()),
+        }
+    }
+}
+
+/// `report.json`'s `faults[]` entry (DESIGN.md §6): `{at_ms, target, fault, direction,
+/// until_ms}`, the words made by `Display`.
+impl Serialize for FaultRecord {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = s.serialize_struct("FaultRecord", 5)?;
+        out.serialize_field("at_ms", &self.at_ms)?;
+        out.serialize_field("target", &self.target.to_string())?;
+        out.serialize_field("fault", &self.what())?;
+        out.serialize_field("direction", &self.kind.direction().map(Direction::name))?;
+        out.serialize_field("until_ms", &self.until_ms)?;
+        out.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(fault: Fault, direction: Direction) -> FaultKind {
+        FaultKind::Link(FaultSpec::new(fault, direction))
+    }
+
+    #[test]
+    fn the_words_are_those_report_json_always_had() {
+        let r = FaultRecord {
+            index: 0,
+            at_ms: 20_000,
+            target: FaultTarget::Link("mqtt".into()),
+            kind: link(Fault::Swallow, Direction::Both),
+            wiped: false,
+            until_ms: Some(40_000),
+            bit: None,
+            no_target: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            serde_json::json!({"at_ms": 20000, "target": "link mqtt", "fault": "swallow", "direction": "both", "until_ms": 40000})
+        );
+        assert_eq!(r.label(), "link mqtt swallow both");
+        let kill = FaultRecord {
+            target: FaultTarget::Engine,
+            kind: FaultKind::Kill,
+            wiped: true,
+            until_ms: None,
+            ..r
+        };
+        assert_eq!(
+            serde_json::to_value(&kill).unwrap()["fault"],
+            "kill (SIGKILL), data directory emptied"
+        );
+        assert_eq!(
+            kill.label(),
+            "engine kill (SIGKILL), data directory emptied"
+        );
+        assert_eq!(FaultTarget::Proxy.to_string(), "link proxy");
+        assert_eq!(
+            FaultTarget::Broker("container".into()).to_string(),
+            "broker container"
+        );
+        assert_eq!(FaultKind::Freeze.to_string(), "pause");
+    }
+
+    #[test]
+    fn what_stops_the_engines_bytes_on_the_way_up() {
+        assert!(link(Fault::Refuse, Direction::Downstream).stops_upstream());
+        assert!(link(Fault::Swallow, Direction::Both).stops_upstream());
+        assert!(link(Fault::Hang, Direction::Upstream).stops_upstream());
+        assert!(!link(Fault::Swallow, Direction::Downstream).stops_upstream());
+        assert!(!link(Fault::Delay, Direction::Both).stops_upstream());
+        assert!(!FaultKind::ProxyRestart.stops_upstream());
+        assert!(!FaultKind::Kill.stops_upstream());
+    }
+}

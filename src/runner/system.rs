@@ -1,0 +1,158 @@
+//! Starting the system under test, forwarding to the rig's links: the built-in engine (its
+//! `engine.yaml` made from the plan) or a user's engine (its placeholders given values:
+//! ingest, links, ports, folders).
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+
+use super::provision::Rig;
+use super::{Options, RunError, say};
+use crate::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig};
+use crate::process::free_port;
+use crate::proxy::Link;
+use crate::scenario::{CommandSpec, Plan};
+use crate::sut::command::Placement;
+use crate::sut::{CommandEngine, EngineProcess, System};
+
+/// Starts the system under test and waits until it is ready.
+pub(super) async fn start_system(
+    plan: &Plan,
+    options: &Options,
+    rig: &Rig,
+    work: &Path,
+    run_id: &str,
+) -> Result<System, RunError> {
+    let io = |source| RunError::Io {
+        path: work.to_path_buf(),
+        source,
+    };
+    let engine_port = free_port().map_err(io)?;
+    let system = match &plan.command {
+        Some(spec) => {
+            let ingest = SocketAddr::from(([127, 0, 0, 1], engine_port));
+            let engine = command_engine(plan, spec, options, rig, work, run_id, ingest).await?;
+            System::Command(Box::new(engine))
+        }
+        None => {
+            let config = builtin_config(plan, rig, work, engine_port);
+            let engine = EngineProcess::start(&options.engine_exe, config, work).await?;
+            System::Builtin(Box::new(engine))
+        }
+    };
+    say(&format!("  engine: {}", system.describe()));
+    Ok(system)
+}
+
+/// `engine.yaml` for the built-in engine: one output to the destination through its link(s).
+fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfig {
+    let e = &plan.engine;
+    let d = &plan.destination;
+    EngineConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], port)),
+        data_dir: work.join("engine-data"),
+        outputs: vec![OutputConfig {
+            promise: e.promise,
+            order: e.order,
+            keepalive: DurText(e.keepalive),
+            answer_timeout: DurText(e.answer_timeout),
+            window: e.window,
+            refusals: Some(RefusalConfig {
+                max: e.refusals.0,
+                backoff: [DurText(e.refusals.1), DurText(e.refusals.2)],
+            }),
+            more_addresses: rig.links.iter().skip(1).map(Link::listen_addr).collect(),
+            credentials: d
+                .external
+                .as_ref()
+                .map(|x| x.credentials.clone())
+                .unwrap_or_default(),
+            ..OutputConfig::new(
+                d.kind.name(),
+                &d.link_name(),
+                rig.link.listen_addr(),
+                &d.topic,
+            )
+        }],
+        disk: Default::default(),
+    }
+}
+
+/// A user's engine: a free port for every `{port.NAME}`, every placeholder's value, started.
+async fn command_engine(
+    plan: &Plan,
+    spec: &CommandSpec,
+    options: &Options,
+    rig: &Rig,
+    work: &Path,
+    run_id: &str,
+    ingest: SocketAddr,
+) -> Result<CommandEngine, RunError> {
+    let io = |source| RunError::Io {
+        path: work.to_path_buf(),
+        source,
+    };
+    let data_dir = work.join("engine-data");
+    std::fs::create_dir_all(&data_dir).map_err(io)?;
+    let mut ports = BTreeMap::new();
+    let mut taken = HashSet::from([ingest.port()]);
+    for name in &spec.ports {
+        let mut port = free_port().map_err(io)?;
+        while !taken.insert(port) {
+            port = free_port().map_err(io)?;
+        }
+        ports.insert(name.clone(), port);
+    }
+    let values = placeholders(plan, rig, work, &data_dir, run_id, ingest, &ports);
+    let log_path = work.parent().unwrap_or(work).join("engine.log");
+    let _ = std::fs::remove_file(&log_path);
+    let engine = CommandEngine::start(
+        spec,
+        Placement {
+            values: &values,
+            ports: &ports,
+            ingest,
+            work_dir: work,
+            data_dir: &data_dir,
+            log_path,
+            drill_exe: &options.engine_exe,
+        },
+    )
+    .await?;
+    Ok(engine)
+}
+
+/// The value of every placeholder a user's engine may use (`{ingest}`, `{link.NAME}` …).
+fn placeholders(
+    plan: &Plan,
+    rig: &Rig,
+    work: &Path,
+    data_dir: &Path,
+    run_id: &str,
+    ingest: SocketAddr,
+    ports: &BTreeMap<String, u16>,
+) -> BTreeMap<String, String> {
+    let mut values: BTreeMap<String, String> = BTreeMap::new();
+    let mut set = |k: &str, v: String| {
+        values.insert(k.to_string(), v);
+    };
+    set("ingest", ingest.to_string());
+    set("ingest.host", ingest.ip().to_string());
+    set("ingest.port", ingest.port().to_string());
+    set("topic", plan.destination.topic.clone());
+    set("data_dir", data_dir.display().to_string());
+    set("work_dir", work.display().to_string());
+    let scenario_dir = crate::scenario::command::scenario_dir(&plan.source);
+    set("scenario_dir", scenario_dir.display().to_string());
+    set("run", run_id.to_string());
+    for l in &rig.links {
+        let a = l.listen_addr();
+        set(&format!("link.{}", l.name()), a.to_string());
+        set(&format!("link.{}.host", l.name()), a.ip().to_string());
+        set(&format!("link.{}.port", l.name()), a.port().to_string());
+    }
+    for (name, port) in ports {
+        set(&format!("port.{name}"), port.to_string());
+    }
+    values
+}
