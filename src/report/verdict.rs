@@ -65,9 +65,8 @@ pub fn judge(facts: &Facts) -> Report {
         faults: facts.faults.clone(),
         recovery,
         attempts: facts
-            .engine
-            .as_ref()
-            .and_then(|s| s.attempts)
+            .journal_attempts
+            .or_else(|| facts.engine.as_ref().and_then(|s| s.attempts))
             .unwrap_or_default(),
         promise: facts.plan.engine.promise.name(),
         runtime: facts.runtime.clone(),
@@ -425,6 +424,7 @@ pub(crate) mod tests {
             sent,
             received,
             possibly_sent_keys: Some(HashSet::new()),
+            journal_attempts: None,
             crashes: Vec::new(),
             power_cuts: Vec::new(),
             faults: Vec::new(),

@@ -43,6 +43,10 @@ pub struct Facts {
     /// The built-in engine's write keys that had an attempt end `possibly_sent`, from its
     /// attempt journal; `None` for a user's engine, whose attempts drill cannot see.
     pub possibly_sent_keys: Option<HashSet<String>>,
+    /// The built-in engine's attempts by outcome over every run of it in the drill, from the
+    /// same journal (its `/stats` counts start again at each restart); `None` for a user's
+    /// engine, whose attempts are what its account says, if anything.
+    pub journal_attempts: Option<crate::engine::AttemptCountsView>,
     /// When the engine was killed or stopped (a power cut is one too).
     pub crashes: Vec<Duration>,
     /// Which of those were power cuts.

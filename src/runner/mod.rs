@@ -356,7 +356,7 @@ async fn finish(
     played.sampler.abort();
     let _ = played.sampler.await;
     progress::finish();
-    let possibly_sent_keys = system.possibly_sent_keys();
+    let journal = system.journal();
     let gives_account = system.gives_account();
     notes.extend(account_notes(gives_account, system.sees_attempts()));
     system.stop(Duration::from_secs(10)).await;
@@ -385,7 +385,8 @@ async fn finish(
         runtime: running.runtime.to_string(),
         sent,
         received,
-        possibly_sent_keys,
+        journal_attempts: journal.as_ref().map(|j| j.attempts),
+        possibly_sent_keys: journal.map(|j| j.possibly_sent_keys),
         crashes: played.crashes,
         power_cuts: played.power_cuts,
         faults: played.faults,

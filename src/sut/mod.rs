@@ -210,11 +210,11 @@ impl System {
         matches!(self, System::Builtin(_))
     }
 
-    /// Write keys that had an attempt end `possibly_sent` (the built-in engine's journal);
-    /// `None` when the system keeps no journal drill can read.
-    pub fn possibly_sent_keys(&self) -> Option<HashSet<String>> {
+    /// The built-in engine's attempt journal, over all its runs in the drill; `None` when the
+    /// system keeps no journal drill can read.
+    pub fn journal(&self) -> Option<Journal> {
         match self {
-            System::Builtin(e) => Some(possibly_sent_keys(&e.data_dir().join("attempts.jsonl"))),
+            System::Builtin(e) => Some(read_journal(&e.data_dir().join("attempts.jsonl"))),
             System::Command(_) => None,
         }
     }
@@ -258,13 +258,84 @@ impl System {
     }
 }
 
-/// Write keys that had an attempt end `possibly_sent` (from the engine's attempt journal).
-fn possibly_sent_keys(path: &Path) -> HashSet<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v.get("outcome").and_then(|o| o.as_str()) == Some("possibly_sent"))
-        .filter_map(|v| v.get("key").and_then(|k| k.as_str()).map(str::to_string))
-        .collect()
+/// What the built-in engine's attempt journal says, over every run of the engine in the drill:
+/// its `/stats` counts start again at each restart, the journal (in the data directory) does not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Journal {
+    /// Write keys that had an attempt end `possibly_sent`.
+    pub possibly_sent_keys: HashSet<String>,
+    /// Every attempt the journal closed, by outcome.
+    pub attempts: AttemptCountsView,
+}
+
+/// Reads the attempt journal at `path` (an unreadable or absent one reads as empty; a line
+/// that is not an attempt, e.g. torn by a kill, is passed over).
+fn read_journal(path: &Path) -> Journal {
+    #[derive(serde::Deserialize)]
+    struct Line<'a> {
+        #[serde(borrow, default)]
+        key: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, default)]
+        outcome: Option<std::borrow::Cow<'a, str>>,
+    }
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut journal = Journal::default();
+    for line in text.lines() {
+        let Ok(Line { key, outcome }) = serde_json::from_str::<Line>(line) else {
+            continue;
+        };
+        let a = &mut journal.attempts;
+        match outcome.as_deref() {
+            Some("delivered") => a.delivered += 1,
+            Some("refused") => a.refused += 1,
+            Some("sent_unconfirmed") => a.sent_unconfirmed += 1,
+            Some("possibly_sent") => {
+                a.possibly_sent += 1;
+                if let Some(key) = key {
+                    journal.possibly_sent_keys.insert(key.into_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    journal
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_journal_counts_every_run_of_the_engine_and_passes_over_a_torn_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("attempts.jsonl");
+        let line = |key: &str, outcome: &str| {
+            format!(
+                "{{\"output\":\"m\",\"key\":\"{key}\",\"seq\":0,\"attempt\":1,\"opened_ms\":1,\"closed_ms\":2,\"outcome\":\"{outcome}\"}}\n"
+            )
+        };
+        // A first run, killed mid-line; the restarted run appends to the same journal.
+        let text = [
+            line("k-0", "possibly_sent"),
+            line("k-1", "refused"),
+            "{\"output\":\"m\",\"key\":\"k-2\",\"outc".to_string() + "\n",
+            line("k-0", "delivered"),
+            line("k-1", "delivered"),
+            line("k-3", "sent_unconfirmed"),
+        ]
+        .concat();
+        std::fs::write(&path, text).unwrap();
+        let j = read_journal(&path);
+        assert_eq!(
+            j.attempts,
+            AttemptCountsView {
+                delivered: 2,
+                refused: 1,
+                possibly_sent: 1,
+                sent_unconfirmed: 1,
+            }
+        );
+        assert_eq!(j.possibly_sent_keys, HashSet::from(["k-0".to_string()]));
+        assert_eq!(read_journal(&dir.path().join("none")), Journal::default());
+    }
 }
