@@ -208,6 +208,19 @@ fn the_ci_catalogue_catches_every_mutant_and_passes_the_correct_engine() {
             .iter()
             .all(|c| c["outcome"] == "pass")
     );
+    // The half-open drill's swallow bit the correct engine: answers were discarded on the link
+    // and the attempts they belonged to ended possibly_sent (then delivered, one copy each).
+    let half_open: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("selftest/correct/mqtt-half-open/report.json")).unwrap(),
+    )
+    .unwrap();
+    let swallowed = &half_open["link"]["bytes_swallowed_downstream"];
+    let open = &half_open["attempts"]["possibly_sent"];
+    println!(
+        "mqtt-half-open: {swallowed} bytes of answers swallowed, {open} attempts possibly_sent"
+    );
+    assert!(swallowed.as_u64().unwrap_or(0) > 0, "{half_open:#}");
+    assert!(open.as_u64().unwrap_or(0) > 0, "{half_open:#}");
     // Every mutant caught by its signature on a `ci` drill, conclusively.
     for row in &rows[1..] {
         let cells = row["cells"].as_array().unwrap();
