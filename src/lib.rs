@@ -6,7 +6,7 @@
 //! flowing top to bottom: [`scenario`] (YAML → `Plan`) → [`runner`] (one drill: [`dest`]
 //! provisions the destination kind's broker and [`proxy`] links, [`sut`] starts the engine —
 //! [`engine`], or the user's — [`workload`] feeds it, the kind's reader reads back) →
-//! [`report`] (judge the runner's facts, render them). Leaf modules carry the words they share:
+//! [`report`] (judge the runner's facts, render them); [`diff`] compares two runs' reports. Leaf modules carry the words they share:
 //! [`promise`], [`units`], [`credentials`], [`seed`], [`located`], [`process`].
 
 pub mod bench;
@@ -14,6 +14,7 @@ pub mod container;
 pub mod control;
 pub mod credentials;
 pub mod dest;
+pub mod diff;
 pub mod engine;
 pub mod located;
 pub mod mqtt;

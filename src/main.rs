@@ -1,4 +1,4 @@
-//! The `drill` command line: `run`, `check`, `schema`, `engine`, `proxy`, `bench`.
+//! The `drill` command line: `run`, `diff`, `check`, `schema`, `engine`, `proxy`, `bench`.
 //!
 //! Exit codes (DESIGN.md §6): 0 every expectation held, 1 an expectation failed, 2 invalid
 //! input (scenario, flags), 3 infrastructure failure (a broker or the engine could not start).
@@ -72,6 +72,22 @@ enum Command {
         /// Override every scenario's seed.
         #[arg(long)]
         seed: Option<u64>,
+    },
+    /// Compare two runs' reports (a pull request's against main's): verdict, lost, duplicates
+    /// beyond the promise, reordered, recovery and drain per fault, peak delivery, with the change.
+    Diff {
+        /// The base: a report.json, a drill's report folder, or a folder of them (`--out DIR`).
+        base: PathBuf,
+        /// The new run, likewise.
+        new: PathBuf,
+        /// Print markdown (a pull request comment, a job summary) instead of a table.
+        #[arg(long)]
+        markdown: bool,
+        /// Exit 1 when a change is beyond a margin, e.g. recovery+20%,drain+20%,duplicates+0
+        /// (metrics: verdict, lost, duplicates, reordered, recovery, drain, throughput-N%).
+        /// Without it, the diff only reports.
+        #[arg(long)]
+        fail_on: Option<String>,
     },
     /// Validate scenario files (or folders of them) without starting anything.
     Check {
@@ -257,6 +273,17 @@ async fn dispatch(command: Command) -> u8 {
             };
             cli::selftest::run(flags, cancel).await
         }
+        Command::Diff {
+            base,
+            new,
+            markdown,
+            fail_on,
+        } => cli::diff::run(cli::diff::Flags {
+            base,
+            new,
+            markdown,
+            fail_on,
+        }),
         Command::Check { files } => cli::check::check(&files),
         Command::Schema => cli::check::schema(),
         Command::Engine {

@@ -1,6 +1,7 @@
 //! Command bodies of the `drill` binary; `main.rs` only parses flags and dispatches.
 
 pub mod check;
+pub mod diff;
 pub mod run;
 pub mod selftest;
 
