@@ -393,7 +393,8 @@ fn rows(base: &RunReport, new: &RunReport) -> Vec<Row> {
 }
 
 /// The faults of both runs, paired by description and then by order among the same ones
-/// (`link mqtt swallow both`, `link mqtt swallow both #2`).
+/// (`link mqtt swallow both`, `link mqtt swallow both #2`). What a run found out about a fault,
+/// in parentheses (`engine power cut (SIGKILL; 440 unsynced writes …)`), is not part of it.
 fn per_fault<'a>(
     base: &'a [RunRecovery],
     new: &'a [RunRecovery],
@@ -402,11 +403,12 @@ fn per_fault<'a>(
         let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
         rs.iter()
             .map(|r| {
-                let n = seen.entry(r.fault.as_str()).or_default();
+                let fault = r.fault.split(" (").next().unwrap_or(&r.fault);
+                let n = seen.entry(fault).or_default();
                 *n += 1;
                 let label = match *n {
-                    1 => r.fault.clone(),
-                    n => format!("{} #{n}", r.fault),
+                    1 => fault.to_string(),
+                    n => format!("{fault} #{n}"),
                 };
                 (label, r)
             })
@@ -657,6 +659,22 @@ mod tests {
             md.contains("| lost | 0 | 2 | +2 **regression** (`lost+0`) |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn faults_pair_by_what_they_are_not_by_what_the_run_found() {
+        let mut base = report("d", "pass", 0, 500, 700);
+        let mut new = report("d", "pass", 0, 900, 700);
+        base.recovery[0].fault = "engine power cut (SIGKILL; 440 unsynced writes)".into();
+        new.recovery[0].fault = "engine power cut (SIGKILL; 12 unsynced writes)".into();
+        let d = compare(&one(base), &one(new), &[]);
+        let row = d.drills[0]
+            .rows
+            .iter()
+            .find(|r| r.metric == Metric::Recovery)
+            .unwrap();
+        assert_eq!(row.label, "recovery after engine power cut");
+        assert_eq!((row.base, row.new), (Some(500.0), Some(900.0)));
     }
 
     #[test]
