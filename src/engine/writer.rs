@@ -48,16 +48,22 @@ pub(super) fn spawn(
                 late.answer_now(&log, std::mem::take(&mut jobs));
                 late.write_due(&mut log, &held, &to_outputs, false);
             }
-            if !jobs.is_empty() {
-                commit(&mut log, jobs, &held, &to_outputs);
-            }
             #[cfg(feature = "mutants")]
-            if mutant::is(Mutant::AckBeforeFdatasync) && synced_at.elapsed() >= mutant::SYNC_EVERY {
-                // MUTANT: the fdatasync that `append_batch` skipped, long after the answers.
+            if mutant::is(Mutant::AckBeforeFdatasync)
+                && !jobs.is_empty()
+                && synced_at.elapsed() >= mutant::SYNC_EVERY
+            {
+                // MUTANT: the fdatasync that `append_batch` skipped, long after the answers —
+                // and before this round's batch, so the newest acknowledged batch is never
+                // durable: a power cut at any instant loses it (syncing after the commit left
+                // the whole log durable until the next batch, and a cut there lost nothing).
                 if let Err(e) = log.sync_late() {
                     eprintln!("drill engine: MUTANT ack-before-fdatasync: late sync failed: {e}");
                 }
                 synced_at = Instant::now();
+            }
+            if !jobs.is_empty() {
+                commit(&mut log, jobs, &held, &to_outputs);
             }
             release(&mut log, &log_state);
         }
