@@ -54,6 +54,37 @@ async fn refuse_means_nothing_listens_and_existing_connections_are_reset() {
     established(&link).await;
 }
 
+/// While a link refuses, its port stays taken: a free-port pick never lands on it and a
+/// program binding it explicitly is told it is in use (a parallel drill's broker could take a
+/// released port, and the link could not listen again). After the heal it is the link's again.
+#[tokio::test]
+async fn a_refusing_link_holds_its_port() {
+    let up = echo().await;
+    let link = link_to(&up).await;
+    let port = link.listen_addr().port();
+    for _ in 0..3 {
+        link.apply_settled(Fault::Refuse, Direction::Both).await;
+        let err = TcpStream::connect(link.listen_addr()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ConnectionRefused, "{err}");
+        // (A program that sets SO_REUSEADDR itself could still bind it: Linux lets two such
+        // sockets share a port while neither listens.)
+        let other =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let taken = other.bind(&link.listen_addr().into()).unwrap_err();
+        assert_eq!(taken.kind(), ErrorKind::AddrInUse, "{taken}");
+        // Every free port the kernel hands out in one pass over its range, and then some.
+        let picks = (0..40_000)
+            .filter(|_| {
+                let s = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                s.local_addr().unwrap().port() == port
+            })
+            .count();
+        assert_eq!(picks, 0, "a free-port pick got the refusing link's port");
+        link.apply_settled(Fault::Heal, Direction::Both).await;
+        established(&link).await;
+    }
+}
+
 #[tokio::test]
 async fn links_are_independent() {
     let up = echo().await;

@@ -332,6 +332,14 @@ pub enum ProxyError {
         listen: SocketAddr,
         source: std::io::Error,
     },
+    /// The heal found the link's port taken: what reached that port during the drill went to
+    /// another program, so the drill says nothing about the engine.
+    #[error("link {name}: could not listen again on {listen} after the heal: {why}")]
+    Relisten {
+        name: String,
+        listen: SocketAddr,
+        why: String,
+    },
 }
 
 pub(crate) struct LinkShared {
@@ -343,6 +351,8 @@ pub(crate) struct LinkShared {
     pub(crate) condition: watch::Sender<Condition>,
     /// The last epoch the accept loop has acted on (refuse closes the listener, heal reopens it).
     settled: watch::Sender<u64>,
+    /// Why the accept loop could not listen again after a heal, once it gave up.
+    relisten_failed: std::sync::Mutex<Option<String>>,
     pub(crate) counters: Counters,
     pub(crate) tasks: TaskTracker,
     /// Jitter draws, seeded.
@@ -423,9 +433,8 @@ impl Link {
         cancel: CancellationToken,
         kafka: Option<kafka::Role>,
     ) -> std::io::Result<Link> {
-        listener.set_nonblocking(true)?;
-        let listener = TcpListener::from_std(listener)?;
         let listen = listener.local_addr()?;
+        let port = Port::new(listener)?;
         let (condition, _) = watch::channel(Condition {
             active: None,
             since: Instant::now(),
@@ -439,6 +448,7 @@ impl Link {
             upstream: std::sync::RwLock::new(upstream),
             condition,
             settled,
+            relisten_failed: std::sync::Mutex::new(None),
             counters: Counters::default(),
             tasks: TaskTracker::new(),
             rng: std::sync::Mutex::new(crate::seed::Seeded::new(0)),
@@ -449,7 +459,7 @@ impl Link {
         let accept = link.clone();
         link.shared
             .tasks
-            .spawn(async move { accept.accept_loop(Some(listener)).await });
+            .spawn(async move { accept.accept_loop(port).await });
         Ok(link)
     }
 
@@ -606,6 +616,24 @@ impl Link {
             .unwrap_or(false)
     }
 
+    /// `Err` once the link could not listen again after a heal (its port was taken): it
+    /// accepts nothing from then on.
+    pub fn listening(&self) -> Result<(), ProxyError> {
+        let failed = match self.shared.relisten_failed.lock() {
+            Ok(f) => f.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        let members = self.members().into_iter().map(|m| m.listening());
+        match failed {
+            Some(why) => Err(ProxyError::Relisten {
+                name: self.shared.name.clone(),
+                listen: self.shared.listen,
+                why,
+            }),
+            None => members.collect(),
+        }
+    }
+
     /// Applies a fault and waits for the listener to follow (bounded; never on data flow).
     pub async fn apply_settled(&self, fault: Fault, direction: Direction) {
         self.apply_spec_settled(FaultSpec::new(fault, direction))
@@ -677,21 +705,25 @@ impl Link {
         self.shared.tasks.wait().await;
     }
 
-    async fn accept_loop(self, mut listener: Option<TcpListener>) {
+    async fn accept_loop(self, mut port: Port) {
         let mut rx = self.shared.condition.subscribe();
         loop {
             let condition = rx.borrow_and_update().clone();
             if condition.refuses() {
-                // Nothing listens: the kernel answers new connects with RST (ECONNREFUSED).
-                listener = None;
-            } else if listener.is_none() {
-                listener = self.rebind().await;
-                if listener.is_none() {
-                    return;
+                port.refuse();
+            } else if let Err(e) = port.listen(&self.cancel).await {
+                eprintln!(
+                    "drill: link {}: could not listen again on {}: {e}",
+                    self.shared.name, self.shared.listen
+                );
+                if let Ok(mut failed) = self.shared.relisten_failed.lock() {
+                    *failed = Some(e.to_string());
                 }
+                self.shared.settled.send_replace(condition.epoch);
+                return;
             }
             self.shared.settled.send_replace(condition.epoch);
-            match &listener {
+            match &port.accepting {
                 None => {
                     tokio::select! {
                         _ = rx.changed() => {}
@@ -715,31 +747,90 @@ impl Link {
             }
         }
     }
+}
 
-    /// Listens again on the same address after a `refuse` (SO_REUSEADDR is set by tokio).
-    async fn rebind(&self) -> Option<TcpListener> {
-        for _ in 0..200 {
-            match TcpListener::bind(self.shared.listen).await {
-                Ok(l) => return Some(l),
+/// A link's port, held from the first bind to the link's end. While the link refuses, a
+/// socket stays bound to the port without listening: a connect gets RST (ECONNREFUSED), as
+/// from a stopped service, and nothing else can take the port meanwhile — a free-port pick
+/// (`bind` to port 0) and a client's ephemeral source port both pass over a bound port. The
+/// heal makes that same socket listen. Closing the listener and binding anew at the heal left
+/// the port free for the whole refusal; once another drill of the same selftest took it, the
+/// link could not listen again and the engine delivered into that other drill's broker (seen
+/// once in CI: `mqtt-flapping`, 1101 records lost after the proxy restart). Linux cannot stop
+/// a socket listening (`shutdown` of a listener gives its port up), so the listener itself is
+/// closed and the holder bound at once after: a window of microseconds, not seconds.
+struct Port {
+    listen: SocketAddr,
+    /// The listener, while the link accepts.
+    accepting: Option<TcpListener>,
+    /// The bound, not listening socket, while the link refuses.
+    held: Option<socket2::Socket>,
+}
+
+impl Port {
+    fn new(listener: std::net::TcpListener) -> std::io::Result<Port> {
+        let listen = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        Ok(Port {
+            listen,
+            accepting: Some(TcpListener::from_std(listener)?),
+            held: None,
+        })
+    }
+
+    /// Listens (again, after a refusal) on the same port; a no-op while listening.
+    async fn listen(&mut self, cancel: &CancellationToken) -> std::io::Result<()> {
+        if self.accepting.is_some() {
+            return Ok(());
+        }
+        let listener: std::net::TcpListener = match self.held.take() {
+            Some(held) => {
+                held.listen(1024)?;
+                held.into()
+            }
+            // The holder could not be bound: the port was free; take it back if it still is.
+            None => Port::rebind(self.listen, cancel).await?,
+        };
+        listener.set_nonblocking(true)?;
+        self.accepting = Some(TcpListener::from_std(listener)?);
+        Ok(())
+    }
+
+    /// Stops listening (what waits in the accept queue is reset) and holds the port.
+    fn refuse(&mut self) {
+        if self.accepting.take().is_none() {
+            return;
+        }
+        match hold(self.listen) {
+            Ok(held) => self.held = Some(held),
+            Err(e) => eprintln!(
+                "drill: cannot hold {} while refusing ({e}); it is free until the heal",
+                self.listen
+            ),
+        }
+    }
+
+    /// Binds `listen` again, retrying for 2 s while it is in use.
+    async fn rebind(
+        listen: SocketAddr,
+        cancel: &CancellationToken,
+    ) -> std::io::Result<std::net::TcpListener> {
+        let mut tries = 0;
+        loop {
+            match listen_reusable(listen) {
+                Ok(l) => return Ok(l),
+                Err(e) if tries >= 200 || cancel.is_cancelled() => return Err(e),
                 Err(_) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(10)) => {}
-                        _ = self.cancel.cancelled() => return None,
-                    }
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
         }
-        eprintln!(
-            "drill: link {}: could not listen again on {}",
-            self.shared.name, self.shared.listen
-        );
-        None
     }
 }
 
-/// A listening socket with SO_REUSEADDR (as Tokio's own bind sets it): after a `refuse` the
-/// link listens again on the same port while old connections linger in TIME_WAIT.
-pub(crate) fn listen_reusable(listen: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+/// A socket bound to `listen` with SO_REUSEADDR (as the listener had), not listening.
+fn hold(listen: SocketAddr) -> std::io::Result<socket2::Socket> {
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(listen),
         socket2::Type::STREAM,
@@ -747,6 +838,13 @@ pub(crate) fn listen_reusable(listen: SocketAddr) -> std::io::Result<std::net::T
     )?;
     socket.set_reuse_address(true)?;
     socket.bind(&listen.into())?;
+    Ok(socket)
+}
+
+/// A listening socket with SO_REUSEADDR (as Tokio's own bind sets it): after a `refuse` the
+/// link listens again on the same port while old connections linger in TIME_WAIT.
+pub(crate) fn listen_reusable(listen: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = hold(listen)?;
     socket.listen(1024)?;
     Ok(socket.into())
 }

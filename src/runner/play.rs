@@ -103,7 +103,7 @@ impl<'a> Drill<'a> {
         match step {
             Step::Link { index, link, spec } => self.link_fault(*index, link, spec, now).await,
             Step::ProxyDown { index } => self.proxy_down(*index, now).await,
-            Step::Heal { index, link } => self.heal(*index, link, now).await,
+            Step::Heal { index, link } => self.heal(*index, link, now).await?,
             Step::Engine {
                 index,
                 action,
@@ -210,7 +210,14 @@ impl<'a> Drill<'a> {
         self.record(index, now, FaultTarget::Proxy, FaultKind::ProxyRestart);
     }
 
-    async fn heal(&mut self, index: Option<usize>, name: &str, now: Duration) {
+    /// Heals a link (or the proxy). `Err` when a link could not take its port back: the
+    /// drill cannot tell anything about the engine from then on (exit 3, not a verdict).
+    async fn heal(
+        &mut self,
+        index: Option<usize>,
+        name: &str,
+        now: Duration,
+    ) -> Result<(), RunError> {
         for l in self
             .rig
             .links
@@ -218,6 +225,7 @@ impl<'a> Drill<'a> {
             .filter(|l| name == "proxy" || l.name() == name)
         {
             l.apply_settled(Fault::Heal, Direction::Both).await;
+            l.listening()?;
         }
         if !self.rig.links.iter().any(|l| l.name() == name) {
             self.rig
@@ -237,6 +245,7 @@ impl<'a> Drill<'a> {
         if let Some(f) = open {
             f.until_ms = Some(ms(now));
         }
+        Ok(())
     }
 
     async fn engine_fault(
