@@ -1,4 +1,4 @@
-//! The `drill` command line: `run`, `diff`, `check`, `schema`, `engine`, `proxy`, `bench`.
+//! The `drill` command line: `run`, `diff`, `init`, `check`, `schema`, `engine`, `proxy`, `bench`.
 //!
 //! Exit codes (DESIGN.md §6): 0 every expectation held, 1 an expectation failed, 2 invalid
 //! input (scenario, flags), 3 infrastructure failure (a broker or the engine could not start).
@@ -88,6 +88,40 @@ enum Command {
         /// Without it, the diff only reports.
         #[arg(long)]
         fail_on: Option<String>,
+    },
+    /// Write a commented starter drill for your own engine (a half-open link, a SIGKILL
+    /// mid-outage, a refused link), drills/README.md and with --ci the GitHub workflow. Without
+    /// flags on a terminal it asks.
+    Init {
+        /// Your engine's command line, with placeholders: {ingest}, {link.mqtt|nats|kafka},
+        /// {topic}, {data_dir} (quoted as a shell would split it; run without a shell).
+        #[arg(long)]
+        engine: Option<String>,
+        /// How drill hands records to the engine.
+        #[arg(long, value_enum)]
+        ingest: Option<cli::init::Ingest>,
+        /// Where the engine forwards to.
+        #[arg(long, value_enum)]
+        destination: Option<cli::init::Destination>,
+        /// The drill's name (default: from the engine's program).
+        #[arg(long)]
+        name: Option<String>,
+        /// The folder the drill goes in.
+        #[arg(long, default_value = "drills")]
+        out: PathBuf,
+        /// The engine's account: an HTTP path on its ingest port answering JSON with
+        /// `waiting` and `failed`, e.g. /stats.
+        #[arg(long)]
+        stats: Option<String>,
+        /// The header, user property or field the engine puts each record's write key in.
+        #[arg(long)]
+        write_key: Option<String>,
+        /// Also write .github/workflows/drill.yml.
+        #[arg(long)]
+        ci: bool,
+        /// Overwrite files that exist.
+        #[arg(long)]
+        force: bool,
     },
     /// Validate scenario files (or folders of them) without starting anything.
     Check {
@@ -283,6 +317,27 @@ async fn dispatch(command: Command) -> u8 {
             new,
             markdown,
             fail_on,
+        }),
+        Command::Init {
+            engine,
+            ingest,
+            destination,
+            name,
+            out,
+            stats,
+            write_key,
+            ci,
+            force,
+        } => cli::init::init(cli::init::Flags {
+            engine,
+            ingest,
+            destination,
+            name,
+            out,
+            stats,
+            write_key,
+            ci,
+            force,
         }),
         Command::Check { files } => cli::check::check(&files),
         Command::Schema => cli::check::schema(),

@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod diff;
+pub mod init;
 pub mod run;
 pub mod selftest;
 
