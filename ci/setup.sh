@@ -60,7 +60,15 @@ if ! command -v tansu >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/tansu" ]; then
   cargo install tansu --version 0.6.0 --features dynostore,libsql --locked -q
 fi
 
+# mdBook: builds the book under docs/ (ci/book.sh). A cold build takes a few minutes; cached in
+# ~/.cargo/bin like tansu.
+if ! command -v mdbook >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/mdbook" ]; then
+  echo "ci/setup.sh: building mdbook 0.5 (cargo install, a few minutes cold)"
+  cargo install mdbook --version '^0.5' --locked -q
+fi
+
 echo "ci/setup.sh: mosquitto: $( (mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null || true) | head -n1)"
 echo "ci/setup.sh: nats-server: $(nats-server --version 2>/dev/null || echo 'not on PATH')"
 echo "ci/setup.sh: mq-bridge: $(python3 -c 'import importlib.metadata as m; print(m.version("mq-bridge-basic"))' 2>/dev/null || echo 'not installed')"
 echo "ci/setup.sh: tansu: $( (tansu --version 2>/dev/null || "$HOME/.cargo/bin/tansu" --version 2>/dev/null || echo 'not installed') | head -n1)"
+echo "ci/setup.sh: mdbook: $( (mdbook --version 2>/dev/null || "$HOME/.cargo/bin/mdbook" --version 2>/dev/null || echo 'not installed') | head -n1)"

@@ -21,5 +21,7 @@ cargo fmt --check
 cargo clippy --all-targets --all-features --locked -- -D warnings
 # --all-features builds the engine mutants the tests must catch; release builds never have it.
 cargo test --all-targets --all-features --locked
+# The book: built, its links and its scenario blocks checked, its reference current.
+bash ci/book.sh
 # Fuzzing with a budget: 3 minutes shared by the targets of tests/fuzz.rs.
 bash ci/fuzz.sh 180

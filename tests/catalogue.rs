@@ -111,7 +111,7 @@ fn families(plan: &drill::scenario::Plan) -> Vec<&'static str> {
 
 /// Every family (cut, half-open, strand, kill, power cut, disk full, poison) has a `full`
 /// drill on MQTT, JetStream and Kafka — but poison on Kafka, which cannot refuse one record
-/// (README, "Mutants on every kind").
+/// (docs/src/catalogue.md, "Every fault family on every kind").
 #[test]
 fn the_full_tag_plays_every_fault_family_on_every_kind() {
     let plans = catalogue();

@@ -103,6 +103,7 @@ fn the_same_drill_fails_an_engine_that_acknowledges_before_writing() {
     assert_eq!(report["verdict"], "fail", "{report:#}");
     // The kill at 18 s takes what the outage held in memory: 8 s of 50/s, give or take.
     let lost = report["ledger"]["lost"].as_u64().unwrap();
+    eprintln!("ack-before-write: {}", report["headline"]);
     assert!((200..=600).contains(&lost), "lost {lost}: {report:#}");
 }
 

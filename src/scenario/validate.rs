@@ -795,7 +795,7 @@ fn expect(raw: Option<RawExpect>, poison: u64) -> Expectations {
     }
 }
 
-/// Limits that fit the machine (README "Limits"): a number past one is an invalid scenario,
+/// Limits that fit the machine (the book, docs/src/verdict.md "Limits"): a number past one is an invalid scenario,
 /// checked before anything is allocated for it.
 pub const MAX_RATE: f64 = 50_000.0;
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
