@@ -75,54 +75,11 @@ enum Command {
     },
     /// Compare two runs' reports (a pull request's against main's): verdict, lost, duplicates
     /// beyond the promise, reordered, recovery and drain per fault, peak delivery, with the change.
-    Diff {
-        /// The base: a report.json, a drill's report folder, or a folder of them (`--out DIR`).
-        base: PathBuf,
-        /// The new run, likewise.
-        new: PathBuf,
-        /// Print markdown (a pull request comment, a job summary) instead of a table.
-        #[arg(long)]
-        markdown: bool,
-        /// Exit 1 when a change is beyond a margin, e.g. recovery+20%,drain+20%,duplicates+0
-        /// (metrics: verdict, lost, duplicates, reordered, recovery, drain, throughput-N%).
-        /// Without it, the diff only reports.
-        #[arg(long)]
-        fail_on: Option<String>,
-    },
+    Diff(cli::diff::Flags),
     /// Write a commented starter drill for your own engine (a half-open link, a SIGKILL
     /// mid-outage, a refused link), drills/README.md and with --ci the GitHub workflow. Without
     /// flags on a terminal it asks.
-    Init {
-        /// Your engine's command line, with placeholders: {ingest}, {link.mqtt|nats|kafka},
-        /// {topic}, {data_dir} (quoted as a shell would split it; run without a shell).
-        #[arg(long)]
-        engine: Option<String>,
-        /// How drill hands records to the engine.
-        #[arg(long, value_enum)]
-        ingest: Option<cli::init::Ingest>,
-        /// Where the engine forwards to.
-        #[arg(long, value_enum)]
-        destination: Option<cli::init::Destination>,
-        /// The drill's name (default: from the engine's program).
-        #[arg(long)]
-        name: Option<String>,
-        /// The folder the drill goes in.
-        #[arg(long, default_value = "drills")]
-        out: PathBuf,
-        /// The engine's account: an HTTP path on its ingest port answering JSON with
-        /// `waiting` and `failed`, e.g. /stats.
-        #[arg(long)]
-        stats: Option<String>,
-        /// The header, user property or field the engine puts each record's write key in.
-        #[arg(long)]
-        write_key: Option<String>,
-        /// Also write .github/workflows/drill.yml.
-        #[arg(long)]
-        ci: bool,
-        /// Overwrite files that exist.
-        #[arg(long)]
-        force: bool,
-    },
+    Init(cli::init::Flags),
     /// Validate scenario files (or folders of them) without starting anything.
     Check {
         #[arg(required = true)]
@@ -307,38 +264,8 @@ async fn dispatch(command: Command) -> u8 {
             };
             cli::selftest::run(flags, cancel).await
         }
-        Command::Diff {
-            base,
-            new,
-            markdown,
-            fail_on,
-        } => cli::diff::run(cli::diff::Flags {
-            base,
-            new,
-            markdown,
-            fail_on,
-        }),
-        Command::Init {
-            engine,
-            ingest,
-            destination,
-            name,
-            out,
-            stats,
-            write_key,
-            ci,
-            force,
-        } => cli::init::init(cli::init::Flags {
-            engine,
-            ingest,
-            destination,
-            name,
-            out,
-            stats,
-            write_key,
-            ci,
-            force,
-        }),
+        Command::Diff(flags) => cli::diff::run(flags),
+        Command::Init(flags) => cli::init::init(flags),
         Command::Check { files } => cli::check::check(&files),
         Command::Schema => cli::check::schema(),
         Command::Engine {

@@ -7,10 +7,19 @@ use drill::diff;
 
 use super::{FAIL, INVALID, PASS};
 
+#[derive(clap::Args)]
 pub struct Flags {
+    /// The base: a report.json, a drill's report folder, or a folder of them (`--out DIR`).
     pub base: PathBuf,
+    /// The new run, likewise.
     pub new: PathBuf,
+    /// Print markdown (a pull request comment, a job summary) instead of a table.
+    #[arg(long)]
     pub markdown: bool,
+    /// Exit 1 when a change is beyond a margin, e.g. recovery+20%,drain+20%,duplicates+0
+    /// (metrics: verdict, lost, duplicates, reordered, recovery, drain, throughput-N%).
+    /// Without it, the diff only reports.
+    #[arg(long)]
     pub fail_on: Option<String>,
 }
 

@@ -15,15 +15,36 @@ use super::{INFRASTRUCTURE, INVALID, PASS};
 const WORKFLOW: &str = include_str!("../../ci/github/drill.yml");
 
 /// What `drill init` was told.
+#[derive(clap::Args)]
 pub struct Flags {
+    /// Your engine's command line, with placeholders: {ingest}, {link.mqtt|nats|kafka},
+    /// {topic}, {data_dir} (quoted as a shell would split it; run without a shell).
+    #[arg(long)]
     pub engine: Option<String>,
+    /// How drill hands records to the engine.
+    #[arg(long, value_enum)]
     pub ingest: Option<Ingest>,
+    /// Where the engine forwards to.
+    #[arg(long, value_enum)]
     pub destination: Option<Destination>,
+    /// The drill's name (default: from the engine's program).
+    #[arg(long)]
     pub name: Option<String>,
+    /// The folder the drill goes in.
+    #[arg(long, default_value = "drills")]
     pub out: PathBuf,
+    /// The engine's account: an HTTP path on its ingest port answering JSON with `waiting`
+    /// and `failed`, e.g. /stats.
+    #[arg(long)]
     pub stats: Option<String>,
+    /// The header, user property or field the engine puts each record's write key in.
+    #[arg(long)]
     pub write_key: Option<String>,
+    /// Also write .github/workflows/drill.yml.
+    #[arg(long)]
     pub ci: bool,
+    /// Overwrite files that exist.
+    #[arg(long)]
     pub force: bool,
 }
 
