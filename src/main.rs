@@ -17,7 +17,7 @@ use drill::proxy::Proxy;
 #[derive(Parser)]
 #[command(
     name = "drill",
-    version,
+    version = env!("DRILL_BUILD"),
     about = "Proves what a store-and-forward pipeline promises."
 )]
 struct Cli {

@@ -375,7 +375,7 @@ async fn finish(
         notes.push(note.clone());
     }
     let versions = BTreeMap::from([
-        ("drill".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+        ("drill".to_string(), env!("DRILL_BUILD").to_string()),
         ("broker".to_string(), running.version.clone()),
         ("runtime".to_string(), running.runtime.to_string()),
     ]);

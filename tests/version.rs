@@ -1,0 +1,87 @@
+//! `drill --version` says which build it is — the version, the git commit, the enabled
+//! features — and every report carries the same words, so a report says which drill judged it.
+
+use std::process::Command;
+
+fn drill(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(args)
+        .output()
+        .expect("drill runs")
+}
+
+/// What this build must call itself.
+fn expected() -> String {
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".to_string());
+    let commit = std::env::var("DRILL_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .unwrap_or(commit);
+    let mut features = Vec::new();
+    if cfg!(feature = "mutants") {
+        features.push("mutants");
+    }
+    if cfg!(feature = "test-hooks") {
+        features.push("test-hooks");
+    }
+    let features = if features.is_empty() {
+        "none".to_string()
+    } else {
+        features.join(", ")
+    };
+    format!(
+        "{} (commit {commit}; features: {features})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+#[test]
+fn version_names_the_commit_and_the_features() {
+    let out = drill(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("drill {}", expected())
+    );
+}
+
+#[test]
+fn every_report_carries_the_build_that_judged_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("v.yaml");
+    std::fs::write(
+        &file,
+        "name: v\ndestination: { kind: mqtt, runtime: process, topic: drill/v }\nworkload: { rate: 20/s, duration: 2s, keys: 1 }\nexpect: { lost: 0 }\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let out = drill(&[
+        "run",
+        &file.display().to_string(),
+        "--out",
+        &out_dir.display().to_string(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("v/report.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        report["versions"]["drill"],
+        expected().as_str(),
+        "{report:#}"
+    );
+    let md = std::fs::read_to_string(out_dir.join("v/report.md")).unwrap();
+    assert!(md.contains(&format!("drill {}", expected())), "{md}");
+}
