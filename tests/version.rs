@@ -10,20 +10,28 @@ fn drill(args: &[&str]) -> std::process::Output {
         .expect("drill runs")
 }
 
-/// What this build must call itself.
+/// What this build must call itself: the build script's words (it sets them for every target
+/// of the package, these tests too), checked against git and this build's features.
 fn expected() -> String {
-    let commit = Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
+    let commit = env!("DRILL_COMMIT");
+    let known = Command::new("git")
+        .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .is_ok_and(|s| s.success());
+    let in_git = Command::new("git")
+        .args(["rev-parse", "--git-dir"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".to_string());
-    let commit = std::env::var("DRILL_COMMIT")
-        .ok()
-        .filter(|c| !c.is_empty())
-        .unwrap_or(commit);
+        .is_ok_and(|o| o.status.success());
+    if std::env::var("DRILL_COMMIT").is_err() {
+        // A commit of this checkout (HEAD may have moved on since the build), or `unknown`
+        // when there is no git checkout.
+        assert!(
+            if in_git { known } else { commit == "unknown" },
+            "commit {commit:?}: not a commit of this checkout"
+        );
+    }
     let mut features = Vec::new();
     if cfg!(feature = "mutants") {
         features.push("mutants");
@@ -36,10 +44,12 @@ fn expected() -> String {
     } else {
         features.join(", ")
     };
-    format!(
+    let expected = format!(
         "{} (commit {commit}; features: {features})",
         env!("CARGO_PKG_VERSION")
-    )
+    );
+    assert_eq!(expected, env!("DRILL_BUILD"));
+    expected
 }
 
 #[test]
