@@ -53,7 +53,7 @@ pub struct Flags {
 pub enum Ingest {
     Http,
     Mqtt,
-    /// As the scenario spells it.
+    // As the scenario spells it (the help shows no comment for it).
     #[value(name = "tcp_lines", alias = "tcp-lines")]
     TcpLines,
 }
