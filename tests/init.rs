@@ -3,31 +3,16 @@
 //! the records the kill took; bad input exits 2 and writes nothing. Real broker, real proxy,
 //! the real binary.
 
-use std::path::Path;
+mod common;
+
 use std::process::{Command, Output, Stdio};
+
+use common::run::{drill_in as drill, show};
 
 fn forwarder(extra: &str) -> String {
     format!(
         "python3 {}/fixtures/forwarder.py --ingest-kind http --ingest {{ingest}} --mqtt {{link.mqtt}} --topic {{topic}} --data {{data_dir}}{extra}",
         env!("CARGO_MANIFEST_DIR")
-    )
-}
-
-fn drill(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_drill"))
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("drill runs")
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
     )
 }
 

@@ -15,6 +15,16 @@ pub fn drill_with(args: &[&str], env: &[(&str, &str)]) -> Output {
         .expect("drill runs")
 }
 
+/// `drill ARGS` run in `dir`, with nothing on stdin (not a terminal).
+pub fn drill_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(args)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("drill runs")
+}
+
 pub fn scenario(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(&path, text).unwrap();
