@@ -15,8 +15,8 @@ fi
 bash ci/setup.sh
 # Local broker images for the container runtime's tests (skipped when no Docker engine answers).
 bash ci/images.sh
-# The GitHub Actions workflow users copy, linted for real.
-actionlint ci/github/drill.yml
+# The GitHub Actions workflows, linted for real: the one users copy, and drill's release.
+actionlint ci/github/drill.yml ci/github/release.yml
 cargo fmt --check
 cargo clippy --all-targets --all-features --locked -- -D warnings
 # --all-features builds the engine mutants the tests must catch; release builds never have it.
@@ -25,3 +25,9 @@ cargo test --all-targets --all-features --locked
 bash ci/book.sh
 # Fuzzing with a budget: 3 minutes shared by the targets of tests/fuzz.rs.
 bash ci/fuzz.sh 180
+# The prebuilt path: the wheel built, installed in a fresh venv, the quickstart passing with it
+# (and a build without the power-cut filesystem saying so with exit 3); the release archive is
+# where `cargo binstall` looks. Last: maturin's dev build leaves target/debug/drill without
+# features (cargo uplifts the tested one again on its next build).
+python3 ci/release_check.py target/debug/drill
+bash ci/wheel.sh

@@ -416,7 +416,7 @@ fn readme_text(a: &Answers, out: &Path) -> String {
     let file = file.display();
     let name = &a.name;
     let workflow = if a.ci {
-        "`.github/workflows/drill.yml` runs every drill tagged `ci` on each pull request and push to main: the job fails when a drill fails, the job summary shows the verdicts, and the reports are an artifact (`drill-reports`). Set `DRILL_GIT` at its top to where drill is installed from."
+        "`.github/workflows/drill.yml` runs every drill tagged `ci` on each pull request and push to main: the job fails when a drill fails, the job summary shows the verdicts, and the reports are an artifact (`drill-reports`). It installs the drill release pinned at its top (`DRILL_VERSION`) prebuilt from PyPI; set `DRILL_GIT` there to drill's repository for the cached source-build fallback."
     } else {
         "`drill init --ci` writes `.github/workflows/drill.yml`: every drill tagged `ci` on each pull request, the verdicts in the job summary, the reports as an artifact."
     };
