@@ -29,9 +29,16 @@ fn expected() -> String {
             "commit {commit:?}: not a commit of this checkout"
         );
     }
+    // In the build script's order: sorted by name.
     let mut features = Vec::new();
+    if cfg!(feature = "default") {
+        features.push("default");
+    }
     if cfg!(feature = "mutants") {
         features.push("mutants");
+    }
+    if cfg!(feature = "powercut") {
+        features.push("powercut");
     }
     if cfg!(feature = "test-hooks") {
         features.push("test-hooks");
