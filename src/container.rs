@@ -1,4 +1,5 @@
-//! The container runtime: brokers as containers, started and removed through testcontainers.
+//! The container runtime: brokers as containers, created, started and removed through the Docker
+//! engine's API (bollard).
 //!
 //! A destination kind says how its broker runs in a container — the image (an official one by
 //! default, overridable by `DRILL_IMAGE_<KIND>`: pinned digests, offline mirrors, or the
@@ -14,12 +15,13 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+pub use bollard::Docker;
+use bollard::models::{ContainerCreateBody, HostConfig, PortBinding};
+use bollard::query_parameters::{
+    CreateImageOptions, KillContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    StopContainerOptions, UploadToContainerOptions,
+};
 use futures::StreamExt;
-pub use testcontainers::bollard::Docker;
-use testcontainers::core::{ContainerPort, IntoContainerPort};
-use testcontainers::runners::AsyncRunner;
-use testcontainers::{ContainerAsync, GenericImage, ImageExt};
-
 use futures::future::BoxFuture;
 
 use crate::process::StartError;
@@ -52,7 +54,7 @@ pub async fn ensure_image(docker: &Docker, image: &str) -> Result<String, String
         return Ok(found.id.unwrap_or_default());
     }
     let (name, tag) = split_image(image);
-    let options = testcontainers::bollard::query_parameters::CreateImageOptions {
+    let options = CreateImageOptions {
         from_image: Some(name.to_string()),
         tag: Some(tag.to_string()),
         ..Default::default()
@@ -80,9 +82,6 @@ fn split_image(image: &str) -> (&str, &str) {
 
 /// Removes every container labelled `drill.run=<run>` (created or running).
 pub async fn remove_labelled(docker: &Docker, run: &str) {
-    use testcontainers::bollard::query_parameters::{
-        ListContainersOptions, RemoveContainerOptions,
-    };
     let filters = [("label".to_string(), vec![format!("drill.run={run}")])]
         .into_iter()
         .collect();
@@ -96,26 +95,29 @@ pub async fn remove_labelled(docker: &Docker, run: &str) {
         .unwrap_or_default();
     for c in list {
         if let Some(id) = c.id {
-            let _ = docker
-                .remove_container(
-                    &id,
-                    Some(RemoveContainerOptions {
-                        force: true,
-                        v: true,
-                        ..Default::default()
-                    }),
-                )
-                .await;
+            remove_by_id(docker, &id).await;
         }
     }
 }
 
+/// Removes one container, running or not, with its anonymous volumes.
+async fn remove_by_id(docker: &Docker, id: &str) {
+    let options = RemoveContainerOptions {
+        force: true,
+        v: true,
+        ..Default::default()
+    };
+    let _ = docker.remove_container(id, Some(options)).await;
+}
+
 /// A broker running in a container.
 pub struct ContainerBroker {
-    container: Option<ContainerAsync<GenericImage>>,
+    /// The container's id; `None` once it is removed.
+    id: Option<String>,
     docker: Docker,
     ready: Ready,
-    port: ContainerPort,
+    /// The port it listens on inside the container.
+    port: u16,
     /// Where it listens on this machine (127.0.0.1 and the published port).
     pub addr: SocketAddr,
     pub image: String,
@@ -124,32 +126,39 @@ pub struct ContainerBroker {
 
 impl ContainerBroker {
     pub fn id(&self) -> Option<&str> {
-        self.container.as_ref().map(|c| c.id())
+        self.id.as_deref()
     }
 
     /// SIGKILL inside the container; it stays, stopped, until [`ContainerBroker::restart`].
     pub async fn kill(&mut self) {
         if let Some(id) = self.id() {
-            let _ = self.docker.kill_container(id, None).await;
+            let _ = self
+                .docker
+                .kill_container(id, None::<KillContainerOptions>)
+                .await;
         }
     }
 
     /// SIGTERM, then SIGKILL after 10 s; it stays, stopped, until [`ContainerBroker::restart`].
     pub async fn stop(&mut self) {
-        if let Some(c) = &self.container {
-            let _ = c.stop_with_timeout(Some(10)).await;
+        if let Some(id) = self.id() {
+            let options = StopContainerOptions {
+                t: Some(10),
+                signal: None,
+            };
+            let _ = self.docker.stop_container(id, Some(options)).await;
         }
     }
 
     pub async fn pause(&mut self) {
-        if let Some(c) = &self.container {
-            let _ = c.pause().await;
+        if let Some(id) = self.id() {
+            let _ = self.docker.pause_container(id).await;
         }
     }
 
     pub async fn resume(&mut self) {
-        if let Some(c) = &self.container {
-            let _ = c.unpause().await;
+        if let Some(id) = self.id() {
+            let _ = self.docker.unpause_container(id).await;
         }
     }
 
@@ -169,20 +178,9 @@ impl ContainerBroker {
             .start_container(&id, None)
             .await
             .map_err(|e| fail(e.to_string()))?;
-        let inspect = self
-            .docker
-            .inspect_container(&id, None)
+        self.addr = published(&self.docker, &id, self.port)
             .await
-            .map_err(|e| fail(e.to_string()))?;
-        let key = format!("{}/tcp", self.port.as_u16());
-        let port = inspect
-            .network_settings
-            .and_then(|n| n.ports)
-            .and_then(|p| p.get(&key).cloned().flatten())
-            .and_then(|b| b.into_iter().find_map(|b| b.host_port))
-            .and_then(|p| p.parse::<u16>().ok())
-            .ok_or_else(|| fail(format!("no published port for {key} after the restart")))?;
-        self.addr = ([127, 0, 0, 1], port).into();
+            .map_err(|e| fail(format!("{e} after the restart")))?;
         wait_answers(self.ready, self.addr)
             .await
             .map_err(|e| fail(format!("no answer on {} within 60 s: {e}", self.addr)))?;
@@ -202,10 +200,106 @@ impl ContainerBroker {
 
     /// Removes the container.
     pub async fn remove(&mut self) {
-        if let Some(c) = self.container.take() {
-            let _ = c.rm().await;
+        if let Some(id) = self.id.take() {
+            remove_by_id(&self.docker, &id).await;
         }
     }
+}
+
+impl Drop for ContainerBroker {
+    /// A broker that was not removed (an error, a panic, a cancelled drill) is removed here. The
+    /// caller's runtime may be shutting down or be the one this blocks, so the removal runs on
+    /// a thread with its own runtime and its own connection to the engine, and is waited for:
+    /// when the drill exits, the container is gone.
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let removal = std::thread::Builder::new()
+            .name("drill-container-removal".to_string())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build();
+                let Ok(runtime) = runtime else { return };
+                runtime.block_on(async {
+                    if let Ok(docker) = Docker::connect_with_defaults() {
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(30),
+                            remove_by_id(&docker, &id),
+                        )
+                        .await;
+                    }
+                });
+            });
+        if let Ok(removal) = removal {
+            let _ = removal.join();
+        }
+    }
+}
+
+/// The host address Docker published the container's `port` on (127.0.0.1 only).
+async fn published(docker: &Docker, id: &str, port: u16) -> Result<SocketAddr, String> {
+    let inspect = docker
+        .inspect_container(id, None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let key = format!("{port}/tcp");
+    let host_port = inspect
+        .network_settings
+        .and_then(|n| n.ports)
+        .and_then(|p| p.get(&key).cloned().flatten())
+        .and_then(|b| b.into_iter().find_map(|b| b.host_port))
+        .and_then(|p| p.parse::<u16>().ok())
+        .ok_or_else(|| format!("no published port for {key}"))?;
+    Ok(([127, 0, 0, 1], host_port).into())
+}
+
+/// A tar archive (POSIX ustar) holding `files` at their absolute paths, for an upload to `/`.
+/// Docker creates the parent directories. Paths longer than the format's 100 + 155 bytes, or
+/// files of 8 GiB and more, are refused.
+fn tar_of(files: &[(String, Vec<u8>)]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    for (path, bytes) in files {
+        let name = path.trim_start_matches('/');
+        let (prefix, base) = match name.len() {
+            0 => return Err(format!("{path:?} is not a file path")),
+            1..=100 => ("", name),
+            _ => name
+                .char_indices()
+                .filter(|&(i, c)| c == '/' && i <= 155 && name.len() - i - 1 <= 100)
+                .map(|(i, _)| (&name[..i], &name[i + 1..]))
+                .next()
+                .ok_or_else(|| format!("{path:?} is too long for a tar header"))?,
+        };
+        if bytes.len() as u64 >= 8 << 30 {
+            return Err(format!("{path:?} is too large for a tar header"));
+        }
+        let mut header = [0u8; 512];
+        let field = |header: &mut [u8; 512], at: usize, value: &[u8]| {
+            header[at..at + value.len()].copy_from_slice(value);
+        };
+        field(&mut header, 0, base.as_bytes());
+        field(&mut header, 100, b"0000644\0");
+        field(&mut header, 108, b"0000000\0");
+        field(&mut header, 116, b"0000000\0");
+        field(
+            &mut header,
+            124,
+            format!("{:011o}\0", bytes.len()).as_bytes(),
+        );
+        field(&mut header, 136, b"00000000000\0");
+        field(&mut header, 148, b"        ");
+        header[156] = b'0';
+        field(&mut header, 257, b"ustar\0");
+        field(&mut header, 263, b"00");
+        field(&mut header, 345, prefix.as_bytes());
+        let sum: u32 = header.iter().map(|&b| u32::from(b)).sum();
+        field(&mut header, 148, format!("{sum:06o}\0 ").as_bytes());
+        out.extend_from_slice(&header);
+        out.extend_from_slice(bytes);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+    out.resize(out.len() + 1024, 0);
+    Ok(out)
 }
 
 /// How a broker binary is started inside the container: said by its destination kind.
@@ -259,69 +353,147 @@ pub async fn start(
         image,
         image_id,
     } = at;
-    let image = image.as_str();
-    let (name, tag) = split_image(image);
-    let port = plan.port.tcp();
-    let binding = format!("{}/tcp", plan.port);
-    let host_port = plan.host_port.map(|p| p.to_string()).unwrap_or_default();
-    let mut request = GenericImage::new(name, tag)
-        .with_entrypoint(&plan.entrypoint)
-        .with_exposed_port(port)
-        .with_cmd(plan.args)
-        .with_label(LABEL, "1")
-        .with_label("drill.run", run)
-        .with_startup_timeout(Duration::from_secs(60))
-        .with_host_config_modifier(move |host| {
-            // Published on loopback only, on a port the engine picks.
-            host.publish_all_ports = Some(false);
-            host.port_bindings = Some(
-                [(
-                    binding.clone(),
-                    Some(vec![testcontainers::bollard::models::PortBinding {
-                        host_ip: Some("127.0.0.1".to_string()),
-                        host_port: Some(host_port.clone()),
-                    }]),
-                )]
-                .into_iter()
-                .collect(),
-            );
-        });
-    for (k, v) in plan.env {
-        request = request.with_env_var(k, v);
-    }
-    for (path, bytes) in plan.files {
-        request = request.with_copy_to(path, bytes);
-    }
     let fail = |why: String| StartError {
         what: format!("container {image}"),
         why,
     };
-    let container = match request.start().await {
-        Ok(c) => c,
-        Err(e) => {
-            // A container that was created but did not start is not removed by testcontainers.
-            remove_labelled(&docker, run).await;
-            return Err(fail(e.to_string()));
-        }
+    let binding = format!("{}/tcp", plan.port);
+    let host_port = plan.host_port.map(|p| p.to_string()).unwrap_or_default();
+    let body = ContainerCreateBody {
+        image: Some(image.clone()),
+        entrypoint: Some(vec![plan.entrypoint]),
+        cmd: Some(plan.args),
+        env: Some(plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        labels: Some(
+            [(LABEL, "1"), ("drill.run", run)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        exposed_ports: Some(vec![binding.clone()]),
+        host_config: Some(HostConfig {
+            // Published on loopback only, on a port the engine picks (or the one asked for).
+            publish_all_ports: Some(false),
+            port_bindings: Some(
+                [(
+                    binding,
+                    Some(vec![PortBinding {
+                        host_ip: Some("127.0.0.1".to_string()),
+                        host_port: Some(host_port),
+                    }]),
+                )]
+                .into_iter()
+                .collect(),
+            ),
+            ..Default::default()
+        }),
+        ..Default::default()
     };
-    let host_port = container
-        .get_host_port_ipv4(port)
+    let archive = tar_of(&plan.files).map_err(fail)?;
+    let id = docker
+        .create_container(None, body)
         .await
-        .map_err(|e| fail(e.to_string()))?;
-    let addr: SocketAddr = ([127, 0, 0, 1], host_port).into();
-    // The published port accepts connections before the broker does (Docker's proxy answers
-    // for it): wait for the protocol's own answer.
-    if let Err(e) = wait_answers(ready, addr).await {
-        let _ = container.rm().await;
-        return Err(fail(format!("no answer on {addr} within 60 s: {e}")));
-    }
-    Ok(ContainerBroker {
-        container: Some(container),
+        .map_err(|e| fail(e.to_string()))?
+        .id;
+    // From here on the container exists: the broker value removes it on every way out.
+    let mut broker = ContainerBroker {
+        id: Some(id.clone()),
         docker,
         ready,
-        port,
-        addr,
-        image: image.to_string(),
+        port: plan.port,
+        addr: ([127, 0, 0, 1], 0).into(),
+        image: image.clone(),
         image_id,
-    })
+    };
+    let started = async {
+        if !plan.files.is_empty() {
+            let options = UploadToContainerOptions {
+                path: "/".to_string(),
+                ..Default::default()
+            };
+            let body = bollard::body_full(archive.into());
+            broker
+                .docker
+                .upload_to_container(&id, Some(options), body)
+                .await
+                .map_err(|e| format!("copying files in: {e}"))?;
+        }
+        broker
+            .docker
+            .start_container(&id, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr = published(&broker.docker, &id, plan.port).await?;
+        // The published port accepts connections before the broker does (Docker's proxy
+        // answers for it): wait for the protocol's own answer.
+        wait_answers(ready, addr)
+            .await
+            .map_err(|e| format!("no answer on {addr} within 60 s: {e}"))?;
+        Ok::<_, String>(addr)
+    }
+    .await;
+    match started {
+        Ok(addr) => {
+            broker.addr = addr;
+            Ok(broker)
+        }
+        Err(why) => {
+            broker.remove().await;
+            Err(fail(why))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tar_of;
+
+    /// The archive is what `tar` reads: the file at its path, its bytes, nothing else.
+    #[test]
+    fn tar_holds_the_files_at_their_paths() {
+        let long = format!("/{}/{}", "d".repeat(120), "f".repeat(90));
+        let files = vec![
+            (
+                "/tmp/drill-mosquitto.conf".to_string(),
+                b"listener 1883\n".to_vec(),
+            ),
+            (long.clone(), vec![7u8; 513]),
+        ];
+        let archive = tar_of(&files).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.tar");
+        std::fs::write(&path, &archive).unwrap();
+        let out = std::process::Command::new("tar")
+            .args(["-tvf"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let listing = String::from_utf8_lossy(&out.stdout);
+        assert!(listing.contains("tmp/drill-mosquitto.conf"), "{listing}");
+        assert!(listing.contains(long.trim_start_matches('/')), "{listing}");
+        let x = std::process::Command::new("tar")
+            .arg("-xf")
+            .arg(&path)
+            .arg("-C")
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(x.success());
+        let conf = std::fs::read(dir.path().join("tmp/drill-mosquitto.conf")).unwrap();
+        assert_eq!(conf, b"listener 1883\n");
+        let big = std::fs::read(dir.path().join(long.trim_start_matches('/'))).unwrap();
+        assert_eq!(big, vec![7u8; 513]);
+    }
+
+    #[test]
+    fn tar_refuses_what_it_cannot_hold() {
+        let long = format!("/{}", "x".repeat(300));
+        assert!(tar_of(&[(long, Vec::new())]).is_err());
+        assert!(tar_of(&[("/".to_string(), Vec::new())]).is_err());
+    }
 }

@@ -353,3 +353,48 @@ fn a_panic_inside_the_runner_leaves_no_child() {
     assert!(!status.success(), "{status:?}");
     assert_all_gone(&kids);
 }
+
+/// The same panic with the broker in a container: the container is removed too (the broker's
+/// `Drop`, on a thread of its own, since the panicking runtime cannot be waited on).
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_panic_inside_the_runner_removes_the_broker_container() {
+    let have_image = Command::new("docker")
+        .args(["image", "inspect", "drill-local/mosquitto"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !have_image {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI=true and drill-local/mosquitto is missing: ci/images.sh builds it (needs Docker)"
+        );
+        println!("skipped: no Docker engine, or drill-local/mosquitto is not built (ci/images.sh)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("panics-in-a-container.yaml");
+    std::fs::write(
+        &file,
+        "name: panics-in-a-container\ndestination: { kind: mqtt, topic: t/panics }\nworkload: { rate: 20/s, duration: 3s }\n",
+    )
+    .unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args([
+            "run",
+            &file.display().to_string(),
+            "--runtime",
+            "container",
+            "--out",
+        ])
+        .arg(dir.path().join("out"))
+        .env("DRILL_TEST_PANIC_AFTER_PLAY", "1")
+        .env("DRILL_IMAGE_MQTT", "drill-local/mosquitto")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "{status:?}");
+    let left = containers_of("panics-in-a-container-1");
+    assert!(left.is_empty(), "left behind after a panic: {left:?}");
+}
