@@ -340,29 +340,15 @@ pub struct Placement {
     pub image_id: String,
 }
 
-/// Starts `plan` from the placement's image (already present), labelled with `run`, its port
-/// published on 127.0.0.1. Returns once the broker answers its protocol there (`ready`).
-pub async fn start(
-    at: Placement,
-    plan: Launch,
-    run: &str,
-    ready: Ready,
-) -> Result<ContainerBroker, StartError> {
-    let Placement {
-        docker,
-        image,
-        image_id,
-    } = at;
-    let fail = |why: String| StartError {
-        what: format!("container {image}"),
-        why,
-    };
+/// What Docker is asked to create: the image with the plan's entrypoint, arguments and
+/// environment, drill's labels, and its one port published on 127.0.0.1 only.
+fn create_body(image: &str, plan: &Launch, run: &str) -> ContainerCreateBody {
     let binding = format!("{}/tcp", plan.port);
     let host_port = plan.host_port.map(|p| p.to_string()).unwrap_or_default();
-    let body = ContainerCreateBody {
-        image: Some(image.clone()),
-        entrypoint: Some(vec![plan.entrypoint]),
-        cmd: Some(plan.args),
+    ContainerCreateBody {
+        image: Some(image.to_string()),
+        entrypoint: Some(vec![plan.entrypoint.clone()]),
+        cmd: Some(plan.args.clone()),
         env: Some(plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
         labels: Some(
             [(LABEL, "1"), ("drill.run", run)]
@@ -388,7 +374,27 @@ pub async fn start(
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+/// Starts `plan` from the placement's image (already present), labelled with `run`, its port
+/// published on 127.0.0.1. Returns once the broker answers its protocol there (`ready`).
+pub async fn start(
+    at: Placement,
+    plan: Launch,
+    run: &str,
+    ready: Ready,
+) -> Result<ContainerBroker, StartError> {
+    let Placement {
+        docker,
+        image,
+        image_id,
+    } = at;
+    let fail = |why: String| StartError {
+        what: format!("container {image}"),
+        why,
     };
+    let body = create_body(&image, &plan, run);
     let archive = tar_of(&plan.files).map_err(fail)?;
     let id = docker
         .create_container(None, body)
