@@ -67,8 +67,30 @@ if ! command -v mdbook >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/mdbook" ]; th
   cargo install mdbook --version '^0.5' --locked -q
 fi
 
+# rsyslog (the syslog destination's receiving side, src/dest/syslog/): Debian's rsyslog and
+# rsyslog-relp unpacked into ~/.cache/drill/rsyslog (apt-get download + dpkg-deb -x), so no
+# syslog daemon is installed or started and the machine's logging is left alone; the libraries
+# they link come from apt (libraries only, no service).
+rsyslog_root="$HOME/.cache/drill/rsyslog"
+if ! command -v rsyslogd >/dev/null 2>&1 && [ ! -x /usr/sbin/rsyslogd ] \
+  && [ ! -f "$rsyslog_root/usr/lib/x86_64-linux-gnu/rsyslog/imrelp.so" ] \
+  && [ ! -f "$rsyslog_root/usr/lib/aarch64-linux-gnu/rsyslog/imrelp.so" ]; then
+  echo "ci/setup.sh: unpacking rsyslog and rsyslog-relp (Debian) into $rsyslog_root"
+  sudo_cmd=""
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    libestr0 libfastjson4 liblognorm5 librelp0 >/dev/null
+  debs="$(mktemp -d)"
+  (cd "$debs" && apt-get download -qq rsyslog rsyslog-relp 2>/dev/null)
+  mkdir -p "$rsyslog_root"
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$rsyslog_root"; done
+  rm -rf "$debs"
+fi
+
 echo "ci/setup.sh: mosquitto: $( (mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null || true) | head -n1)"
 echo "ci/setup.sh: nats-server: $(nats-server --version 2>/dev/null || echo 'not on PATH')"
 echo "ci/setup.sh: mq-bridge: $(python3 -c 'import importlib.metadata as m; print(m.version("mq-bridge-basic"))' 2>/dev/null || echo 'not installed')"
 echo "ci/setup.sh: tansu: $( (tansu --version 2>/dev/null || "$HOME/.cargo/bin/tansu" --version 2>/dev/null || echo 'not installed') | head -n1)"
 echo "ci/setup.sh: mdbook: $( (mdbook --version 2>/dev/null || "$HOME/.cargo/bin/mdbook" --version 2>/dev/null || echo 'not installed') | head -n1)"
+echo "ci/setup.sh: rsyslog: $( (rsyslogd -v 2>/dev/null || /usr/sbin/rsyslogd -v 2>/dev/null || "$rsyslog_root/usr/sbin/rsyslogd" -v 2>/dev/null || echo 'not installed') | head -n1)"

@@ -42,6 +42,7 @@ pub mod mqtt;
 pub mod nats;
 mod running;
 mod spec;
+pub mod syslog;
 
 use std::net::SocketAddr;
 use std::path::Path;

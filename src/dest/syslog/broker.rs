@@ -1,0 +1,328 @@
+//! The receiving side of a syslog destination: a real rsyslog, started as a local process
+//! with a config of drill's own.
+//!
+//! The config listens on one 127.0.0.1 port with `imrelp`, `imtcp` (octet counting) or
+//! `imudp`, and writes every message it receives there, whole (`%rawmsg%`), one per line, to a
+//! file in the work folder: the file the reader follows. rsyslog's messages about itself go to
+//! another file of that folder (`processInternalMessages`), its pid file and work directory are
+//! there too, and it loads no input but the one: the machine's syslog daemon and `/dev/log` are
+//! never touched.
+//!
+//! rsyslogd is found as `DRILL_RSYSLOGD`, on PATH, in `/usr/sbin`, or in the folder
+//! `ci/setup.sh` unpacks Debian's `rsyslog` and `rsyslog-relp` into
+//! (`~/.cache/drill/rsyslog`, without installing a daemon). An unpacked one is given its
+//! module folder (`-M`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::Command;
+
+use crate::process::{LocalProcess, StartError, dies_with_drill, free_port, version_line};
+
+/// How messages reach rsyslog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Relp,
+    Udp,
+}
+
+impl Transport {
+    /// The rsyslog input module for it.
+    fn input(self) -> &'static str {
+        match self {
+            Transport::Tcp => "imtcp",
+            Transport::Relp => "imrelp",
+            Transport::Udp => "imudp",
+        }
+    }
+}
+
+/// A running rsyslog.
+pub struct Rsyslog {
+    /// Where it listens (TCP for tcp and relp, UDP for udp).
+    pub addr: SocketAddr,
+    /// Every message it received, one per line.
+    pub received: PathBuf,
+    /// Its first `-v` line (`rsyslogd  8.2302.0 (aka 2023.02) …`).
+    pub version: String,
+    process: LocalProcess,
+}
+
+impl Rsyslog {
+    /// SIGKILL, or SIGTERM then SIGKILL after 5 s.
+    pub async fn stop(&mut self, kill: bool) {
+        self.process.stop(kill).await;
+    }
+}
+
+/// What to install when rsyslogd is not found.
+pub const MISSING: &str = "rsyslogd is not installed (looked at DRILL_RSYSLOGD, on PATH, in /usr/sbin and in ~/.cache/drill/rsyslog); install it (Debian: apt-get install rsyslog rsyslog-relp, or run ci/setup.sh, which unpacks them into ~/.cache/drill/rsyslog without installing a daemon)";
+
+/// rsyslogd and, for an unpacked one, its module folder.
+pub fn find_rsyslogd() -> Option<(PathBuf, Option<PathBuf>)> {
+    let unpacked = std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".cache/drill/rsyslog/usr/sbin"))
+        .into_iter()
+        .collect::<Vec<_>>();
+    let bin = std::env::var_os("DRILL_RSYSLOGD")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+        .or_else(|| {
+            let mut more = vec![PathBuf::from("/usr/sbin")];
+            more.extend(unpacked);
+            crate::process::find_binary("rsyslogd", &more)
+        })?;
+    // <root>/usr/sbin/rsyslogd → <root>/usr/lib/<triplet>/rsyslog, when it is not the
+    // system's own (whose module folder is compiled in).
+    let modules = bin
+        .parent()
+        .and_then(Path::parent)
+        .filter(|usr| *usr != Path::new("/usr"))
+        .and_then(|usr| std::fs::read_dir(usr.join("lib")).ok())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("rsyslog"))
+        .find(|p| p.join("imtcp.so").is_file());
+    Some((bin, modules))
+}
+
+/// The config: one input on `port`, its messages to `received`, rsyslog's own to `internal`.
+pub fn config(transport: Transport, port: u16, work: &Path) -> String {
+    let input = transport.input();
+    format!(
+        r#"# Written by drill: one input, every message kept whole, nothing of the machine's logging.
+global(workDirectory="{work}" processInternalMessages="on")
+module(load="{input}")
+template(name="drill_whole" type="string" string="%rawmsg%\n")
+ruleset(name="drill_received") {{
+  action(type="omfile" file="{work}/received.log" template="drill_whole" flushOnTXEnd="on" asyncWriting="off")
+}}
+input(type="{input}" address="127.0.0.1" port="{port}" ruleset="drill_received")
+action(type="omfile" file="{work}/rsyslog.log")
+"#,
+        work = work.display()
+    )
+}
+
+/// Starts rsyslog with `transport` on a free port, its files in `work`. Returns once it
+/// listens (TCP, RELP) or has logged its start (UDP, where nothing can be connected to).
+pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, super::super::DestError> {
+    let (bin, modules) =
+        find_rsyslogd().ok_or_else(|| super::super::DestError::Missing(MISSING.to_string()))?;
+    if transport == Transport::Relp
+        && let Some(m) = &modules
+        && !m.join("imrelp.so").is_file()
+    {
+        return Err(super::super::DestError::Missing(format!(
+            "{} has no imrelp.so: install rsyslog-relp (Debian)",
+            m.display()
+        )));
+    }
+    std::fs::create_dir_all(work)?;
+    let fail = |why: String| StartError {
+        what: format!("rsyslog ({})", bin.display()),
+        why,
+    };
+    let mut last_error = String::new();
+    for _ in 0..5 {
+        let port = free_port()?;
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let conf = work.join("rsyslog.conf");
+        std::fs::write(&conf, config(transport, port, work))?;
+        let _ = std::fs::remove_file(work.join("rsyslog.log"));
+        let mut command = Command::new(&bin);
+        command.arg("-n").arg("-f").arg(&conf);
+        command.arg("-i").arg(work.join("rsyslog.pid"));
+        if let Some(m) = &modules {
+            command.arg("-M").arg(m);
+        }
+        let stderr = std::fs::File::create(work.join("rsyslogd.stderr"))?;
+        let mut child = dies_with_drill(&mut command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| fail(e.to_string()))?;
+        let ready = match transport {
+            Transport::Tcp | Transport::Relp => {
+                crate::process::wait_listening(addr, &mut child, "rsyslog")
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Transport::Udp => logged_start(&work.join("rsyslog.log"), &mut child).await,
+        };
+        match ready {
+            Ok(()) => {
+                let version = version_line(&bin, &["-v"], "rsyslogd")
+                    .await
+                    .unwrap_or_else(|| "rsyslogd (version unknown)".to_string());
+                return Ok(Rsyslog {
+                    addr,
+                    received: work.join("received.log"),
+                    version,
+                    process: LocalProcess::new(child),
+                });
+            }
+            Err(e) => {
+                let _ = child.kill().await;
+                let said =
+                    std::fs::read_to_string(work.join("rsyslogd.stderr")).unwrap_or_default();
+                last_error = match said.lines().rfind(|l| !l.trim().is_empty()) {
+                    Some(line) => format!("{e} (rsyslogd said: {})", line.trim()),
+                    None => e,
+                };
+            }
+        }
+    }
+    Err(fail(last_error).into())
+}
+
+/// Waits (at most 10 s) for rsyslog's own "start" message in `log`.
+async fn logged_start(log: &Path, child: &mut tokio::process::Child) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if std::fs::read_to_string(log).is_ok_and(|t| t.contains("] start")) {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("rsyslogd exited with {status} before it started"));
+        }
+        if Instant::now() > deadline {
+            return Err("no start message after 10 s".to_string());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dest::syslog::message::{key_of, octet_counted, rfc5424};
+    use crate::dest::syslog::relp::{Answer, Reply, Session};
+
+    /// rsyslogd, or (outside CI) `None` after saying why the test does nothing.
+    fn have_rsyslogd() -> bool {
+        if find_rsyslogd().is_some() {
+            return true;
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI=true and rsyslogd is missing: ci/setup.sh unpacks it"
+        );
+        println!("skipped: {MISSING}");
+        false
+    }
+
+    /// Waits (at most 10 s) until `file` holds `n` lines.
+    async fn lines(file: &Path, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            let lines: Vec<String> = text.lines().map(str::to_string).collect();
+            if lines.len() >= n || Instant::now() > deadline {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn message(i: usize) -> String {
+        rfc5424(
+            "2026-12-02T15:00:00.000Z",
+            "drill",
+            Some(&format!("run-1/{i}")),
+            &format!("id={i}"),
+        )
+    }
+
+    /// Each transport, against a real rsyslog: the messages land in the file whole, with their
+    /// keys, and only they do (rsyslog's own start message goes to its own log).
+    #[tokio::test]
+    async fn rsyslog_keeps_every_message_whole_on_each_transport() {
+        if !have_rsyslogd() {
+            return;
+        }
+        for transport in [Transport::Relp, Transport::Tcp, Transport::Udp] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut rsyslog = start(transport, dir.path()).await.unwrap();
+            assert!(rsyslog.version.contains("rsyslogd"), "{}", rsyslog.version);
+            match transport {
+                Transport::Relp => {
+                    let wait = Duration::from_secs(5);
+                    let mut session = Session::open(rsyslog.addr, wait).await.unwrap();
+                    let mut sent = Vec::new();
+                    for i in 0..3 {
+                        sent.push(session.syslog(&message(i)).await.unwrap());
+                    }
+                    for txnr in sent {
+                        let reply = session.reply().await.unwrap();
+                        assert_eq!(
+                            reply,
+                            Reply::Rsp {
+                                txnr,
+                                answer: Answer::Taken
+                            }
+                        );
+                    }
+                    session.close(wait).await.unwrap();
+                }
+                Transport::Tcp => {
+                    use tokio::io::AsyncWriteExt;
+                    let mut s = tokio::net::TcpStream::connect(rsyslog.addr).await.unwrap();
+                    for i in 0..3 {
+                        s.write_all(&octet_counted(&message(i))).await.unwrap();
+                    }
+                    s.shutdown().await.unwrap();
+                }
+                Transport::Udp => {
+                    let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+                    for i in 0..3 {
+                        s.send_to(message(i).as_bytes(), rsyslog.addr)
+                            .await
+                            .unwrap();
+                    }
+                }
+            }
+            let got = lines(&rsyslog.received, 3).await;
+            assert_eq!(
+                got,
+                (0..3).map(message).collect::<Vec<_>>(),
+                "{transport:?}"
+            );
+            let keys: Vec<_> = got.iter().map(|l| key_of(l).unwrap()).collect();
+            assert_eq!(keys, ["run-1/0", "run-1/1", "run-1/2"]);
+            let own = std::fs::read_to_string(dir.path().join("rsyslog.log")).unwrap();
+            assert!(own.contains("] start"), "{own}");
+            rsyslog.stop(false).await;
+        }
+    }
+
+    /// A RELP open is a probe that writes nothing: the file stays empty.
+    #[tokio::test]
+    async fn a_relp_open_writes_nothing() {
+        if !have_rsyslogd() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut rsyslog = start(Transport::Relp, dir.path()).await.unwrap();
+        let wait = Duration::from_secs(5);
+        for _ in 0..3 {
+            Session::open(rsyslog.addr, wait)
+                .await
+                .unwrap()
+                .close(wait)
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let text = std::fs::read_to_string(&rsyslog.received).unwrap_or_default();
+        assert_eq!(text, "", "a probe wrote: {text}");
+        rsyslog.stop(false).await;
+    }
+}

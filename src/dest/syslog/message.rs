@@ -1,0 +1,90 @@
+//! Syslog messages as drill writes and reads them: RFC 5424, the write key as structured data
+//! (`[drill key="…"]`), and RFC 6587 octet-counting framing for TCP.
+//!
+//! The key is an SD-PARAM of drill's own SD-ID `drill` (RFC 5424 §6.3.2: an SD-ID without `@`
+//! is reserved for IANA; drill's is one a receiver keeps as it is, and rsyslog and syslog-ng
+//! both do). The record's id travels in the MSG part as everywhere else (`id=<n>` for the
+//! reader's id search).
+
+/// The SD-ID that carries the write key.
+pub const SD_ID: &str = "drill";
+
+/// One RFC 5424 message: facility user (1), severity notice (5), so `<13>`; the key as
+/// structured data when there is one, else the NILVALUE `-`.
+pub fn rfc5424(timestamp: &str, host: &str, key: Option<&str>, msg: &str) -> String {
+    let sd = match key {
+        Some(k) => format!("[{SD_ID} key=\"{}\"]", escape_param(k)),
+        None => "-".to_string(),
+    };
+    format!("<13>1 {timestamp} {host} drill - - {sd} {msg}")
+}
+
+/// An RFC 6587 §3.4.1 octet-counted frame: `LEN SP MSG`, LEN the byte length of MSG.
+pub fn octet_counted(message: &str) -> Vec<u8> {
+    let mut frame = format!("{} ", message.len()).into_bytes();
+    frame.extend_from_slice(message.as_bytes());
+    frame
+}
+
+/// RFC 5424 §6.3.3: `"`, `\` and `]` in a PARAM-VALUE are escaped with a backslash.
+fn escape_param(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        if matches!(c, '"' | '\\' | ']') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The write key of a received message (the value of `key` in the `drill` SD element),
+/// unescaped; `None` when the message has none.
+pub fn key_of(message: &str) -> Option<String> {
+    let start = message.find(&format!("[{SD_ID} "))?;
+    let rest = &message[start + SD_ID.len() + 2..];
+    let at = rest.find("key=\"")?;
+    let mut out = String::new();
+    let mut chars = rest[at + 5..].chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push(chars.next()?),
+            '"' => return Some(out),
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_carries_its_key_and_reads_back() {
+        let m = rfc5424(
+            "2026-12-02T15:00:00.000Z",
+            "drill",
+            Some("k-1 \"q\" ]\\"),
+            "id=7",
+        );
+        assert_eq!(
+            m,
+            "<13>1 2026-12-02T15:00:00.000Z drill drill - - [drill key=\"k-1 \\\"q\\\" \\]\\\\\"] id=7"
+        );
+        assert_eq!(key_of(&m).as_deref(), Some("k-1 \"q\" ]\\"));
+    }
+
+    #[test]
+    fn no_key_is_the_nil_value_and_reads_as_none() {
+        let m = rfc5424("2026-12-02T15:00:00Z", "h", None, "id=1");
+        assert_eq!(m, "<13>1 2026-12-02T15:00:00Z h drill - - - id=1");
+        assert_eq!(key_of(&m), None);
+        assert_eq!(key_of("[drill key=\"unterminated"), None);
+    }
+
+    #[test]
+    fn octet_counting_counts_bytes_not_chars() {
+        assert_eq!(octet_counted("é"), b"2 \xc3\xa9".to_vec());
+    }
+}

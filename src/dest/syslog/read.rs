@@ -1,0 +1,233 @@
+//! The syslog read-back: the file the receiving side writes every message to, one per line,
+//! followed from its first byte (so from before the first record). Each whole line is one
+//! copy; ids are found anywhere in it, the write key in its `[drill key="…"]` element. A file
+//! that cannot be read, or that shrinks (rotated or truncated under the reader), may have lost
+//! copies: a verifier fault, never engine loss.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use super::message::{SD_ID, key_of};
+use crate::dest::ReadBack;
+use crate::verify::{Decoder, Received, WriteKeyPlace};
+
+/// The name under which a syslog message's write key is looked up: the SD element's.
+pub const WRITE_KEY_PLACE: &str = "drill.key";
+
+/// How often the file is looked at for new lines.
+const POLL: Duration = Duration::from_millis(20);
+
+/// The decoder for drill's own engine: the key where [`super::message::rfc5424`] puts it.
+pub fn builtin_decoder() -> Decoder {
+    debug_assert!(WRITE_KEY_PLACE.starts_with(SD_ID));
+    Decoder::builtin(WriteKeyPlace::Meta(WRITE_KEY_PLACE.to_string()))
+}
+
+/// Follows one file.
+pub struct Reader {
+    received: Arc<Mutex<Received>>,
+    follower: Arc<Mutex<Follower>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Where the reading got to.
+struct Follower {
+    file: PathBuf,
+    offset: u64,
+    /// Bytes after the last newline: a line not yet whole.
+    partial: Vec<u8>,
+    decoder: Decoder,
+    t0: Instant,
+}
+
+impl Follower {
+    /// Reads what was added since the last call. `Err` is a verifier fault.
+    fn read_new(&mut self, into: &mut Received) -> Result<(), String> {
+        let mut file = match std::fs::File::open(&self.file) {
+            Ok(f) => f,
+            // Not there yet: the receiver creates it with the first message.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && self.offset == 0 => {
+                return Ok(());
+            }
+            Err(e) => return Err(format!("{}: {e}", self.file.display())),
+        };
+        let len = file.metadata().map_err(|e| e.to_string())?.len();
+        if len < self.offset {
+            return Err(format!(
+                "{} shrank from {} to {len} bytes while it was read: copies may be missing",
+                self.file.display(),
+                self.offset
+            ));
+        }
+        if len == self.offset {
+            return Ok(());
+        }
+        file.seek(SeekFrom::Start(self.offset))
+            .map_err(|e| e.to_string())?;
+        let mut added = Vec::new();
+        file.take(len - self.offset)
+            .read_to_end(&mut added)
+            .map_err(|e| e.to_string())?;
+        self.offset += added.len() as u64;
+        self.partial.extend_from_slice(&added);
+        let at = self.t0.elapsed();
+        let whole = match self.partial.iter().rposition(|&b| b == b'\n') {
+            Some(end) => self.partial.drain(..=end).collect::<Vec<u8>>(),
+            None => return Ok(()),
+        };
+        for line in whole.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let text = String::from_utf8_lossy(line);
+            let meta = |name: &str| (name == WRITE_KEY_PLACE).then(|| key_of(&text)).flatten();
+            self.decoder.add(line, meta, at, into);
+        }
+        Ok(())
+    }
+}
+
+impl Reader {
+    /// Starts following `file` (it may not exist yet) and recording arrivals relative to `t0`.
+    pub fn start(
+        file: PathBuf,
+        decoder: Decoder,
+        t0: Instant,
+        cancel: CancellationToken,
+    ) -> Reader {
+        let received = Arc::new(Mutex::new(Received::default()));
+        let follower = Arc::new(Mutex::new(Follower {
+            file,
+            offset: 0,
+            partial: Vec::new(),
+            decoder,
+            t0,
+        }));
+        let (sink, follow) = (received.clone(), follower.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(POLL);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = cancel.cancelled() => return,
+                }
+                let (Ok(mut f), Ok(mut r)) = (follow.lock(), sink.lock()) else {
+                    return;
+                };
+                if let Err(fault) = f.read_new(&mut r) {
+                    r.verifier_fault = Some(fault);
+                    return;
+                }
+            }
+        });
+        Reader {
+            received,
+            follower,
+            task,
+        }
+    }
+
+    /// Stops following and reads what the file holds now.
+    pub async fn stop(self) -> Received {
+        self.task.abort();
+        let _ = self.task.await;
+        let mut received =
+            std::mem::take(&mut *self.received.lock().unwrap_or_else(|e| e.into_inner()));
+        if received.verifier_fault.is_none()
+            && let Ok(mut f) = self.follower.lock()
+            && let Err(fault) = f.read_new(&mut received)
+        {
+            received.verifier_fault = Some(fault);
+        }
+        received
+    }
+}
+
+/// The file is the destination: its address does not matter to the reader.
+impl ReadBack for Reader {
+    fn count(&self) -> BoxFuture<'_, Option<usize>> {
+        let lines = self.received.lock().map(|r| r.arrivals.len());
+        futures::future::ready(lines.ok()).boxed()
+    }
+
+    fn finish(self: Box<Self>, _: Vec<SocketAddr>) -> BoxFuture<'static, Received> {
+        Box::pin(self.stop())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dest::syslog::message::rfc5424;
+    use std::io::Write;
+
+    fn line(run: &str, seq: u64) -> String {
+        rfc5424(
+            "2026-12-02T15:00:00Z",
+            "h",
+            Some(&format!("{run}/k0/{seq}#1")),
+            &format!("record {run}/k0/{seq}"),
+        )
+    }
+
+    /// Lines written in pieces, before and after the reader starts, are each read once, whole,
+    /// with their keys; a file truncated under the reader is a verifier fault.
+    #[tokio::test]
+    async fn follows_the_file_line_by_line_and_reports_a_truncation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("received.log");
+        let decoder = Decoder::new("r", Some(WriteKeyPlace::Meta(WRITE_KEY_PLACE.to_string())));
+        let reader = Reader::start(
+            path.clone(),
+            decoder,
+            Instant::now(),
+            CancellationToken::new(),
+        );
+        tokio::time::sleep(POLL * 3).await;
+        let mut f = std::fs::File::create(&path).unwrap();
+        let first = format!("{}\n{}", line("r", 1), line("r", 2));
+        let (a, b) = first.split_at(30);
+        f.write_all(a.as_bytes()).unwrap();
+        f.flush().unwrap();
+        tokio::time::sleep(POLL * 3).await;
+        f.write_all(b.as_bytes()).unwrap();
+        f.write_all(b"\n").unwrap();
+        f.flush().unwrap();
+        let received = reader.stop().await;
+        assert_eq!(received.verifier_fault, None);
+        let keys: Vec<_> = received
+            .arrivals
+            .iter()
+            .map(|a| a.write_key.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(keys, ["r/k0/1#1", "r/k0/2#1"]);
+        let ids: Vec<_> = received.arrivals.iter().map(|a| a.id.clone()).collect();
+        assert_eq!(
+            ids,
+            [Some("r/k0/1".to_string()), Some("r/k0/2".to_string())]
+        );
+
+        let reader = Reader::start(
+            path.clone(),
+            builtin_decoder(),
+            Instant::now(),
+            CancellationToken::new(),
+        );
+        tokio::time::sleep(POLL * 5).await;
+        std::fs::write(&path, "short\n").unwrap();
+        tokio::time::sleep(POLL * 5).await;
+        let received = reader.stop().await;
+        assert!(
+            received
+                .verifier_fault
+                .as_deref()
+                .is_some_and(|f| f.contains("shrank")),
+            "{:?}",
+            received.verifier_fault
+        );
+    }
+}
