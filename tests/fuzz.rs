@@ -346,14 +346,17 @@ proptest! {
         let mut bytes = std::fs::read(&path).unwrap();
         prop_assert_eq!(Some(bytes.len() as u64), written.iter().filter(|(r, _, _)| r.segment == victim).map(|(_, at, _)| at.end).max());
         bytes.truncate((cut as usize) % (bytes.len() + 1));
-        let mut damaged: Vec<u64> = vec![bytes.len() as u64];
+        let intact = bytes.clone();
         for (at, b) in &flips {
             if !bytes.is_empty() {
                 let i = (*at as usize) % bytes.len();
                 bytes[i] ^= b | 1;
-                damaged.push(i as u64);
             }
         }
+        // Damaged: the cut, and every byte that differs now (two equal flips of one byte undo
+        // each other, and that byte is intact again).
+        let mut damaged: Vec<u64> = vec![bytes.len() as u64];
+        damaged.extend((0..bytes.len()).filter(|&i| bytes[i] != intact[i]).map(|i| i as u64));
         let first_damage = *damaged.iter().min().unwrap();
         std::fs::write(&path, &bytes).unwrap();
 
