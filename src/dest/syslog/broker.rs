@@ -111,14 +111,14 @@ action(type="omfile" file="{work}/rsyslog.log")
 
 /// Starts rsyslog with `transport` on a free port, its files in `work`. Returns once it
 /// listens (TCP, RELP) or has logged its start (UDP, where nothing can be connected to).
-pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, super::super::DestError> {
+pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, crate::dest::DestError> {
     let (bin, modules) =
-        find_rsyslogd().ok_or_else(|| super::super::DestError::Missing(MISSING.to_string()))?;
+        find_rsyslogd().ok_or_else(|| crate::dest::DestError::Missing(MISSING.to_string()))?;
     if transport == Transport::Relp
         && let Some(m) = &modules
         && !m.join("imrelp.so").is_file()
     {
-        return Err(super::super::DestError::Missing(format!(
+        return Err(crate::dest::DestError::Missing(format!(
             "{} has no imrelp.so: install rsyslog-relp (Debian)",
             m.display()
         )));

@@ -38,14 +38,14 @@ fn escape_param(value: &str) -> String {
     out
 }
 
-/// The write key of a received message (the value of `key` in the `drill` SD element),
-/// unescaped; `None` when the message has none.
+/// The write key of a received message (the value of `key`, the first and only parameter of
+/// the `drill` SD element, as [`rfc5424`] writes it), unescaped; `None` when the message has
+/// none.
 pub fn key_of(message: &str) -> Option<String> {
-    let start = message.find(&format!("[{SD_ID} "))?;
-    let rest = &message[start + SD_ID.len() + 2..];
-    let at = rest.find("key=\"")?;
+    let opening = format!("[{SD_ID} key=\"");
+    let start = message.find(&opening)?;
     let mut out = String::new();
-    let mut chars = rest[at + 5..].chars();
+    let mut chars = message[start + opening.len()..].chars();
     while let Some(c) = chars.next() {
         match c {
             '\\' => out.push(chars.next()?),
@@ -81,6 +81,11 @@ mod tests {
         assert_eq!(m, "<13>1 2026-12-02T15:00:00Z h drill - - - id=1");
         assert_eq!(key_of(&m), None);
         assert_eq!(key_of("[drill key=\"unterminated"), None);
+        // A `key="…"` elsewhere (another element, the message text) is not the write key.
+        assert_eq!(
+            key_of("<13>1 - h drill - - [drill x=\"1\"] key=\"no\""),
+            None
+        );
     }
 
     #[test]
