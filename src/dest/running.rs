@@ -50,8 +50,10 @@ pub type Remove = Box<dyn FnOnce() -> BoxFuture<'static, Result<(), String>> + S
 
 /// Where the receiving side runs.
 pub enum Place {
-    /// A local process (`None`: embedded in drill, nothing to stop).
+    /// A local process (`None`: nothing to stop).
     Local(Option<LocalProcess>),
+    /// A broker running inside drill; dropping the value stops it.
+    InProcess(Box<dyn std::any::Any + Send + Sync>),
     Container(Box<ContainerBroker>),
     /// A cluster of local processes.
     Nodes(Vec<LocalNode>),
@@ -137,7 +139,7 @@ impl Running {
                 }
                 n.name.clone()
             }
-            Place::Local(_) | Place::External { .. } => {
+            Place::Local(_) | Place::InProcess(_) | Place::External { .. } => {
                 return Err(
                     "this broker cannot be halted on its own (a container or a cluster node can)"
                         .to_string(),
@@ -172,7 +174,7 @@ impl Running {
                 n.process = Some((n.spawn)().await?);
                 Ok(Some((n.name.clone(), None)))
             }
-            Place::Local(_) | Place::External { .. } => Ok(None),
+            Place::Local(_) | Place::InProcess(_) | Place::External { .. } => Ok(None),
         }
     }
 
@@ -182,6 +184,7 @@ impl Running {
         match &mut self.place {
             Place::Local(Some(p)) => p.stop(false).await,
             Place::Local(None) => {}
+            Place::InProcess(broker) => drop(std::mem::replace(broker, Box::new(()))),
             Place::Container(c) => c.remove().await,
             Place::Nodes(nodes) => {
                 for n in nodes.iter_mut() {

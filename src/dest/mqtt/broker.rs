@@ -1,5 +1,5 @@
-//! MQTT brokers a drill starts: `mosquitto` as a local process, `rumqttd` embedded in drill
-//! when mosquitto is not installed, mosquitto in a container (`eclipse-mosquitto:2`, or
+//! MQTT brokers a drill starts: `mosquitto` as a local process, drill's own broker embedded
+//! in drill (`embedded.rs`) when mosquitto is not installed, mosquitto in a container (`eclipse-mosquitto:2`, or
 //! `DRILL_IMAGE_MQTT`), or the user's own broker (`runtime: external`). One plain link in
 //! front of it.
 //!
@@ -12,12 +12,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::process::Command;
 
+use super::embedded::Embedded;
 use crate::container::{self, Launch};
 use crate::dest::running::Place;
 use crate::dest::{DestError, Destination, Provision, Provisioned, Running, Runtime, place};
@@ -42,15 +43,20 @@ pub struct LocalMqtt {
     pub version: String,
     /// Why this runtime was chosen, when `auto` fell back.
     pub note: Option<String>,
-    /// `None`: embedded (it stops with drill).
+    /// The process, when it is one.
     pub process: Option<LocalProcess>,
+    /// The broker, when it runs inside drill (dropping it stops it).
+    pub embedded: Option<Embedded>,
 }
 
 impl LocalMqtt {
-    /// Stops it (SIGTERM, then SIGKILL after 5 s); nothing to stop when embedded.
+    /// Stops it (a process: SIGTERM, then SIGKILL after 5 s).
     pub async fn stop(&mut self) {
         if let Some(p) = self.process.as_mut() {
             p.stop(false).await;
+        }
+        if let Some(b) = self.embedded.take() {
+            b.stop();
         }
     }
 }
@@ -79,9 +85,8 @@ pub async fn start_mqtt(
             Some(_) => start_mosquitto(work, message_limit).await,
             None => {
                 let mut broker = start_embedded().await?;
-                broker.note = Some(
-                    "mosquitto is not installed: using the embedded broker (rumqttd)".to_string(),
-                );
+                broker.note =
+                    Some("mosquitto is not installed: using drill's embedded broker".to_string());
                 Ok(broker)
             }
         },
@@ -132,12 +137,16 @@ pub(super) async fn provision(
         }
         None => {
             let broker = start_mqtt(p.runtime, p.work, p.needs.message_limit).await?;
+            let place = match broker.embedded {
+                Some(b) => Place::InProcess(Box::new(b)),
+                None => Place::Local(broker.process),
+            };
             let mut running = Running::new(
                 dest,
                 vec![broker.addr],
                 broker.runtime,
                 broker.version,
-                Place::Local(broker.process),
+                place,
             );
             running.note = broker.note;
             running
@@ -256,6 +265,7 @@ async fn start_mosquitto(
                     version: mosquitto_version(&bin).await,
                     note: None,
                     process: Some(LocalProcess::new(child)),
+                    embedded: None,
                 });
             }
             Err(e) => {
@@ -279,59 +289,19 @@ async fn start_mosquitto(
 }
 
 async fn start_embedded() -> Result<LocalMqtt, DestError> {
-    let port = free_port()?;
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let fail = |why: String| StartError {
-        what: "embedded broker (rumqttd)".to_string(),
-        why,
-    };
-    // rumqttd keeps a commit log per filter; make it large enough that nothing a drill sends
-    // is ever rotated out before the verifier reads it.
-    let config = serde_json::json!({
-        "id": 0,
-        "router": {
-            "max_connections": 1000,
-            "max_outgoing_packet_count": 100000,
-            "max_segment_size": 104857600,
-            "max_segment_count": 100
-        },
-        "v5": {
-            "1": {
-                "name": "v5-1",
-                "listen": addr.to_string(),
-                "next_connection_delay_ms": 0,
-                "connections": {
-                    "connection_timeout_ms": 10000,
-                    "max_payload_size": 1048576,
-                    "max_inflight_count": 1000,
-                    "dynamic_filters": true
-                }
-            }
-        }
-    });
-    let config: rumqttd::Config =
-        serde_json::from_value(config).map_err(|e| fail(e.to_string()))?;
-    std::thread::Builder::new()
-        .name("rumqttd".to_string())
-        .spawn(move || {
-            let mut broker = rumqttd::Broker::new(config);
-            if let Err(e) = broker.start() {
-                eprintln!("drill: embedded broker stopped: {e}");
-            }
+    let broker = Embedded::start(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .map_err(|e| StartError {
+            what: "drill's embedded broker".to_string(),
+            why: e.to_string(),
         })?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        if Instant::now() > deadline {
-            return Err(fail(format!("nothing listening on {addr} after 10 s")).into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     Ok(LocalMqtt {
-        addr,
+        addr: broker.addr,
         runtime: "embedded",
-        version: "rumqttd 0.20.0 (in-process)".to_string(),
+        version: format!("{} (in-process)", super::embedded::VERSION),
         note: None,
         process: None,
+        embedded: Some(broker),
     })
 }
 

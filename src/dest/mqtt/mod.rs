@@ -1,10 +1,11 @@
-//! MQTT 5 (mosquitto, or rumqttd embedded in drill): QoS 1, the write key in the user property
+//! MQTT 5 (mosquitto, or drill's own broker embedded in drill): QoS 1, the write key in the user property
 //! `write-key`. Keeps `at_least_once` (a lost PUBACK means a resend). One plain link, named
 //! `mqtt`; no fields of its own in `destination:`; `system.write_key: { mqtt_user_property:
 //! NAME }` for a user's engine.
 
 pub mod bench;
 pub mod broker;
+pub mod embedded;
 pub mod read;
 pub mod sink;
 pub mod tap;
