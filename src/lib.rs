@@ -10,6 +10,7 @@
 //! [`promise`], [`units`], [`credentials`], [`seed`], [`located`], [`process`].
 
 pub mod bench;
+pub mod cli;
 pub mod container;
 pub mod control;
 pub mod credentials;

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use drill::scenario;
+use crate::scenario;
 
 use super::{INVALID, PASS};
 

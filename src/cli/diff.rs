@@ -1,9 +1,9 @@
 //! `drill diff BASE NEW [--markdown] [--fail-on MARGINS]`: what changed between two runs'
-//! reports ([`drill::diff`]); exit 1 on a regression beyond the margins, 2 on bad input.
+//! reports ([`crate::diff`]); exit 1 on a regression beyond the margins, 2 on bad input.
 
 use std::path::PathBuf;
 
-use drill::diff;
+use crate::diff;
 
 use super::{FAIL, INVALID, PASS};
 

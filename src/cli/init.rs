@@ -7,7 +7,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
-use drill::scenario;
+use crate::scenario;
 
 use super::{INFRASTRUCTURE, INVALID, PASS};
 

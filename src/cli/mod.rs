@@ -1,10 +1,16 @@
-//! Command bodies of the `drill` binary; `main.rs` only parses flags and dispatches.
+//! The `drill` command line, in the library so that the binary is one call (`src/main.rs`):
+//! a release build then compiles this code once, with the rest of the library, instead of
+//! in a second crate after it (docs/src/build-times.md). `command.rs` parses flags and
+//! dispatches; each command's body is its own module.
 
 pub mod check;
+mod command;
 pub mod diff;
 pub mod init;
 pub mod run;
 pub mod selftest;
+
+pub use command::main;
 
 /// Exit codes (DESIGN.md §6).
 pub const PASS: u8 = 0;

@@ -9,9 +9,9 @@ use std::time::Instant;
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use tokio_util::sync::CancellationToken;
 
-use drill::dest::Runtime;
-use drill::scenario::Plan;
-use drill::{report, runner, scenario};
+use crate::dest::Runtime;
+use crate::scenario::Plan;
+use crate::{report, runner, scenario};
 
 use super::{FAIL, INFRASTRUCTURE, INVALID, PASS};
 

@@ -22,7 +22,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use drill::scenario::Plan;
+use crate::scenario::Plan;
 
 use super::{FAIL, INFRASTRUCTURE, INVALID, PASS};
 pub use cell::{Cell, CellOutcome};
@@ -207,7 +207,7 @@ fn publish(result: &Selftest, dir: &Path) -> Result<(), u8> {
 /// after saying why when there are none or a name is unknown.
 fn mutants(only: &[String]) -> Option<Vec<MutantRow>> {
     #[cfg(feature = "mutants")]
-    let all: Vec<MutantRow> = drill::engine::mutant::Mutant::ALL
+    let all: Vec<MutantRow> = crate::engine::mutant::Mutant::ALL
         .iter()
         .map(|m| {
             let signature = m.signature().iter().map(|s| s.to_string()).collect();
@@ -417,10 +417,10 @@ mod tests {
     #[cfg(feature = "mutants")]
     #[test]
     fn every_signature_names_a_check_of_the_report() {
-        for m in drill::engine::mutant::Mutant::ALL {
+        for m in crate::engine::mutant::Mutant::ALL {
             assert!(!m.signature().is_empty(), "{}", m.name());
             for word in m.signature() {
-                let check = serde_json::from_value::<drill::report::Check>(serde_json::json!(word));
+                let check = serde_json::from_value::<crate::report::Check>(serde_json::json!(word));
                 assert!(
                     check.is_ok() || *word == "keyless_copies",
                     "{}: `{word}` is no check",

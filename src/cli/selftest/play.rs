@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use drill::scenario::{FaultAction, Plan, ProcessAction};
+use crate::scenario::{FaultAction, Plan, ProcessAction};
 
 use super::Row;
 use super::cell::{Cell, CellOutcome, judge};

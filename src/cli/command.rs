@@ -1,0 +1,520 @@
+//! The `drill` command line: its flags (`run`, `selftest`, `diff`, `init`, `check`, `schema`,
+//! `engine`, `proxy`, `bench`) and the dispatch to each command's body.
+//!
+//! Exit codes (DESIGN.md §6): 0 every expectation held, 1 an expectation failed, 2 invalid
+//! input (scenario, flags), 3 infrastructure failure (a broker or the engine could not start).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::dest::Runtime;
+use crate::engine;
+use crate::proxy::Proxy;
+
+#[derive(Parser)]
+#[command(
+    name = "drill",
+    version = env!("DRILL_BUILD"),
+    about = "Proves what a store-and-forward pipeline promises."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one or more drills and write their reports.
+    Run {
+        /// Scenario files (YAML), or folders of them.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Only scenarios with one of these tags (repeatable).
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        /// Where reports go: DIR/<scenario name>/report.{md,json}.
+        #[arg(long, default_value = "reports")]
+        out: PathBuf,
+        /// Override the scenario's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Override the scenario's broker runtime.
+        #[arg(long, value_enum)]
+        runtime: Option<Runtime>,
+    },
+    /// Run every test-only mutant of the built-in engine against the catalogue and print
+    /// mutant × drill → caught / missed (builds with the `mutants` feature only).
+    Selftest {
+        /// Scenario files or folders (default: scenarios/).
+        #[arg(default_value = "scenarios")]
+        files: Vec<PathBuf>,
+        /// Only scenarios with one of these tags (repeatable), e.g. --tag ci.
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        /// Where results go: DIR/selftest/{selftest.md,selftest.json} and each drill's report.
+        #[arg(long, default_value = "reports")]
+        out: PathBuf,
+        /// Drills run side by side (each with its own brokers and ports).
+        #[arg(long, default_value_t = 3)]
+        jobs: usize,
+        /// Run every cell; by default a mutant's row stops at its first catch.
+        #[arg(long)]
+        full: bool,
+        /// Only this mutant (repeatable).
+        #[arg(long = "mutant")]
+        mutants: Vec<String>,
+        /// Only the correct engine (the false-alarm check; any build).
+        #[arg(long, conflicts_with = "mutants")]
+        no_mutants: bool,
+        /// Override every scenario's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+    },
+    /// Compare two runs' reports (a pull request's against main's): verdict, lost, duplicates
+    /// beyond the promise, reordered, recovery and drain per fault, peak delivery, with the change.
+    Diff(super::diff::Flags),
+    /// Write a commented starter drill for your own engine (a half-open link, a SIGKILL
+    /// mid-outage, a refused link), drills/README.md and with --ci the GitHub workflow. Without
+    /// flags on a terminal it asks.
+    Init(super::init::Flags),
+    /// Validate scenario files (or folders of them) without starting anything.
+    Check {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print the scenario file's JSON Schema (for editors).
+    Schema,
+    /// Run the built-in store-and-forward engine, or manage its Failed messages.
+    Engine {
+        /// The engine's config file (engine.yaml).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[command(subcommand)]
+        action: Option<EngineAction>,
+    },
+    /// Measure: `drill bench proxy` prints a healed link's cost against direct and haproxy.
+    Bench {
+        #[arg(value_enum)]
+        what: BenchTarget,
+        /// Bytes per bulk stream.
+        #[arg(long, default_value_t = 2 * 1024 * 1024 * 1024)]
+        bytes: u64,
+        /// 1-byte round trips per path.
+        #[arg(long, default_value_t = 20_000)]
+        pings: usize,
+        /// Bulk runs per path (the median is shown).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Records per run on the Kafka produce path (`proxy`; needs tansu).
+        #[arg(long, default_value_t = 200_000)]
+        kafka_records: u64,
+    },
+    /// Run fault-proxy links standalone with an HTTP control API.
+    Proxy {
+        /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable), e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883.
+        /// Links can also be created later through the Toxiproxy-shaped `POST /proxies`.
+        #[arg(long = "link")]
+        links: Vec<String>,
+        /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable): a Kafka-aware link in front of a Kafka
+        /// bootstrap broker. It rewrites the broker addresses in Metadata, FindCoordinator and
+        /// DescribeCluster answers so every broker is reached through a link of its own,
+        /// NAME-<node id>; a fault on NAME is in force on all of them.
+        #[arg(long = "kafka-link")]
+        kafka_links: Vec<String>,
+        /// Where the control API listens.
+        #[arg(long, default_value = "127.0.0.1:8474")]
+        api: SocketAddr,
+        /// Bearer token every API request must carry (or DRILL_TOKEN); required when --api is
+        /// not a loopback address.
+        #[arg(long)]
+        token: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum EngineAction {
+    /// Records set aside after their last counted refusal.
+    Failed {
+        #[command(subcommand)]
+        what: FailedAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum FailedAction {
+    /// List them, with the destination's error text (asks the running engine).
+    List {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Put them back on their output's queue with the same write key.
+    Replay {
+        #[arg(long)]
+        config: PathBuf,
+        /// Only this write key.
+        #[arg(long)]
+        key: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum BenchTarget {
+    /// A healed link vs direct vs haproxy.
+    Proxy,
+    /// Durable ingest vs raw write + fdatasync.
+    Engine,
+}
+
+use super::{INFRASTRUCTURE, INVALID, PASS};
+
+/// Parses the command line, runs the command, and returns its exit code.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { INVALID } else { PASS });
+        }
+    };
+    // `drill proxy` runs on one thread, like haproxy: a wakeup never crosses threads, which
+    // keeps the latency a link adds low (measured by `drill bench proxy`).
+    let runtime = match &cli.command {
+        Command::Proxy { .. } => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Runtime::new(),
+    };
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("drill: cannot start the async runtime: {e}");
+            return ExitCode::from(INFRASTRUCTURE);
+        }
+    };
+    ExitCode::from(runtime.block_on(dispatch(cli.command)))
+}
+
+/// Cancels `token` on SIGINT or SIGTERM, so every child is stopped before drill exits.
+fn cancel_on_signals(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        token.cancel();
+    });
+}
+
+async fn dispatch(command: Command) -> u8 {
+    let cancel = CancellationToken::new();
+    cancel_on_signals(cancel.clone());
+    match command {
+        Command::Run {
+            files,
+            tags,
+            out,
+            seed,
+            runtime,
+        } => {
+            let flags = super::run::Flags {
+                paths: files,
+                out,
+                seed,
+                runtime,
+                tags,
+            };
+            super::run::run(flags, cancel).await
+        }
+        Command::Selftest {
+            files,
+            tags,
+            out,
+            jobs,
+            full,
+            mutants,
+            no_mutants,
+            seed,
+        } => {
+            let flags = super::selftest::Flags {
+                paths: files,
+                tags,
+                out,
+                jobs,
+                full,
+                mutants,
+                no_mutants,
+                seed,
+            };
+            super::selftest::run(flags, cancel).await
+        }
+        Command::Diff(flags) => super::diff::run(flags),
+        Command::Init(flags) => super::init::init(flags),
+        Command::Check { files } => super::check::check(&files),
+        Command::Schema => super::check::schema(),
+        Command::Engine {
+            config,
+            action: None,
+        } => run_engine(config, cancel).await,
+        Command::Engine {
+            action: Some(EngineAction::Failed { what }),
+            ..
+        } => failed(what).await,
+        Command::Proxy {
+            links,
+            kafka_links,
+            api,
+            token,
+        } => {
+            let token = match crate::control::token_for(api, token) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("drill proxy: {e}");
+                    return INVALID;
+                }
+            };
+            let specs = links
+                .into_iter()
+                .map(|l| (l, false))
+                .chain(kafka_links.into_iter().map(|l| (l, true)))
+                .collect();
+            proxy(specs, api, token, cancel).await
+        }
+        Command::Bench {
+            what,
+            bytes,
+            pings,
+            runs,
+            kafka_records,
+        } => {
+            let options = crate::bench::Options {
+                bytes,
+                pings: pings.max(10),
+                runs: runs.max(1),
+                kafka_records,
+            };
+            bench(what, options).await
+        }
+    }
+}
+
+/// `drill engine --config FILE`: the built-in engine with this build's destination kinds.
+async fn run_engine(config: Option<PathBuf>, cancel: CancellationToken) -> u8 {
+    let Some(config) = config else {
+        eprintln!("drill engine: give --config FILE (the engine's engine.yaml)");
+        return INVALID;
+    };
+    let config = match engine::EngineConfig::load(&config, &crate::dest::SINKS) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("drill engine: {e}");
+            return INVALID;
+        }
+    };
+    match engine::run(config, &crate::dest::SINKS, cancel).await {
+        Ok(()) => PASS,
+        Err(e) => {
+            eprintln!("drill engine: {e}");
+            INFRASTRUCTURE
+        }
+    }
+}
+
+/// `drill bench proxy|engine`: prints the table of ratios it measured.
+async fn bench(what: BenchTarget, options: crate::bench::Options) -> u8 {
+    let Ok(exe) = std::env::current_exe() else {
+        eprintln!("drill bench: cannot find my own executable");
+        return INFRASTRUCTURE;
+    };
+    let measured = tokio::task::spawn_blocking(move || match what {
+        BenchTarget::Proxy => crate::bench::proxy(&exe, options),
+        BenchTarget::Engine => {
+            let dir = std::env::current_dir().unwrap_or_else(|_| std::env::temp_dir());
+            let options = crate::bench::EngineOptions::from_env();
+            crate::bench::engine(&exe, &dir, options)
+        }
+    })
+    .await;
+    match measured {
+        Ok(Ok(table)) => {
+            println!("{table}");
+            PASS
+        }
+        Ok(Err(e)) => {
+            eprintln!("drill bench: {e}");
+            INFRASTRUCTURE
+        }
+        Err(e) => {
+            eprintln!("drill bench: {e}");
+            INFRASTRUCTURE
+        }
+    }
+}
+
+/// `drill engine failed list|replay`: asks the running engine (its address is in its config).
+async fn failed(what: FailedAction) -> u8 {
+    let (config, replay_key, replay) = match what {
+        FailedAction::List { config } => (config, None, false),
+        FailedAction::Replay { config, key } => (config, key, true),
+    };
+    let config = match engine::EngineConfig::load(&config, &crate::dest::SINKS) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("drill engine failed: {e}");
+            return INVALID;
+        }
+    };
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", config.listen);
+    // An engine bound beyond loopback wants its token (DRILL_TOKEN) on every request.
+    let bearer = std::env::var("DRILL_TOKEN").unwrap_or_default();
+    let answer = if replay {
+        let body = serde_json::json!({ "key": replay_key });
+        http.post(format!("{base}/failed/replay"))
+            .bearer_auth(&bearer)
+            .json(&body)
+            .send()
+            .await
+    } else {
+        http.get(format!("{base}/failed"))
+            .bearer_auth(&bearer)
+            .send()
+            .await
+    };
+    let value: serde_json::Value = match answer {
+        Ok(a) => match a.json().await {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("drill engine failed: unreadable answer from {base}: {e}");
+                return INFRASTRUCTURE;
+            }
+        },
+        Err(e) => {
+            eprintln!(
+                "drill engine failed: the engine does not answer on {base} ({e}); is it running?"
+            );
+            return INFRASTRUCTURE;
+        }
+    };
+    if replay {
+        let keys = value["replayed"].as_array().cloned().unwrap_or_default();
+        println!("replayed {} record(s), same write keys:", keys.len());
+        for k in keys {
+            println!("  {}", k.as_str().unwrap_or_default());
+        }
+    } else {
+        let list = value.as_array().cloned().unwrap_or_default();
+        println!("{} failed message(s)", list.len());
+        for f in list {
+            println!(
+                "  {}  output {}  {} refusals  {}",
+                f["key"].as_str().unwrap_or_default(),
+                f["output"].as_str().unwrap_or_default(),
+                f["refusals"],
+                f["error"].as_str().unwrap_or_default()
+            );
+        }
+    }
+    PASS
+}
+
+async fn proxy(
+    specs: Vec<(String, bool)>,
+    api: SocketAddr,
+    token: Option<String>,
+    cancel: CancellationToken,
+) -> u8 {
+    let proxy = Proxy::new(cancel.clone());
+    for (spec, kafka_aware) in &specs {
+        let parsed = spec.split_once('=').and_then(|(name, addrs)| {
+            let (listen, upstream) = addrs.split_once(',')?;
+            Some((
+                name.to_string(),
+                listen.parse::<SocketAddr>().ok()?,
+                upstream.parse::<SocketAddr>().ok()?,
+            ))
+        });
+        let Some((name, listen, upstream)) = parsed else {
+            eprintln!(
+                "drill proxy: --{}link {spec}: expected NAME=LISTEN_ADDR,UPSTREAM_ADDR, e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883",
+                if *kafka_aware { "kafka-" } else { "" }
+            );
+            return INVALID;
+        };
+        let started = if *kafka_aware {
+            proxy.start_kafka_link(&name, listen, upstream).await
+        } else {
+            proxy.start_link(&name, listen, upstream).await
+        };
+        match started {
+            Ok(link) => println!("link {name}: {} -> {upstream}", link.listen_addr()),
+            Err(e) => {
+                eprintln!("drill proxy: {e}");
+                return INFRASTRUCTURE;
+            }
+        }
+    }
+    // The control plane gets its own thread and runtime: data flow on this one can never
+    // delay a fault being applied or healed.
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let control = {
+        let (proxy, cancel) = (proxy.clone(), cancel.clone());
+        std::thread::Builder::new()
+            .name("drill-control".to_string())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    match crate::proxy::api::serve(proxy, api, token, cancel).await {
+                        Ok((bound, handle)) => {
+                            let _ = ready_tx.send(Ok(bound));
+                            let _ = handle.await;
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+    };
+    let control = match control {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("drill proxy: cannot start the control thread: {e}");
+            return INFRASTRUCTURE;
+        }
+    };
+    match ready_rx.await {
+        Ok(Ok(bound)) => println!(
+            "control API on http://{bound} (GET /links, PUT|DELETE /links/NAME/fault; Toxiproxy-shaped /proxies)"
+        ),
+        Ok(Err(e)) => {
+            eprintln!("drill proxy: cannot serve the control API on {api}: {e}");
+            return INFRASTRUCTURE;
+        }
+        Err(_) => {
+            eprintln!("drill proxy: the control thread stopped");
+            return INFRASTRUCTURE;
+        }
+    }
+    cancel.cancelled().await;
+    let _ = tokio::task::spawn_blocking(move || control.join()).await;
+    proxy.shutdown().await;
+    PASS
+}
