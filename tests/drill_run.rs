@@ -139,6 +139,54 @@ fn the_embedded_broker_carries_a_drill() {
     assert_eq!(r["closes"], true);
 }
 
+/// The embedded broker is not lenient: an engine that drops what waited through a refused
+/// window (the mutant `expire-by-age`) fails on it, with every dropped record counted lost.
+#[cfg(feature = "mutants")]
+#[test]
+fn a_lossy_engine_fails_on_the_embedded_broker_with_its_losses_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "embedded-lossy",
+        "name: embedded-lossy\n\
+         destination: { kind: mqtt, topic: t/embedded-lossy }\n\
+         workload: { rate: 100/s, duration: 12s, keys: 4 }\n\
+         faults:\n\
+         \x20 - { at: 2s, link: mqtt, fault: refuse, for: 8s }\n\
+         expect: { lost: 0, ledger: closes }\n",
+    );
+    let ran = run_drill_with(
+        &file,
+        "embedded-lossy",
+        &["--runtime", "embedded"],
+        &[("DRILL_MUTANT", "expire-by-age")],
+    );
+    let (o, r) = (&ran.output, &ran.report);
+    let l = &r["ledger"];
+    println!(
+        "expire-by-age on the embedded broker: exit {:?}; held {}, delivered {}, lost {}",
+        o.status.code(),
+        l["held"],
+        l["delivered"],
+        l["lost"]
+    );
+    assert_eq!(o.status.code(), Some(1), "{}\n{r:#}", show(o));
+    assert_eq!(r["runtime"], "embedded");
+    let (held, delivered, lost) = (
+        l["held"].as_u64().unwrap(),
+        l["delivered"].as_u64().unwrap(),
+        l["lost"].as_u64().unwrap(),
+    );
+    assert_eq!(held, 1200, "{r:#}");
+    // Records accepted more than 5 s into an 8 s refusal are dropped: about 300 of them.
+    assert!(lost >= 100, "{r:#}");
+    assert_eq!(
+        held,
+        delivered + lost,
+        "every record is delivered or counted lost: {r:#}"
+    );
+}
+
 #[test]
 fn a_runtime_that_cannot_start_exits_3_with_one_clear_line() {
     let dir = tempfile::tempdir().unwrap();
