@@ -233,6 +233,9 @@ pub struct Access {
     pub first_sequence: Option<u64>,
     /// Kafka: each partition's end offset when the drill started.
     pub offsets: Vec<(i32, i64)>,
+    /// Syslog: the file the receiver writes every message to, one per line (drill's own
+    /// rsyslog's, or the one `read_back.file` names).
+    pub received_file: Option<std::path::PathBuf>,
 }
 
 /// The reconciliation of one drill, by harness id.

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const TAGS: [&str; 6] = ["ci", "full", "long", "soak", "containers", "finding"];
+const TAGS: [&str; 7] = ["ci", "full", "long", "soak", "containers", "finding", "syslog"];
 
 fn catalogue() -> Vec<drill::scenario::Plan> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");

@@ -1,4 +1,4 @@
-//! Destination kinds, one folder each: `mqtt/`, `nats/`, `kafka/`.
+//! Destination kinds, one folder each: `mqtt/`, `nats/`, `kafka/`, `syslog/`.
 //!
 //! A kind's folder holds all that is that kind's, as vector's `src/sinks/<name>/` does:
 //!
@@ -71,11 +71,12 @@ pub enum Kind {
     Mqtt,
     Kafka,
     Nats,
+    Syslog,
 }
 
 impl Kind {
     /// Every kind this build has.
-    pub const ALL: [Kind; 3] = [Kind::Mqtt, Kind::Nats, Kind::Kafka];
+    pub const ALL: [Kind; 4] = [Kind::Mqtt, Kind::Nats, Kind::Kafka, Kind::Syslog];
 
     /// The kind's implementation: the one place a kind is mapped to it.
     pub fn entry(self) -> &'static Entry {
@@ -83,6 +84,7 @@ impl Kind {
             Kind::Mqtt => &mqtt::ENTRY,
             Kind::Nats => &nats::ENTRY,
             Kind::Kafka => &kafka::ENTRY,
+            Kind::Syslog => &syslog::ENTRY,
         }
     }
 
@@ -279,6 +281,24 @@ pub trait Destination: std::fmt::Debug + Send + Sync {
     fn builtin_promise(&self) -> Promise {
         Promise::AtLeastOnce
     }
+
+    /// The strongest promise any engine writing here can keep, where the destination itself
+    /// bounds it (a receiver that never confirms a write: `at_most_once`), and why; a scenario
+    /// that declares more is invalid. `None`: the engine's output decides.
+    fn promise_bound(&self) -> Option<(Promise, &'static str)> {
+        None
+    }
+
+    /// Whether the destination confirms each write. One that cannot (plain TCP, UDP) is judged
+    /// apart: a missing record the engine sent without confirmation is counted as *sent but
+    /// not confirmed*, not lost, and the report never says "nothing lost" (DESIGN.md §2).
+    fn confirms(&self) -> bool {
+        true
+    }
+
+    /// The built-in engine's output for this destination, adjusted for the kind's settings
+    /// (a syslog destination's transport).
+    fn output_options(&self, _cfg: &mut OutputConfig) {}
 
     /// Whether the broker refuses one oversized write while it accepts the rest: poison
     /// records need it. `Err` says what to write instead.

@@ -43,7 +43,15 @@ pub struct RawDestination {
     #[serde(default)]
     #[schemars(with = "Option<Vec<String>>")]
     pub servers: Option<Vec<Spanned<String>>>,
-    /// `runtime: external`, MQTT: the broker (`host:port`).
+    /// Syslog: how messages reach the receiver, `relp` (default), `tcp` or `udp`.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub transport: Option<Spanned<String>>,
+    /// `runtime: external`, syslog: the file the user's receiver writes every message to.
+    #[serde(default)]
+    #[schemars(with = "Option<super::syslog::RawReadBack>")]
+    pub read_back: Option<Spanned<super::syslog::RawReadBack>>,
+    /// `runtime: external`, MQTT and syslog: the broker or receiver (`host:port`).
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub address: Option<Spanned<String>>,
@@ -80,7 +88,7 @@ pub struct RawCredentials {
 
 /// The fields of `destination:` that only some kinds take ([`Entry::fields`]), with where each
 /// was given.
-fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 6] {
+fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 8] {
     let kind = raw.kind.referenced;
     [
         (
@@ -92,6 +100,8 @@ fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 6] {
         ("bootstrap", raw.bootstrap.as_ref().map(|_| kind)),
         ("servers", raw.servers.as_ref().map(|_| kind)),
         ("address", raw.address.as_ref().map(|a| a.referenced)),
+        ("transport", raw.transport.as_ref().map(|t| t.referenced)),
+        ("read_back", raw.read_back.as_ref().map(|r| r.referenced)),
     ]
 }
 

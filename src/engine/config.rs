@@ -60,8 +60,14 @@ impl Default for DiskLimits {
 #[serde(deny_unknown_fields)]
 pub struct OutputConfig {
     pub name: String,
-    /// The destination kind (`mqtt`, `nats`, `kafka`): a name the build's [`Sinks`] knows.
+    /// The destination kind (`mqtt`, `nats`, `kafka`, `syslog`): a name the build's [`Sinks`]
+    /// knows.
     pub kind: String,
+    /// How the output reaches a destination that has more than one way (`syslog`: `relp`,
+    /// `tcp` or `udp`; default `relp`). The transport decides the promise it can keep: only
+    /// RELP answers each message. Refused for kinds with one way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<String>,
     /// The destination (for a drill: the proxy link in front of the broker).
     pub address: SocketAddr,
     /// More servers of the same destination (the other nodes of a NATS cluster, each through
@@ -114,6 +120,7 @@ impl OutputConfig {
             address,
             more_addresses: Vec::new(),
             topic: topic.to_string(),
+            transport: None,
             client_id: None,
             promise: Promise::default(),
             order: Order::default(),
@@ -209,8 +216,10 @@ impl EngineConfig {
                     sinks.names().join(", ")
                 )));
             };
+            kind.check(o)
+                .map_err(|why| err(format!("output `{}`: {why}", o.name)))?;
             // DESIGN.md §1.7: claiming more than an output can keep is a configuration error.
-            let (can, why) = kind.strongest_promise();
+            let (can, why) = kind.strongest_promise(o);
             if o.promise.rank() > can.rank() {
                 return Err(err(format!(
                     "output `{}` declares `{}`, but {why}; declare {} or less",
@@ -219,9 +228,11 @@ impl EngineConfig {
                     can.name()
                 )));
             }
-            if o.promise == Promise::AtMostOnce {
+            // at_most_once is what a destination that cannot confirm gives (plain TCP, UDP);
+            // where the destination answers, the engine never drops a record it could resend.
+            if o.promise == Promise::AtMostOnce && can != Promise::AtMostOnce {
                 return Err(err(format!(
-                    "output `{}` declares `at_most_once`, which this engine does not offer: it never drops a record it could resend; declare {}",
+                    "output `{}` declares `at_most_once`, which this engine does not offer where the destination answers: it never drops a record it could resend; declare {}",
                     o.name,
                     can.name()
                 )));
@@ -251,8 +262,14 @@ mod tests {
     struct Kind(Promise);
 
     impl SinkKind for Kind {
-        fn strongest_promise(&self) -> (Promise, &'static str) {
+        fn strongest_promise(&self, _: &OutputConfig) -> (Promise, &'static str) {
             (self.0, "it says so")
+        }
+        fn check(&self, cfg: &OutputConfig) -> Result<(), String> {
+            match &cfg.transport {
+                Some(t) if self.0 != Promise::AtMostOnce => Err(format!("`transport: {t}`")),
+                _ => Ok(()),
+            }
         }
         fn default_window(&self) -> usize {
             8
@@ -271,17 +288,19 @@ mod tests {
 
     static LEAST: Kind = Kind(Promise::AtLeastOnce);
     static EXACTLY: Kind = Kind(Promise::EffectivelyOnce);
+    static UNCONFIRMED: Kind = Kind(Promise::AtMostOnce);
 
     impl Sinks for Kinds {
         fn kind(&self, name: &str) -> Option<&dyn SinkKind> {
             match name {
                 "least" => Some(&LEAST),
                 "exactly" => Some(&EXACTLY),
+                "unconfirmed" => Some(&UNCONFIRMED),
                 _ => None,
             }
         }
         fn names(&self) -> Vec<&'static str> {
-            vec!["least", "exactly"]
+            vec!["least", "exactly", "unconfirmed"]
         }
     }
 
@@ -311,6 +330,15 @@ mod tests {
         assert!(e.contains("declare at_least_once or less"), "{e}");
         let e = ok(vec![output("n", "exactly", Promise::AtMostOnce)]).unwrap_err();
         assert!(e.contains("at_most_once"), "{e}");
+        // A destination that cannot confirm keeps at_most_once and nothing more.
+        assert!(ok(vec![output("u", "unconfirmed", Promise::AtMostOnce)]).is_ok());
+        let e = ok(vec![output("u", "unconfirmed", Promise::AtLeastOnce)]).unwrap_err();
+        assert!(e.contains("declare at_most_once or less"), "{e}");
+        // A kind's own check refuses what it cannot honour, naming the output.
+        let mut t = output("t", "least", Promise::AtLeastOnce);
+        t.transport = Some("tcp".into());
+        let e = ok(vec![t]).unwrap_err();
+        assert!(e.contains("output `t`: `transport: tcp`"), "{e}");
         let e = ok(vec![
             output("a", "least", Promise::AtLeastOnce),
             output("a", "exactly", Promise::AtLeastOnce),
@@ -320,7 +348,7 @@ mod tests {
         assert!(ok(vec![]).unwrap_err().contains("empty"));
         let e = ok(vec![output("x", "amqp", Promise::AtLeastOnce)]).unwrap_err();
         assert!(
-            e.contains("unknown kind `amqp`; this build has least, exactly"),
+            e.contains("unknown kind `amqp`; this build has least, exactly, unconfirmed"),
             "{e}"
         );
     }

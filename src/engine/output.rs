@@ -15,7 +15,8 @@
 //!
 //! Rules kept here (DESIGN.md §1): no age limit anywhere; at most one open attempt per write key
 //! (a record with an open attempt is never put on the wire again); every attempt ends
-//! `delivered`, `refused` or `possibly_sent`; only a refusal (the destination itself said no to
+//! `delivered`, `refused` or `possibly_sent` — or, on a destination that cannot confirm (plain
+//! TCP, UDP), `sent_unconfirmed` once the operating system took the bytes; only a refusal (the destination itself said no to
 //! this record while the connection worked: an MQTT PUBACK with an error reason, a JetStream API
 //! error) counts toward the refusal limit — a cut, a timeout or a refused connect spends nothing;
 //! a record whose attempt ended `possibly_sent` is held and sent again with the same write key
@@ -105,6 +106,10 @@ pub enum Answer {
     Accepted,
     /// The destination said no to this record, in these words, while the connection worked.
     Refused(String),
+    /// The operating system took the bytes, and that is all anyone will ever know (plain TCP,
+    /// UDP): the record is settled as sent, never resent, and the report counts it apart if
+    /// it is missing (DESIGN.md §1.6).
+    SentUnconfirmed,
 }
 
 /// What the I/O side must persist after a call on [`Output`].
@@ -172,6 +177,8 @@ pub struct Output {
     open: HashMap<u16, Open>,
     next_pkid: u16,
     pub attempts: AttemptCounts,
+    /// Records settled by the destination's answer; on a destination that cannot confirm,
+    /// records settled as sent (`attempts.sent_unconfirmed` says how many of this run).
     pub delivered: u64,
     pub failed: u64,
     /// The next sequence to read from the log: every record below it is in memory (ready,
@@ -523,6 +530,14 @@ impl Output {
         };
         let error = match answer {
             Answer::Refused(error) => error,
+            Answer::SentUnconfirmed => {
+                self.attempts.sent_unconfirmed += 1;
+                self.delivered += 1;
+                return vec![
+                    Effect::Closed(attempt(Outcome::SentUnconfirmed, None)),
+                    Effect::Delivered(entry.record.segment, entry.record.seq),
+                ];
+            }
             Answer::Accepted => {
                 self.attempts.delivered += 1;
                 self.delivered += 1;

@@ -79,6 +79,23 @@ pub trait Sink: Send + Sync + Clone + 'static {
     /// §1.7: declaring more is a configuration error).
     const PROMISE: (Promise, &'static str);
 
+    /// The strongest promise this output can keep, where its settings decide it (a syslog
+    /// output's transport); the kind's [`Sink::PROMISE`] otherwise.
+    fn promise_for(&self, _cfg: &OutputConfig) -> (Promise, &'static str) {
+        Self::PROMISE
+    }
+
+    /// Refuses settings of the output this kind cannot honour (`transport` on a kind that has
+    /// one way to reach its destination): what is wrong, in one line.
+    fn check(&self, cfg: &OutputConfig) -> Result<(), String> {
+        match &cfg.transport {
+            Some(t) => Err(format!(
+                "`transport: {t}`: this kind has one transport; leave it out"
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Deliveries in flight when the config gives no `window`: as many as the destination
     /// takes without harm, so draining a backlog runs at the client library's speed.
     const DEFAULT_WINDOW: usize;
@@ -124,9 +141,12 @@ pub trait Session: Send {
 /// One destination kind as the engine sees it: its promise, its window, and how to start an
 /// output's worker on it.
 pub trait SinkKind: Sync {
-    /// The strongest promise an output of this kind can keep, and why not more (DESIGN.md
-    /// §1.7: declaring more is a configuration error).
-    fn strongest_promise(&self) -> (Promise, &'static str);
+    /// The strongest promise an output of this kind, with these settings, can keep, and why
+    /// not more (DESIGN.md §1.7: declaring more is a configuration error).
+    fn strongest_promise(&self, cfg: &OutputConfig) -> (Promise, &'static str);
+
+    /// Refuses settings the kind cannot honour (see [`Sink::check`]).
+    fn check(&self, cfg: &OutputConfig) -> Result<(), String>;
 
     /// Deliveries in flight when the config gives no `window`: as many as the destination
     /// takes without harm, so draining a backlog runs at the client library's speed.
@@ -153,8 +173,12 @@ pub trait Sinks: Sync {
 /// A sink is its kind's registry entry: its promise and window, its worker (the session loop
 /// over it), and its probe (a connect, the session dropped).
 impl<S: Sink> SinkKind for S {
-    fn strongest_promise(&self) -> (Promise, &'static str) {
-        S::PROMISE
+    fn strongest_promise(&self, cfg: &OutputConfig) -> (Promise, &'static str) {
+        self.promise_for(cfg)
+    }
+
+    fn check(&self, cfg: &OutputConfig) -> Result<(), String> {
+        Sink::check(self, cfg)
     }
 
     fn default_window(&self) -> usize {

@@ -86,16 +86,32 @@ fn tiles(md: &mut String, report: &Report, beyond_promise: bool) {
     } else {
         ("duplicates".to_string(), l.duplicates)
     };
-    let _ = writeln!(
-        md,
-        "| held | delivered | waiting | failed | lost | {heading} | reordered |"
-    );
-    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
-    let _ = writeln!(
-        md,
-        "| {} | {} | {} | {} | **{}** | {duplicates} | {} |",
-        l.held, l.delivered, l.waiting, l.failed, l.lost, l.reordered
-    );
+    match l.sent_unconfirmed_missing {
+        None => {
+            let _ = writeln!(
+                md,
+                "| held | delivered | waiting | failed | lost | {heading} | reordered |"
+            );
+            let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | **{}** | {duplicates} | {} |",
+                l.held, l.delivered, l.waiting, l.failed, l.lost, l.reordered
+            );
+        }
+        Some(unconfirmed) => {
+            let _ = writeln!(
+                md,
+                "| held | delivered | waiting | failed | sent, not confirmed, missing | lost before sending | {heading} | reordered |"
+            );
+            let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {unconfirmed} | **{}** | {duplicates} | {} |",
+                l.held, l.delivered, l.waiting, l.failed, l.lost, l.reordered
+            );
+        }
+    }
     let _ = writeln!(md);
     let _ = writeln!(
         md,

@@ -90,7 +90,14 @@ pub struct Ledger {
     pub delivered: u64,
     pub waiting: u64,
     pub failed: u64,
+    /// On a destination that cannot confirm a write (plain TCP, UDP): what never left the
+    /// engine. Elsewhere: what is neither delivered, waiting nor failed.
     pub lost: u64,
+    /// On a destination that cannot confirm a write: records the engine sent (the OS took
+    /// them) that are not at the destination — gone in flight, counted apart from `lost`.
+    /// `None` where the destination confirms each write.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sent_unconfirmed_missing: Option<u64>,
     pub duplicates: u64,
     pub duplicates_same_key: u64,
     pub duplicates_other_key: u64,
@@ -192,13 +199,20 @@ pub struct EngineAccount {
 }
 
 impl Report {
-    /// `H held = D delivered + W waiting + F failed + L lost`.
+    /// `H held = D delivered + W waiting + F failed + L lost`; on a destination that cannot
+    /// confirm, `… + U sent unconfirmed and missing + L lost before sending`.
     pub fn ledger_line(&self) -> String {
         let l = &self.ledger;
-        format!(
-            "{} held = {} delivered + {} waiting + {} failed + {} lost",
-            l.held, l.delivered, l.waiting, l.failed, l.lost
-        )
+        match l.sent_unconfirmed_missing {
+            Some(u) => format!(
+                "{} held = {} delivered + {} waiting + {} failed + {u} sent unconfirmed and missing + {} lost before sending",
+                l.held, l.delivered, l.waiting, l.failed, l.lost
+            ),
+            None => format!(
+                "{} held = {} delivered + {} waiting + {} failed + {} lost",
+                l.held, l.delivered, l.waiting, l.failed, l.lost
+            ),
+        }
     }
 }
 

@@ -41,7 +41,7 @@ pub fn judge(facts: &Facts) -> Report {
     let notes = notes(facts, verifier_fault);
     let pass =
         expectations.iter().all(|x| x.ok) && inconclusive.is_empty() && verifier_fault.is_none();
-    let mut headline = headline(ledger.lost, &expectations, verifier_fault.is_some());
+    let mut headline = headline(&ledger, &expectations, verifier_fault.is_some());
     if let Some(first) = inconclusive.first() {
         headline = format!("Inconclusive: {first}. {headline}");
     }
@@ -134,14 +134,22 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
         .as_ref()
         .map(|s| (s.waiting, s.failed))
         .unwrap_or((0, 0));
-    let lost = r.missing.saturating_sub(waiting + failed);
-    let (lost_beyond_promise, duplicates_beyond_promise) = oracle::beyond(r, allowance, lost);
+    let unconfirmed = sent_unconfirmed_missing(facts);
+    let lost = r
+        .missing
+        .saturating_sub(waiting + failed + unconfirmed.unwrap_or(0));
+    let (mut lost_beyond_promise, duplicates_beyond_promise) = oracle::beyond(r, allowance, lost);
+    if unconfirmed.is_some() {
+        // What never left the engine is not excused by any promise.
+        lost_beyond_promise = lost;
+    }
     let ledger = Ledger {
         held: r.accepted,
         delivered: r.delivered,
         waiting,
         failed,
         lost,
+        sent_unconfirmed_missing: unconfirmed,
         duplicates: r.duplicates,
         duplicates_same_key: r.duplicates_same_key,
         duplicates_other_key: r.duplicates_other_key,
@@ -154,6 +162,34 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
         ingest_refused: r.ingest_refused,
     };
     (ledger, lost_beyond_promise)
+}
+
+/// On a destination that cannot confirm a write: the missing records the engine sent without
+/// confirmation (their write key's attempt ended `sent_unconfirmed` in its journal). `None`
+/// where the destination confirms. For a user's engine, whose attempts drill cannot see, 0:
+/// drill cannot split what was lost in flight from what never left, so every missing record
+/// counts as lost and a note says so.
+fn sent_unconfirmed_missing(facts: &Facts) -> Option<u64> {
+    if facts.plan.destination.imp.confirms() {
+        return None;
+    }
+    let Some(keys) = &facts.sent_unconfirmed_keys else {
+        return Some(0);
+    };
+    let arrived: std::collections::HashSet<&str> = facts
+        .received
+        .arrivals
+        .iter()
+        .filter_map(|a| a.id.as_deref())
+        .collect();
+    let n = facts
+        .sent
+        .accepted()
+        .filter(|(r, key, _)| {
+            !arrived.contains(r.id.as_str()) && key.is_some_and(|k| keys.contains(k))
+        })
+        .count();
+    Some(n as u64)
 }
 
 /// The ledger closes when the equation holds with nothing lost, and the engine's own account
@@ -171,8 +207,9 @@ fn closes(ledger: &Ledger, r: &Reconciliation, facts: &Facts) -> bool {
         }
         None => !facts.gives_account,
     };
+    let unconfirmed = ledger.sent_unconfirmed_missing.unwrap_or(0);
     ledger.lost == 0
-        && ledger.delivered + ledger.waiting + ledger.failed == ledger.held
+        && ledger.delivered + ledger.waiting + ledger.failed + unconfirmed == ledger.held
         && engine_agrees
 }
 
@@ -197,7 +234,9 @@ fn expectations(facts: &Facts, j: Judged<'_>) -> Vec<ExpectationResult> {
         rows.push(row(check, name, n.to_string(), actual, actual <= n))
     };
     if let Some(n) = e.lost {
-        let name = if j.allowance.missing > 0 {
+        let name = if l.sent_unconfirmed_missing.is_some() {
+            "lost before sending".to_string()
+        } else if j.allowance.missing > 0 {
             format!("lost beyond {promise}")
         } else {
             "lost".to_string()
@@ -327,6 +366,12 @@ fn notes(facts: &Facts, verifier_fault: Option<&str>) -> Vec<String> {
             "verifier fault: {f} — read-back counts may be low; this is not engine loss"
         ));
     }
+    if !facts.plan.destination.imp.confirms() {
+        notes.push(match facts.sent_unconfirmed_keys {
+            Some(_) => "the destination never confirms a write: a record the engine sent (the OS took the bytes) and that is missing is counted as sent but not confirmed, apart from lost; lost counts what never left the engine (from its attempt journal)".to_string(),
+            None => "the destination never confirms a write, and drill cannot see a user's engine's attempts: what was lost in flight cannot be told from what never left the engine, so every missing record counts as lost".to_string(),
+        });
+    }
     if facts.tapped.is_none() {
         notes.push("the links carry no protocol tap for this destination kind: where lost records were last seen cannot be told, and a bypass of the proxy is judged by arrival times alone".to_string());
     }
@@ -340,12 +385,27 @@ fn notes(facts: &Facts, verifier_fault: Option<&str>) -> Vec<String> {
 }
 
 /// The failed expectations first, then what was lost: "recovery after link mqtt swallow both
-/// 2 ms (expected ≤ 1 ms); nothing lost."
-pub fn headline(lost: u64, expectations: &[ExpectationResult], verifier_fault: bool) -> String {
-    let losses = match lost {
-        0 => "nothing lost".to_string(),
-        1 => "1 record lost".to_string(),
-        n => format!("{n} records lost"),
+/// 2 ms (expected ≤ 1 ms); nothing lost." On a destination that cannot confirm, never
+/// "nothing lost": "none lost before sending; 12 sent but not confirmed and missing."
+pub fn headline(
+    ledger: &Ledger,
+    expectations: &[ExpectationResult],
+    verifier_fault: bool,
+) -> String {
+    let records = |n: u64| match n {
+        1 => "1 record".to_string(),
+        n => format!("{n} records"),
+    };
+    let losses = match (ledger.sent_unconfirmed_missing, ledger.lost) {
+        (None, 0) => "nothing lost".to_string(),
+        (None, n) => format!("{} lost", records(n)),
+        (Some(u), lost) => {
+            let before = match lost {
+                0 => "none lost before sending".to_string(),
+                n => format!("{} lost before sending", records(n)),
+            };
+            format!("{before}; {u} sent but not confirmed and missing")
+        }
     };
     let mut parts: Vec<String> = Vec::new();
     if verifier_fault {
@@ -354,7 +414,7 @@ pub fn headline(lost: u64, expectations: &[ExpectationResult], verifier_fault: b
     parts.extend(
         expectations
             .iter()
-            .filter(|x| !x.ok && !x.name.starts_with("lost"))
+            .filter(|x| !x.ok && x.check != Check::Lost)
             .map(|x| {
                 if x.expected == "closes" {
                     format!("{} {}", x.name, x.actual)
@@ -424,6 +484,7 @@ pub(crate) mod tests {
             sent,
             received,
             possibly_sent_keys: Some(HashSet::new()),
+            sent_unconfirmed_keys: Some(HashSet::new()),
             journal_attempts: None,
             crashes: Vec::new(),
             power_cuts: Vec::new(),
@@ -548,6 +609,65 @@ pub(crate) mod tests {
             .filter(|x| !x.ok)
             .map(|x| format!("{} {}", x.name, x.actual))
             .collect()
+    }
+
+    /// A plain-TCP syslog drill: records 0..10 accepted, 3 of them (w2, w3, w4) sent without
+    /// confirmation and missing, one (w7) missing and never sent (a drop before sending).
+    fn unconfirmed(journal: Option<&[&str]>) -> Facts {
+        let text = "name: verdict\ndestination: { kind: syslog, transport: tcp }\nworkload: { rate: 10/s, duration: 1s }\nexpect: { lost_before_sending: 0, ledger: closes }\n";
+        let mut f = clean("{}");
+        f.plan = crate::scenario::parse(Path::new("verdict.yaml"), text).expect("a valid plan");
+        f.received
+            .arrivals
+            .retain(|a| !["w2", "w3", "w4", "w7"].contains(&a.write_key.as_deref().unwrap()));
+        f.sent_unconfirmed_keys = journal.map(|keys| keys.iter().map(|k| k.to_string()).collect());
+        f
+    }
+
+    #[test]
+    fn a_destination_that_cannot_confirm_counts_the_unconfirmed_apart_and_never_says_nothing_lost()
+    {
+        // The journal: every record went out unconfirmed but w7 (dropped before sending).
+        let sent: Vec<String> = (0..10)
+            .filter(|i| *i != 7)
+            .map(|i| format!("w{i}"))
+            .collect();
+        let sent: Vec<&str> = sent.iter().map(String::as_str).collect();
+        let report = judge(&unconfirmed(Some(&sent)));
+        let l = &report.ledger;
+        assert_eq!(
+            (l.delivered, l.lost, l.sent_unconfirmed_missing),
+            (6, 1, Some(3))
+        );
+        assert_eq!(
+            report.headline,
+            "Ledger does not close; 1 record lost before sending; 3 sent but not confirmed and missing."
+        );
+        assert!(!report.verdict.is_pass());
+        assert_eq!(
+            failed(&unconfirmed(Some(&sent))),
+            ["lost before sending 1", "ledger does not close"]
+        );
+        assert_eq!(
+            report.ledger_line(),
+            "10 held = 6 delivered + 0 waiting + 0 failed + 3 sent unconfirmed and missing + 1 lost before sending"
+        );
+        // Nothing dropped before sending: a pass, and still not "nothing lost".
+        let mut all = sent.clone();
+        all.push("w7");
+        let report = judge(&unconfirmed(Some(&all)));
+        assert!(report.verdict.is_pass(), "{:?}", report.expectations);
+        assert_eq!(
+            report.headline,
+            "None lost before sending; 4 sent but not confirmed and missing."
+        );
+        // A user's engine: drill cannot split, so every missing record counts as lost.
+        let report = judge(&unconfirmed(None));
+        assert_eq!(
+            (report.ledger.lost, report.ledger.sent_unconfirmed_missing),
+            (4, Some(0))
+        );
+        assert!(report.notes.iter().any(|n| n.contains("cannot be told")));
     }
 
     const ALL: &str = "{ lost: 0, duplicates: 0, reordered: 0, ledger: closes, recovery_within: 5s, failed: 0, unexpected: 0, altered: 0, not_accepted: 0, drain_within: 1s, max_copies: 2 }";

@@ -43,6 +43,9 @@ pub struct Facts {
     /// The built-in engine's write keys that had an attempt end `possibly_sent`, from its
     /// attempt journal; `None` for a user's engine, whose attempts drill cannot see.
     pub possibly_sent_keys: Option<HashSet<String>>,
+    /// The built-in engine's write keys whose attempt ended `sent_unconfirmed` (a destination
+    /// that cannot confirm), from the same journal; `None` for a user's engine.
+    pub sent_unconfirmed_keys: Option<HashSet<String>>,
     /// The built-in engine's attempts by outcome over every run of it in the drill, from the
     /// same journal (its `/stats` counts start again at each restart); `None` for a user's
     /// engine, whose attempts are what its account says, if anything.

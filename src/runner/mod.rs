@@ -386,6 +386,7 @@ async fn finish(
         sent,
         received,
         journal_attempts: journal.as_ref().map(|j| j.attempts),
+        sent_unconfirmed_keys: journal.as_ref().map(|j| j.sent_unconfirmed_keys.clone()),
         possibly_sent_keys: journal.map(|j| j.possibly_sent_keys),
         crashes: played.crashes,
         power_cuts: played.power_cuts,

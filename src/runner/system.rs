@@ -48,32 +48,34 @@ pub(super) async fn start_system(
 fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfig {
     let e = &plan.engine;
     let d = &plan.destination;
+    let mut output = OutputConfig {
+        promise: e.promise,
+        order: e.order,
+        keepalive: DurText(e.keepalive),
+        answer_timeout: DurText(e.answer_timeout),
+        window: e.window,
+        refusals: Some(RefusalConfig {
+            max: e.refusals.0,
+            backoff: [DurText(e.refusals.1), DurText(e.refusals.2)],
+        }),
+        more_addresses: rig.links.iter().skip(1).map(Link::listen_addr).collect(),
+        credentials: d
+            .external
+            .as_ref()
+            .map(|x| x.credentials.clone())
+            .unwrap_or_default(),
+        ..OutputConfig::new(
+            d.kind.name(),
+            &d.link_name(),
+            rig.link.listen_addr(),
+            &d.topic,
+        )
+    };
+    d.imp.output_options(&mut output);
     EngineConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], port)),
         data_dir: work.join("engine-data"),
-        outputs: vec![OutputConfig {
-            promise: e.promise,
-            order: e.order,
-            keepalive: DurText(e.keepalive),
-            answer_timeout: DurText(e.answer_timeout),
-            window: e.window,
-            refusals: Some(RefusalConfig {
-                max: e.refusals.0,
-                backoff: [DurText(e.refusals.1), DurText(e.refusals.2)],
-            }),
-            more_addresses: rig.links.iter().skip(1).map(Link::listen_addr).collect(),
-            credentials: d
-                .external
-                .as_ref()
-                .map(|x| x.credentials.clone())
-                .unwrap_or_default(),
-            ..OutputConfig::new(
-                d.kind.name(),
-                &d.link_name(),
-                rig.link.listen_addr(),
-                &d.topic,
-            )
-        }],
+        outputs: vec![output],
         disk: Default::default(),
     }
 }

@@ -188,6 +188,12 @@ pub(super) struct RawCrashAt {
 pub(super) struct RawExpect {
     #[serde(default)]
     pub(super) lost: Option<u64>,
+    /// A destination that cannot confirm a write (syslog over plain TCP or UDP): records lost
+    /// before they left the engine. What was sent without confirmation and is missing is
+    /// counted apart; on such a destination `lost` means the same.
+    #[serde(default)]
+    #[schemars(with = "Option<u64>")]
+    pub(super) lost_before_sending: Option<Spanned<u64>>,
     #[serde(default)]
     pub(super) duplicates: Option<u64>,
     #[serde(default)]

@@ -59,6 +59,7 @@ pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located>
     };
     destination.imp = destination.imp.settle(&shape);
     let poison = workload.poison.len() as u64;
+    let expect = expect(raw.expect, poison, &destination)?;
     Ok(Plan {
         name,
         about: raw.about,
@@ -69,7 +70,7 @@ pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located>
         command,
         workload,
         faults,
-        expect: expect(raw.expect, poison),
+        expect,
         drain_timeout,
         tags: raw.tags,
     })
@@ -124,8 +125,16 @@ fn system(
                 ),
             ));
         }
+        let at_builtin = raw.builtin.as_ref().map_or(*anchor, |b| b.referenced);
         let settings = raw.builtin.map(|b| b.value).unwrap_or_default();
-        return Ok((builtin(settings, destination), None));
+        let engine = builtin(settings, destination);
+        within_bound(
+            engine.promise,
+            destination,
+            &at_builtin,
+            "system.builtin.promise",
+        )?;
+        return Ok((engine, None));
     };
     let anchor = argv.first().map_or(*anchor, |a| a.referenced);
     if let Some(b) = &raw.builtin {
@@ -151,11 +160,43 @@ fn system(
         &anchor,
     )?;
     // A user's engine has none of the built-in engine's settings; only its promise counts.
+    // Undeclared, it is at_least_once, or less where the destination cannot confirm.
+    let promise = match &raw.promise {
+        Some(p) => {
+            within_bound(p.value, destination, &p.referenced, "system.promise")?;
+            p.value
+        }
+        None => match destination.imp.promise_bound() {
+            Some((bound, _)) if bound.rank() < Promise::AtLeastOnce.rank() => bound,
+            _ => Promise::AtLeastOnce,
+        },
+    };
     let engine = EngineSpec {
-        promise: raw.promise.map_or(Promise::AtLeastOnce, |p| p.value),
+        promise,
         ..builtin(RawBuiltin::default(), destination)
     };
     Ok((engine, Some(spec)))
+}
+
+/// DESIGN.md §1.7: a promise the destination itself cannot let any engine keep (a receiver
+/// that never confirms a write) is a configuration error.
+fn within_bound(
+    promise: Promise,
+    destination: &Spec,
+    loc: &Location,
+    field: &str,
+) -> Result<(), Located> {
+    match destination.imp.promise_bound() {
+        Some((bound, why)) if promise.rank() > bound.rank() => Err(at(
+            loc,
+            format!(
+                "field `{field}`: `{}`, but {why}; declare {} or less",
+                promise.name(),
+                bound.name()
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `system.builtin:`, with its defaults. The promise defaults to what the destination lets the
@@ -769,10 +810,32 @@ fn cannot(entry: &FaultEntry, target: &str, action: ProcessAction) -> Located {
 /// `expect:`; left out, nothing may be lost and the ledger must close. Either way, `failed`
 /// must equal the number of poison records and nothing unexpected may arrive, unless said
 /// otherwise.
-fn expect(raw: Option<RawExpect>, poison: u64) -> Expectations {
-    match raw {
+fn expect(
+    raw: Option<RawExpect>,
+    poison: u64,
+    destination: &Spec,
+) -> Result<Expectations, Located> {
+    let lost_before_sending = match raw.as_ref().and_then(|e| e.lost_before_sending.as_ref()) {
+        Some(n) if destination.imp.confirms() => {
+            return Err(at(
+                &n.referenced,
+                format!(
+                    "field `expect.lost_before_sending`: a `{}` destination confirms each write, so every missing record counts as lost; use `lost`",
+                    destination.kind.name()
+                ),
+            ));
+        }
+        Some(n) => Some(n.value),
+        None => None,
+    };
+    Ok(match raw {
         Some(e) => Expectations {
-            lost: e.lost,
+            // On a destination that cannot confirm, both name the records that never left
+            // the engine; the stricter bound holds.
+            lost: match (e.lost, lost_before_sending) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
             duplicates: e.duplicates,
             reordered: e.reordered,
             ledger_closes: e.ledger == Some(LedgerExpectation::Closes),
@@ -792,7 +855,7 @@ fn expect(raw: Option<RawExpect>, poison: u64) -> Expectations {
             altered: Some(0),
             ..Expectations::default()
         },
-    }
+    })
 }
 
 /// Limits that fit the machine (the book, docs/src/verdict.md "Limits"): a number past one is an invalid scenario,

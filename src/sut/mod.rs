@@ -264,6 +264,9 @@ impl System {
 pub struct Journal {
     /// Write keys that had an attempt end `possibly_sent`.
     pub possibly_sent_keys: HashSet<String>,
+    /// Write keys whose attempt ended `sent_unconfirmed`: the OS took them, nothing more is
+    /// known (a destination that cannot confirm).
+    pub sent_unconfirmed_keys: HashSet<String>,
     /// Every attempt the journal closed, by outcome.
     pub attempts: AttemptCountsView,
 }
@@ -288,7 +291,12 @@ fn read_journal(path: &Path) -> Journal {
         match outcome.as_deref() {
             Some("delivered") => a.delivered += 1,
             Some("refused") => a.refused += 1,
-            Some("sent_unconfirmed") => a.sent_unconfirmed += 1,
+            Some("sent_unconfirmed") => {
+                a.sent_unconfirmed += 1;
+                if let Some(key) = key {
+                    journal.sent_unconfirmed_keys.insert(key.into_owned());
+                }
+            }
             Some("possibly_sent") => {
                 a.possibly_sent += 1;
                 if let Some(key) = key {
@@ -336,6 +344,7 @@ mod tests {
             }
         );
         assert_eq!(j.possibly_sent_keys, HashSet::from(["k-0".to_string()]));
+        assert_eq!(j.sent_unconfirmed_keys, HashSet::from(["k-3".to_string()]));
         assert_eq!(read_journal(&dir.path().join("none")), Journal::default());
     }
 }

@@ -16,19 +16,18 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::process::Command;
 
+use super::Syslog;
+use crate::dest::running::Place;
+use crate::dest::{DestError, Destination, Provision, Provisioned, Running, Runtime};
 use crate::process::{LocalProcess, StartError, dies_with_drill, free_port, version_line};
+use crate::proxy::Link;
 
-/// How messages reach rsyslog.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    Tcp,
-    Relp,
-    Udp,
-}
+pub use super::Transport;
 
 impl Transport {
     /// The rsyslog input module for it.
@@ -50,6 +49,53 @@ pub struct Rsyslog {
     /// Its first `-v` line (`rsyslogd  8.2302.0 (aka 2023.02) …`).
     pub version: String,
     process: LocalProcess,
+}
+
+/// Starts (or reaches) the receiver and puts the link in front of it: rsyslog as a local
+/// process (the only runtime drill has for it so far), or the user's receiver.
+pub(super) async fn provision(
+    dest: Arc<dyn Destination>,
+    syslog: &Syslog,
+    p: Provision<'_>,
+) -> Result<Provisioned, DestError> {
+    let name = p.spec.link_name();
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    if let Some(ext) = &p.spec.external {
+        let reached = crate::dest::external::reach_all(p.spec, ext).await?;
+        let link = Link::start(&name, any, reached.servers[0], p.links.clone()).await?;
+        let notes = vec![reached.note.clone()];
+        let access = crate::verify::Access {
+            received_file: syslog.read_back.clone(),
+            ..Default::default()
+        };
+        let running = crate::dest::external::running(dest, p.spec, ext, reached, access, None);
+        return Ok(Provisioned {
+            links: vec![link],
+            running,
+            notes,
+        });
+    }
+    if p.runtime == Runtime::Container {
+        return Err(DestError::Unsupported(
+            "the syslog receiver (rsyslog) runs as a local process; there is no container image for it yet: use --runtime process or auto".to_string(),
+        ));
+    }
+    crate::dest::check_broker_faults(&p.needs, false, 1)?;
+    let rsyslog = start(syslog.transport, &p.work.join("rsyslog")).await?;
+    let mut running = Running::new(
+        dest,
+        vec![rsyslog.addr],
+        "process",
+        rsyslog.version.clone(),
+        Place::Local(Some(rsyslog.process)),
+    );
+    running.access.received_file = Some(rsyslog.received);
+    let link = Link::start(&name, any, running.addrs[0], p.links.clone()).await?;
+    Ok(Provisioned {
+        links: vec![link],
+        running,
+        notes: Vec::new(),
+    })
 }
 
 impl Rsyslog {
@@ -111,14 +157,13 @@ action(type="omfile" file="{work}/rsyslog.log")
 
 /// Starts rsyslog with `transport` on a free port, its files in `work`. Returns once it
 /// listens (TCP, RELP) or has logged its start (UDP, where nothing can be connected to).
-pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, crate::dest::DestError> {
-    let (bin, modules) =
-        find_rsyslogd().ok_or_else(|| crate::dest::DestError::Missing(MISSING.to_string()))?;
+pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, DestError> {
+    let (bin, modules) = find_rsyslogd().ok_or_else(|| DestError::Missing(MISSING.to_string()))?;
     if transport == Transport::Relp
         && let Some(m) = &modules
         && !m.join("imrelp.so").is_file()
     {
-        return Err(crate::dest::DestError::Missing(format!(
+        return Err(DestError::Missing(format!(
             "{} has no imrelp.so: install rsyslog-relp (Debian)",
             m.display()
         )));
@@ -159,8 +204,13 @@ pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, crate::
         };
         match ready {
             Ok(()) => {
+                // `rsyslogd  8.2302.0 (aka 2023.02) compiled with:` → `rsyslogd 8.2302.0 (aka 2023.02)`.
                 let version = version_line(&bin, &["-v"], "rsyslogd")
                     .await
+                    .map(|l| {
+                        let l = l.trim_end_matches("compiled with:").trim();
+                        l.split_whitespace().collect::<Vec<_>>().join(" ")
+                    })
                     .unwrap_or_else(|| "rsyslogd (version unknown)".to_string());
                 return Ok(Rsyslog {
                     addr,

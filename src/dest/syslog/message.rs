@@ -9,11 +9,14 @@
 /// The SD-ID that carries the write key.
 pub const SD_ID: &str = "drill";
 
+/// The SD-PARAM whose value is the write key.
+pub const SD_PARAM: &str = "key";
+
 /// One RFC 5424 message: facility user (1), severity notice (5), so `<13>`; the key as
 /// structured data when there is one, else the NILVALUE `-`.
 pub fn rfc5424(timestamp: &str, host: &str, key: Option<&str>, msg: &str) -> String {
     let sd = match key {
-        Some(k) => format!("[{SD_ID} key=\"{}\"]", escape_param(k)),
+        Some(k) => format!("[{SD_ID} {SD_PARAM}=\"{}\"]", escape_param(k)),
         None => "-".to_string(),
     };
     format!("<13>1 {timestamp} {host} drill - - {sd} {msg}")
@@ -42,18 +45,49 @@ fn escape_param(value: &str) -> String {
 /// the `drill` SD element, as [`rfc5424`] writes it), unescaped; `None` when the message has
 /// none.
 pub fn key_of(message: &str) -> Option<String> {
-    let opening = format!("[{SD_ID} key=\"");
-    let start = message.find(&opening)?;
-    let mut out = String::new();
-    let mut chars = message[start + opening.len()..].chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => out.push(chars.next()?),
-            '"' => return Some(out),
-            c => out.push(c),
+    sd_param(message, SD_ID, SD_PARAM)
+}
+
+/// The value of parameter `param` in the first SD element `id` of a message, unescaped (RFC
+/// 5424 §6.3.3); `None` when there is none. Only that element's own parameters are read: a
+/// `param="…"` in another element or in the message text is not it.
+pub fn sd_param(message: &str, id: &str, param: &str) -> Option<String> {
+    let opening = format!("[{id} ");
+    let start = message.find(&opening)? + opening.len();
+    let mut chars = message[start..].chars().peekable();
+    loop {
+        // PARAM-NAME "=" %d34 PARAM-VALUE %d34, separated by spaces, until `]`.
+        while chars.peek() == Some(&' ') {
+            chars.next();
+        }
+        let mut name = String::new();
+        for c in chars.by_ref() {
+            if c == '=' {
+                break;
+            }
+            if c == ']' {
+                return None;
+            }
+            name.push(c);
+        }
+        if chars.next()? != '"' {
+            return None;
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next()? {
+                '\\' => value.push(chars.next()?),
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        if name == param {
+            return Some(value);
+        }
+        if chars.peek() == Some(&']') {
+            return None;
         }
     }
-    None
 }
 
 #[cfg(test)]
@@ -86,6 +120,16 @@ mod tests {
             key_of("<13>1 - h drill - - [drill x=\"1\"] key=\"no\""),
             None
         );
+    }
+
+    #[test]
+    fn any_element_and_parameter_can_be_read() {
+        let m = r#"<13>1 - h app - - [origin ip="1"][meta@1 seq="3" wk="a\"b"] key="no""#;
+        assert_eq!(sd_param(m, "meta@1", "wk").as_deref(), Some("a\"b"));
+        assert_eq!(sd_param(m, "meta@1", "seq").as_deref(), Some("3"));
+        assert_eq!(sd_param(m, "origin", "ip").as_deref(), Some("1"));
+        assert_eq!(sd_param(m, "origin", "wk"), None);
+        assert_eq!(sd_param(m, "meta@1", "key"), None);
     }
 
     #[test]

@@ -1,13 +1,242 @@
-//! Syslog destinations (issue 23, in progress): RFC 5424 messages to a real rsyslog over
-//! RELP, TCP (octet counting) or UDP.
+//! Syslog: RFC 5424 messages to a real rsyslog over RELP, plain TCP (octet counting, RFC 6587)
+//! or UDP, `destination: { kind: syslog, transport: relp | tcp | udp }` (default `relp`).
 //!
-//! Built so far, and tested against rsyslog 8.2302: the message format with the write key as
-//! structured data ([`message`]), the RELP protocol and a client session ([`relp`]), and
-//! rsyslog as the receiving side, a local process with drill's own config ([`broker`]). The
-//! kind is not registered in [`super::Kind`] yet: its reader, engine sink and scenario fields
-//! come next, and until then no scenario can name it.
+//! - **Write key**: structured data of drill's own SD-ID, `[drill key="…"]` (DESIGN.md §1.3);
+//!   the record's id travels in the message text. A user's engine names its own element with
+//!   `system.write_key: { syslog_sd: { id: ID, param: NAME } }`.
+//! - **Promise**: only RELP answers each message (`rsp 200`), so only `relp` keeps
+//!   `at_least_once`; over `tcp` the operating system takes the bytes and that is all anyone
+//!   will ever know, and over `udp` not even that, so both keep `at_most_once`. Declaring more
+//!   is an invalid scenario. For those two the report says "none lost before sending" and counts
+//!   what was sent but never confirmed apart from what was lost ([`Destination::confirms`]).
+//! - **Receiving side**: rsyslog as a local process with drill's own config ([`broker`]), or
+//!   the user's (`runtime: external`: `address` plus `read_back: { file: PATH }`, the file the
+//!   user's receiver writes every message to, one per line). The reader follows that file
+//!   ([`read`]).
+//! - **Links**: one plain TCP link named `syslog` for `relp` and `tcp`. `udp` needs a datagram
+//!   link, which drill's proxy does not have yet: a scenario naming it is refused, located.
 
 pub mod broker;
 pub mod message;
 pub mod read;
 pub mod relp;
+pub mod sink;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::Deserialize;
+
+use super::{
+    Common, DestError, Destination, Entry, Kind, Provision, Provisioned, RawDestination, ReadBack,
+    ReaderSpec, Running, Shape,
+};
+use crate::engine::OutputConfig;
+use crate::located::{Located, at};
+use crate::promise::Promise;
+use crate::verify::WriteKeyPlace;
+
+/// How messages reach the receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Plain TCP with octet counting: the OS takes the bytes; nothing answers.
+    Tcp,
+    /// RELP: each message numbered and answered.
+    Relp,
+    /// One datagram per message: nothing answers, nothing is retransmitted.
+    Udp,
+}
+
+impl Transport {
+    pub const ALL: [Transport; 3] = [Transport::Relp, Transport::Tcp, Transport::Udp];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Relp => "relp",
+            Transport::Udp => "udp",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Transport> {
+        Transport::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+/// The strongest promise a transport lets an engine keep, and why not more.
+pub fn transport_promise(t: Transport) -> (Promise, &'static str) {
+    match t {
+        Transport::Relp => (
+            Promise::AtLeastOnce,
+            "syslog over RELP keeps `at_least_once` (a lost rsp means a resend, and the receiver cannot tell a repeat)",
+        ),
+        Transport::Tcp => (
+            Promise::AtMostOnce,
+            "syslog over plain TCP keeps only `at_most_once` (the receiver never confirms a message: what the OS took when a connection dies silently is gone, and a resend cannot be told from a new write)",
+        ),
+        Transport::Udp => (
+            Promise::AtMostOnce,
+            "syslog over UDP keeps only `at_most_once` (nothing confirms or retransmits a datagram)",
+        ),
+    }
+}
+
+/// The place of the built-in engine's write key, as the reader looks it up: the SD-ID and the
+/// parameter, a space between (a space is in no SD-NAME).
+pub fn sd_place(id: &str, param: &str) -> WriteKeyPlace {
+    WriteKeyPlace::Meta(format!("{id} {param}"))
+}
+
+/// The kind's registration.
+pub static ENTRY: Entry = Entry {
+    name: "syslog",
+    sink: &sink::SyslogSink,
+    fields: &["transport", "read_back"],
+    external_field: ("address", "logs.site.local:2514"),
+    sasl_mechanisms: &[],
+    write_key_field: ("syslog_sd", "object"),
+    embedded: false,
+    validate,
+    bench: None,
+    taps: None,
+};
+
+/// `read_back:` of an external syslog receiver.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawReadBack {
+    /// A file the receiver writes every message to, one per line, that drill can read while
+    /// the drill runs (drill follows it from its end at the start).
+    pub file: String,
+}
+
+/// A syslog destination: its transport and, for a receiver the user runs, the file it writes.
+#[derive(Debug, Clone)]
+pub struct Syslog {
+    pub transport: Transport,
+    /// `runtime: external`: the receiver's file.
+    pub read_back: Option<PathBuf>,
+}
+
+fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination>, Located> {
+    let transport = match &raw.transport {
+        None => Transport::Relp,
+        Some(t) => Transport::parse(&t.value).ok_or_else(|| {
+            at(
+                &t.referenced,
+                format!(
+                    "field `destination.transport`: `{}`; a syslog destination takes relp, tcp or udp",
+                    t.value
+                ),
+            )
+        })?,
+    };
+    if transport == Transport::Udp {
+        let loc = raw
+            .transport
+            .as_ref()
+            .map_or(raw.kind.referenced, |t| t.referenced);
+        return Err(at(
+            &loc,
+            "field `destination.transport`: `udp` needs a datagram link in front of the receiver, which drill's proxy does not have yet; use relp or tcp".to_string(),
+        ));
+    }
+    let read_back = match (&raw.read_back, &common.external) {
+        (Some(r), None) => {
+            return Err(at(
+                &r.referenced,
+                "field `destination.read_back`: goes with `runtime: external` (a receiver you run); drill reads its own rsyslog's file otherwise".to_string(),
+            ));
+        }
+        (Some(r), Some(_)) => Some(PathBuf::from(&r.value.file)),
+        (None, Some(_)) => {
+            return Err(at(
+                &raw.kind.referenced,
+                "field `destination.read_back`: an external syslog receiver needs a file drill can read, e.g. read_back: { file: /var/log/drill/received.log } (one message per line)".to_string(),
+            ));
+        }
+        (None, None) => None,
+    };
+    Ok(Arc::new(Syslog {
+        transport,
+        read_back,
+    }))
+}
+
+impl Destination for Syslog {
+    fn kind(&self) -> Kind {
+        Kind::Syslog
+    }
+
+    fn builtin_promise(&self) -> Promise {
+        transport_promise(self.transport).0
+    }
+
+    fn promise_bound(&self) -> Option<(Promise, &'static str)> {
+        Some(transport_promise(self.transport))
+    }
+
+    fn confirms(&self) -> bool {
+        self.transport == Transport::Relp
+    }
+
+    fn refuses_one_write(&self) -> Result<(), &'static str> {
+        Err(
+            "rsyslog takes every message drill's workload makes, so a syslog destination has no poison records yet; leave `workload.poison` out",
+        )
+    }
+
+    fn settle(&self, _shape: &Shape) -> Arc<dyn Destination> {
+        Arc::new(self.clone())
+    }
+
+    fn builtin_write_key(&self) -> WriteKeyPlace {
+        sd_place(message::SD_ID, message::SD_PARAM)
+    }
+
+    fn write_key_place(&self, value: &serde_json::Value) -> Result<WriteKeyPlace, String> {
+        let field = |name: &str| {
+            value
+                .get(name)
+                .and_then(|v| v.as_str())
+                .filter(|s| !s.is_empty())
+        };
+        let valid = |s: &str| !s.contains([' ', '=', ']', '"']);
+        match (field("id"), field("param")) {
+            (Some(id), Some(param)) if valid(id) && valid(param) => Ok(sd_place(id, param)),
+            _ => Err(
+                "the structured data element and parameter, e.g. syslog_sd: { id: drill, param: key } for [drill key=\"…\"]"
+                    .to_string(),
+            ),
+        }
+    }
+
+    fn output_options(&self, cfg: &mut OutputConfig) {
+        cfg.transport = Some(self.transport.name().to_string());
+    }
+
+    fn provision<'a>(&'a self, p: Provision<'a>) -> BoxFuture<'a, Result<Provisioned, DestError>> {
+        broker::provision(Arc::new(self.clone()), self, p).boxed()
+    }
+
+    fn reader<'a>(
+        &'a self,
+        at: &'a Running,
+        r: ReaderSpec,
+    ) -> BoxFuture<'a, Result<Box<dyn ReadBack>, DestError>> {
+        async move {
+            let file = at.access.received_file.clone().ok_or_else(|| {
+                DestError::Reader("the syslog receiver gave no file to read".to_string())
+            })?;
+            let reader = match self.read_back {
+                Some(_) => read::Reader::from_end(file, r.decoder, r.t0, r.cancel)
+                    .map_err(DestError::External)?,
+                None => read::Reader::start(file, r.decoder, r.t0, r.cancel),
+            };
+            Ok(Box::new(reader) as Box<dyn ReadBack>)
+        }
+        .boxed()
+    }
+}

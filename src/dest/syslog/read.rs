@@ -14,20 +14,22 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use super::message::{SD_ID, key_of};
+use super::message::{SD_ID, SD_PARAM, sd_param};
 use crate::dest::ReadBack;
 use crate::verify::{Decoder, Received, WriteKeyPlace};
 
-/// The name under which a syslog message's write key is looked up: the SD element's.
-pub const WRITE_KEY_PLACE: &str = "drill.key";
+/// The place of the built-in engine's write key: the `drill` SD element's `key` (see
+/// [`super::sd_place`]: the SD-ID and the parameter, a space between).
+pub fn builtin_place() -> WriteKeyPlace {
+    super::sd_place(SD_ID, SD_PARAM)
+}
 
 /// How often the file is looked at for new lines.
 const POLL: Duration = Duration::from_millis(20);
 
 /// The decoder for drill's own engine: the key where [`super::message::rfc5424`] puts it.
 pub fn builtin_decoder() -> Decoder {
-    debug_assert!(WRITE_KEY_PLACE.starts_with(SD_ID));
-    Decoder::builtin(WriteKeyPlace::Meta(WRITE_KEY_PLACE.to_string()))
+    Decoder::builtin(builtin_place())
 }
 
 /// Follows one file.
@@ -84,7 +86,10 @@ impl Follower {
         };
         for line in whole.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
             let text = String::from_utf8_lossy(line);
-            let meta = |name: &str| (name == WRITE_KEY_PLACE).then(|| key_of(&text)).flatten();
+            let meta = |place: &str| {
+                let (id, param) = place.split_once(' ')?;
+                sd_param(&text, id, param)
+            };
             self.decoder.add(line, meta, at, into);
         }
         Ok(())
@@ -92,9 +97,43 @@ impl Follower {
 }
 
 impl Reader {
-    /// Starts following `file` (it may not exist yet) and recording arrivals relative to `t0`.
+    /// Starts following `file` (it may not exist yet) from its first byte, recording arrivals
+    /// relative to `t0`: the file of a receiver drill started for this drill.
     pub fn start(
         file: PathBuf,
+        decoder: Decoder,
+        t0: Instant,
+        cancel: CancellationToken,
+    ) -> Reader {
+        Reader::start_at(file, 0, decoder, t0, cancel)
+    }
+
+    /// Starts following the file of a receiver the user runs from where it ends now: what it
+    /// held before is not the drill's. `Err` when it cannot be read (the drill cannot start).
+    pub fn from_end(
+        file: PathBuf,
+        decoder: Decoder,
+        t0: Instant,
+        cancel: CancellationToken,
+    ) -> Result<Reader, String> {
+        let len = std::fs::metadata(&file)
+            .map_err(|e| {
+                format!(
+                    "{} (destination.read_back.file): {e}; give a file the receiver writes every message to, readable by drill",
+                    file.display()
+                )
+            })?
+            .len();
+        let mut head = [0u8; 1];
+        std::fs::File::open(&file)
+            .and_then(|mut f| f.read(&mut head))
+            .map_err(|e| format!("{} (destination.read_back.file): {e}", file.display()))?;
+        Ok(Reader::start_at(file, len, decoder, t0, cancel))
+    }
+
+    fn start_at(
+        file: PathBuf,
+        offset: u64,
         decoder: Decoder,
         t0: Instant,
         cancel: CancellationToken,
@@ -102,7 +141,7 @@ impl Reader {
         let received = Arc::new(Mutex::new(Received::default()));
         let follower = Arc::new(Mutex::new(Follower {
             file,
-            offset: 0,
+            offset,
             partial: Vec::new(),
             decoder,
             t0,
@@ -180,7 +219,7 @@ mod tests {
     async fn follows_the_file_line_by_line_and_reports_a_truncation() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("received.log");
-        let decoder = Decoder::new("r", Some(WriteKeyPlace::Meta(WRITE_KEY_PLACE.to_string())));
+        let decoder = Decoder::new("r", Some(builtin_place()));
         let reader = Reader::start(
             path.clone(),
             decoder,

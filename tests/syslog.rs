@@ -1,0 +1,251 @@
+//! The syslog destination end to end, through the real binary: a real rsyslog (Debian's, as
+//! `ci/setup.sh` unpacks it), the real proxy, the engine as a child process, the file rsyslog
+//! writes read back. RELP confirms each message and keeps `at_least_once`; plain TCP confirms
+//! nothing, and its report must say "none lost before sending" with what was sent but never
+//! confirmed counted apart — never "nothing lost". Each guarantee is shown failing too: an
+//! engine that drops what waited (the mutant `expire-by-age`) fails on both transports, its
+//! drops counted as lost (before sending), not hidden among the unconfirmed.
+
+mod common;
+
+use common::run::{Ran, drill, run_drill, run_drill_with, scenario, show};
+
+/// rsyslogd where `ci/setup.sh` puts it or on the machine; under CI its absence fails.
+fn have_rsyslogd() -> bool {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let found = ["/usr/sbin/rsyslogd".to_string()]
+        .into_iter()
+        .chain(std::env::var("DRILL_RSYSLOGD"))
+        .chain(Some(format!(
+            "{home}/.cache/drill/rsyslog/usr/sbin/rsyslogd"
+        )))
+        .any(|p| std::path::Path::new(&p).is_file());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI=true and rsyslogd is missing: ci/setup.sh unpacks it"
+        );
+        println!("skipped: rsyslogd is not installed (run ci/setup.sh)");
+    }
+    found
+}
+
+fn number(r: &serde_json::Value, path: &[&str]) -> u64 {
+    let mut v = r;
+    for p in path {
+        v = &v[*p];
+    }
+    v.as_u64()
+        .unwrap_or_else(|| panic!("{} is not a number: {r:#}", path.join(".")))
+}
+
+fn say(what: &str, ran: &Ran) {
+    let r = &ran.report;
+    println!(
+        "{what}: exit {:?}; {}; ledger {}; attempts {}",
+        ran.output.status.code(),
+        r["headline"],
+        r["ledger"],
+        r["attempts"]
+    );
+}
+
+/// RELP, half-open for 15 s: the frames reach rsyslog, the answers are lost. Each unanswered
+/// attempt ends `possibly_sent` and is resent once after the heal with its write key: nothing
+/// lost, every copy within at_least_once.
+#[test]
+fn the_relp_half_open_drill_passes_with_its_copies_within_the_promise() {
+    if !have_rsyslogd() {
+        return;
+    }
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scenarios/syslog-relp-half-open.yaml"
+    );
+    let ran = run_drill(file, "syslog-relp-half-open", &[]);
+    say("relp half-open", &ran);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    assert_eq!(number(r, &["ledger", "lost"]), 0);
+    assert_eq!(number(r, &["ledger", "duplicates_beyond_promise"]), 0);
+    assert_eq!(r["closes"], true);
+    assert!(
+        r["ledger"].get("sent_unconfirmed_missing").is_none(),
+        "{r:#}"
+    );
+    assert_eq!(r["headline"], "Nothing lost.");
+    // The swallow met the traffic: answers discarded, attempts left unanswered.
+    assert!(
+        number(r, &["link", "bytes_swallowed_downstream"]) > 0,
+        "{r:#}"
+    );
+    assert!(number(r, &["attempts", "possibly_sent"]) > 0, "{r:#}");
+    assert_eq!(number(r, &["attempts", "sent_unconfirmed"]), 0);
+    assert!(
+        r["versions"]["broker"]
+            .as_str()
+            .unwrap()
+            .contains("rsyslogd")
+    );
+}
+
+/// Plain TCP, the same half-open link the other way: for 15 s what the engine writes is
+/// discarded on the way and nothing says so. The engine cannot know; the report must not say
+/// "nothing lost", but "none lost before sending" with the unconfirmed and missing counted.
+#[test]
+fn the_tcp_half_open_drill_counts_what_was_sent_unconfirmed_apart_from_lost() {
+    if !have_rsyslogd() {
+        return;
+    }
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scenarios/syslog-tcp-half-open.yaml"
+    );
+    let ran = run_drill(file, "syslog-tcp-half-open", &[]);
+    say("tcp half-open", &ran);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    let headline = r["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with("None lost before sending"),
+        "{headline}"
+    );
+    assert!(
+        !headline.to_lowercase().contains("nothing lost"),
+        "{headline}"
+    );
+    let l = &r["ledger"];
+    let (held, delivered, unconfirmed) = (
+        number(r, &["ledger", "held"]),
+        number(r, &["ledger", "delivered"]),
+        number(r, &["ledger", "sent_unconfirmed_missing"]),
+    );
+    assert_eq!(number(r, &["ledger", "lost"]), 0, "{l}");
+    // 15 s at 100 records/s went into the void, give or take what was in flight at the edges.
+    assert!((1000..=2000).contains(&unconfirmed), "{l}");
+    assert_eq!(held, delivered + unconfirmed, "{l}");
+    assert!(headline.contains(&format!("{unconfirmed} sent but not confirmed and missing")));
+    assert_eq!(r["promise"], "at_most_once");
+    assert!(number(r, &["attempts", "sent_unconfirmed"]) >= held);
+    assert_eq!(number(r, &["attempts", "delivered"]), 0);
+    assert!(
+        ran.markdown.contains("lost before sending"),
+        "{}",
+        ran.markdown
+    );
+}
+
+/// A refused link on each transport, and an engine that drops records older than 5 s (the
+/// mutant `expire-by-age`): the drill fails, and every dropped record is counted lost — on TCP
+/// as lost before sending, not among the unconfirmed. Only in test builds.
+#[cfg(feature = "mutants")]
+#[test]
+fn an_engine_that_drops_what_waited_fails_on_both_transports_with_its_losses_counted() {
+    if !have_rsyslogd() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for transport in ["relp", "tcp"] {
+        let name = format!("syslog-{transport}-lossy");
+        let file = scenario(
+            dir.path(),
+            &name,
+            &format!(
+                "name: {name}\n\
+                 destination: {{ kind: syslog, transport: {transport} }}\n\
+                 workload: {{ rate: 100/s, duration: 12s, keys: 4 }}\n\
+                 faults:\n\
+                 \x20 - {{ at: 2s, link: syslog, fault: refuse, for: 8s }}\n"
+            ),
+        );
+        let ran = run_drill_with(&file, &name, &[], &[("DRILL_MUTANT", "expire-by-age")]);
+        say(&format!("expire-by-age over {transport}"), &ran);
+        let (o, r) = (&ran.output, &ran.report);
+        assert_eq!(o.status.code(), Some(1), "{}\n{r:#}", show(o));
+        let held = number(r, &["ledger", "held"]);
+        let delivered = number(r, &["ledger", "delivered"]);
+        let lost = number(r, &["ledger", "lost"]);
+        assert_eq!(held, 1200, "{r:#}");
+        // Records accepted more than 5 s into an 8 s refusal are dropped: about 300.
+        assert!(lost >= 100, "{r:#}");
+        let unconfirmed = r["ledger"]["sent_unconfirmed_missing"]
+            .as_u64()
+            .unwrap_or(0);
+        assert_eq!(held, delivered + lost + unconfirmed, "{r:#}");
+        let headline = r["headline"].as_str().unwrap();
+        if transport == "tcp" {
+            assert!(
+                headline.contains(&format!("{lost} records lost before sending")),
+                "{headline}"
+            );
+        } else {
+            assert!(
+                headline.contains(&format!("{lost} records lost")),
+                "{headline}"
+            );
+        }
+    }
+}
+
+/// What a syslog destination cannot honour is an invalid scenario: exit 2, one line with
+/// file:line:col and the field.
+#[test]
+fn what_a_syslog_destination_cannot_honour_exits_2_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "unknown-transport",
+            "destination: { kind: syslog, transport: smtp }\n",
+            "relp, tcp or udp",
+        ),
+        (
+            "tcp-at-least-once",
+            "destination: { kind: syslog, transport: tcp }\nsystem: { builtin: { promise: at_least_once } }\n",
+            "declare at_most_once or less",
+        ),
+        (
+            "user-engine-claims-more",
+            "destination: { kind: syslog, transport: tcp }\nsystem: { command: [x, \"{ingest}\"], ingest: { kind: http }, promise: effectively_once }\n",
+            "field `system.promise`",
+        ),
+        (
+            "lost-before-sending-on-relp",
+            "destination: { kind: syslog }\nexpect: { lost_before_sending: 0 }\n",
+            "use `lost`",
+        ),
+        (
+            "external-without-file",
+            "destination: { kind: syslog, runtime: external, address: \"127.0.0.1:6514\" }\n",
+            "read_back",
+        ),
+        (
+            "read-back-without-external",
+            "destination: { kind: syslog, read_back: { file: /tmp/x.log } }\n",
+            "goes with `runtime: external`",
+        ),
+        (
+            "poison",
+            "destination: { kind: syslog }\nworkload: { rate: 10/s, duration: 5s, poison: [3] }\n",
+            "poison",
+        ),
+        (
+            "transport-on-mqtt",
+            "destination: { kind: mqtt, transport: tcp }\n",
+            "only a `syslog` destination takes it",
+        ),
+    ];
+    for (name, body, says) in cases {
+        let mut text = format!("name: {name}\n{body}");
+        if !body.contains("workload") {
+            text.push_str("workload: { rate: 10/s, duration: 5s }\n");
+        }
+        let file = scenario(dir.path(), name, &text);
+        let o = drill(&["check", &file]);
+        let said = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+        println!("{name}: {}", said.trim());
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", show(&o));
+        assert!(said.contains(&format!("{file}:")), "{name}: {said}");
+        assert!(said.contains(says), "{name}: {said}");
+        assert_eq!(said.trim().lines().count(), 1, "{name}: {said}");
+    }
+}
