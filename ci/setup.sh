@@ -88,9 +88,30 @@ if ! command -v rsyslogd >/dev/null 2>&1 && [ ! -x /usr/sbin/rsyslogd ] \
   rm -rf "$debs"
 fi
 
+# syslog-ng (a log shipper drilled as a user's engine, scenarios/examples/syslog-ng-disk-buffer.yaml):
+# Debian's syslog-ng-core conflicts with rsyslog as a package, so it is unpacked into
+# ~/.cache/drill/syslog-ng (apt-get download + dpkg-deb -x) and never installed or started as a
+# daemon; the libraries it links come from apt (libraries only).
+syslogng_root="$HOME/.cache/drill/syslog-ng"
+if ! command -v syslog-ng >/dev/null 2>&1 && [ ! -x /usr/sbin/syslog-ng ] \
+  && [ ! -f "$syslogng_root/usr/lib/syslog-ng/3.38/libdisk-buffer.so" ]; then
+  echo "ci/setup.sh: unpacking syslog-ng-core (Debian) into $syslogng_root"
+  sudo_cmd=""
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    libcap2 libglib2.0-0 libivykis0 libjson-c5 libnet1 libpcre3 libssl3 libsystemd0 libwrap0 >/dev/null
+  debs="$(mktemp -d)"
+  (cd "$debs" && apt-get download -qq syslog-ng-core 2>/dev/null)
+  mkdir -p "$syslogng_root"
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$syslogng_root"; done
+  rm -rf "$debs"
+fi
+
 echo "ci/setup.sh: mosquitto: $( (mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null || true) | head -n1)"
 echo "ci/setup.sh: nats-server: $(nats-server --version 2>/dev/null || echo 'not on PATH')"
 echo "ci/setup.sh: mq-bridge: $(python3 -c 'import importlib.metadata as m; print(m.version("mq-bridge-basic"))' 2>/dev/null || echo 'not installed')"
 echo "ci/setup.sh: tansu: $( (tansu --version 2>/dev/null || "$HOME/.cargo/bin/tansu" --version 2>/dev/null || echo 'not installed') | head -n1)"
 echo "ci/setup.sh: mdbook: $( (mdbook --version 2>/dev/null || "$HOME/.cargo/bin/mdbook" --version 2>/dev/null || echo 'not installed') | head -n1)"
 echo "ci/setup.sh: rsyslog: $( (rsyslogd -v 2>/dev/null || /usr/sbin/rsyslogd -v 2>/dev/null || "$rsyslog_root/usr/sbin/rsyslogd" -v 2>/dev/null || echo 'not installed') | head -n1)"
+echo "ci/setup.sh: syslog-ng: $( (syslog-ng --version 2>/dev/null || /usr/sbin/syslog-ng --version 2>/dev/null || LD_LIBRARY_PATH="$syslogng_root/usr/lib/syslog-ng" "$syslogng_root/usr/sbin/syslog-ng" --version 2>/dev/null || echo 'not installed') | head -n1)"

@@ -139,8 +139,11 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
         .missing
         .saturating_sub(waiting + failed + unconfirmed.unwrap_or(0));
     let (mut lost_beyond_promise, duplicates_beyond_promise) = oracle::beyond(r, allowance, lost);
-    if unconfirmed.is_some() {
-        // What never left the engine is not excused by any promise.
+    if !facts.plan.destination.imp.confirms() {
+        // Where the destination cannot confirm, no promise excuses a loss: what never left the
+        // built-in engine is lost outright, and for a user's engine drill cannot tell what left
+        // it, so a fault window must not excuse every record in it (a drill that could not
+        // tell must not pass by accident).
         lost_beyond_promise = lost;
     }
     let ledger = Ledger {
@@ -166,16 +169,14 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
 
 /// On a destination that cannot confirm a write: the missing records the engine sent without
 /// confirmation (their write key's attempt ended `sent_unconfirmed` in its journal). `None`
-/// where the destination confirms. For a user's engine, whose attempts drill cannot see, 0:
+/// where the destination confirms, and for a user's engine, whose attempts drill cannot see:
 /// drill cannot split what was lost in flight from what never left, so every missing record
 /// counts as lost and a note says so.
 fn sent_unconfirmed_missing(facts: &Facts) -> Option<u64> {
     if facts.plan.destination.imp.confirms() {
         return None;
     }
-    let Some(keys) = &facts.sent_unconfirmed_keys else {
-        return Some(0);
-    };
+    let keys = facts.sent_unconfirmed_keys.as_ref()?;
     let arrived: std::collections::HashSet<&str> = facts
         .received
         .arrivals
@@ -665,8 +666,14 @@ pub(crate) mod tests {
         let report = judge(&unconfirmed(None));
         assert_eq!(
             (report.ledger.lost, report.ledger.sent_unconfirmed_missing),
-            (4, Some(0))
+            (4, None)
         );
+        assert_eq!(report.headline, "Ledger does not close; 4 records lost.");
+        // … and a fault window excuses none of them, whatever the declared promise.
+        let mut f = unconfirmed(None);
+        f.faults = vec![link_fault(Fault::Swallow, 0, 20_000)];
+        f.plan.expect.ledger_closes = false;
+        assert_eq!(failed(&f), ["lost 4"]);
         assert!(report.notes.iter().any(|n| n.contains("cannot be told")));
     }
 

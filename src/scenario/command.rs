@@ -41,6 +41,7 @@ enum IngestKind {
     Http,
     Mqtt,
     TcpLines,
+    Relp,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -154,6 +155,9 @@ pub enum IngestSpec {
     Mqtt { topic: String, qos: u8 },
     /// Newline-delimited records on a TCP connection: no acknowledgement exists.
     TcpLines,
+    /// Each record as an RFC 5424 message on a RELP session to the engine's listener: its
+    /// `rsp 200` means held (an engine whose input is syslog, e.g. rsyslog's `imrelp`).
+    Relp,
 }
 
 impl IngestSpec {
@@ -162,6 +166,7 @@ impl IngestSpec {
             IngestSpec::Http { .. } => "http",
             IngestSpec::Mqtt { .. } => "mqtt",
             IngestSpec::TcpLines => "tcp_lines",
+            IngestSpec::Relp => "relp",
         }
     }
 }
@@ -373,7 +378,8 @@ fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
             format!("field `system.ingest.{field}`: not used by `kind: {kind}`; remove it"),
         )
     };
-    match i.kind.value {
+    let kind = i.kind.value;
+    match kind {
         IngestKind::Http => {
             if i.topic.is_some() {
                 return Err(not_for("topic", "http"));
@@ -425,7 +431,11 @@ fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
             }
             Ok(IngestSpec::Mqtt { topic, qos })
         }
-        IngestKind::TcpLines => {
+        IngestKind::TcpLines | IngestKind::Relp => {
+            let (name, spec) = match kind {
+                IngestKind::Relp => ("relp", IngestSpec::Relp),
+                _ => ("tcp_lines", IngestSpec::TcpLines),
+            };
             for (field, set) in [
                 ("path", i.path.is_some()),
                 ("batch", i.batch.is_some()),
@@ -433,10 +443,10 @@ fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
                 ("qos", i.qos.is_some()),
             ] {
                 if set {
-                    return Err(not_for(field, "tcp_lines"));
+                    return Err(not_for(field, name));
                 }
             }
-            Ok(IngestSpec::TcpLines)
+            Ok(spec)
         }
     }
 }

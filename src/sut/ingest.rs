@@ -11,6 +11,9 @@
 //! - [`Ingest::TcpLines`]: newline-delimited records on one TCP connection. The protocol has no
 //!   acknowledgement: a record counts as held once the OS took its bytes for the engine's
 //!   socket (`sent_unconfirmed` in DESIGN.md §1.6 terms); the report says so.
+//! - [`Ingest::Relp`]: each record as an RFC 5424 message (the record's JSON as its text) on
+//!   one RELP session to the engine's listener, as a syslog client sends; `rsp 200` means
+//!   held, another code means not accepted, a session lost before the answer means unknown.
 //!
 //! Nothing here retries a record whose answer was unknown: that would hide what a drill counts.
 
@@ -22,6 +25,8 @@ use futures::{SinkExt, StreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use crate::dest::syslog::message::rfc5424;
+use crate::dest::syslog::relp::{self, Reply};
 use crate::mqtt::{self, Inbound, Packet, Publish, QoS};
 use crate::scenario::IngestSpec;
 use crate::workload::{IngestAnswer, Intake, Record};
@@ -47,6 +52,10 @@ pub enum Ingest {
         addr: SocketAddr,
         stream: Option<TcpStream>,
     },
+    Relp {
+        addr: SocketAddr,
+        session: Option<relp::Session>,
+    },
 }
 
 impl Ingest {
@@ -69,6 +78,10 @@ impl Ingest {
                 next_pkid: 1,
             },
             IngestSpec::TcpLines => Ingest::TcpLines { addr, stream: None },
+            IngestSpec::Relp => Ingest::Relp {
+                addr,
+                session: None,
+            },
         })
     }
 
@@ -104,6 +117,7 @@ impl Ingest {
                 next_pkid,
             } => publish(*addr, topic, client_id, session, next_pkid, lines).await,
             Ingest::TcpLines { addr, stream } => write_lines(*addr, stream, &lines).await,
+            Ingest::Relp { addr, session } => send_relp(*addr, session, &lines).await,
         }
     }
 }
@@ -264,6 +278,68 @@ async fn write_lines(
             vec![IngestAnswer::Unknown; n]
         }
     }
+}
+
+/// Each line as one RFC 5424 message on a RELP session (opened on first use, and again after
+/// a loss); waits for every answer. What was sent and not answered stays unknown; what could
+/// not be sent after a failed write was not accepted.
+async fn send_relp(
+    addr: SocketAddr,
+    session: &mut Option<relp::Session>,
+    lines: &[String],
+) -> Vec<IngestAnswer> {
+    let n = lines.len();
+    if session.is_none() {
+        match relp::Session::open(addr, ANSWER_LIMIT).await {
+            Ok(s) => *session = Some(s),
+            Err(e) => return vec![IngestAnswer::NotAccepted(format!("RELP open: {e}")); n],
+        }
+    }
+    let Some(s) = session.as_mut() else {
+        return vec![IngestAnswer::NotAccepted("no RELP session".to_string()); n];
+    };
+    let mut answers = vec![IngestAnswer::Unknown; n];
+    let mut waiting: HashMap<u32, usize> = HashMap::new();
+    for (i, line) in lines.iter().enumerate() {
+        let message = rfc5424("-", "drill", None, line);
+        match tokio::time::timeout(ANSWER_LIMIT, s.syslog(&message)).await {
+            Ok(Ok(txnr)) => {
+                waiting.insert(txnr, i);
+            }
+            // Part of this frame may have gone; the ones after it never did.
+            _ => {
+                for a in answers.iter_mut().skip(i + 1) {
+                    *a = IngestAnswer::NotAccepted(
+                        "the RELP session was lost before it was sent".to_string(),
+                    );
+                }
+                *session = None;
+                return answers;
+            }
+        }
+    }
+    let deadline = tokio::time::Instant::now() + ANSWER_LIMIT;
+    while !waiting.is_empty() {
+        match tokio::time::timeout_at(deadline, s.reply()).await {
+            Ok(Ok(Reply::Rsp { txnr, answer })) => {
+                if let Some(i) = waiting.remove(&txnr) {
+                    answers[i] = match answer {
+                        relp::Answer::Taken => IngestAnswer::Accepted(None),
+                        relp::Answer::Refused { code, text } => {
+                            IngestAnswer::NotAccepted(format!("RELP {code} {text}"))
+                        }
+                    };
+                }
+            }
+            Ok(Ok(Reply::EmptyRsp { .. })) => {}
+            // Closed, broken or silent: what was not answered stays unknown.
+            Ok(Ok(Reply::ServerClose)) | Ok(Err(_)) | Err(_) => {
+                *session = None;
+                break;
+            }
+        }
+    }
+    answers
 }
 
 impl Intake for Ingest {

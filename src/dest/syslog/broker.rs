@@ -3,7 +3,9 @@
 //!
 //! The config listens on one 127.0.0.1 port with `imrelp`, `imtcp` (octet counting) or
 //! `imudp`, and writes every message it receives there, whole (`%rawmsg%`), one per line, to a
-//! file in the work folder: the file the reader follows. rsyslog's messages about itself go to
+//! file in the work folder, each line led by the instant rsyslog received it
+//! (`%timegenerated%`, RFC 3339 with microseconds): the file the reader follows, and the
+//! arrival times the verdict judges by (the destination's own, not the reader's poll). rsyslog's messages about itself go to
 //! another file of that folder (`processInternalMessages`), its pid file and work directory are
 //! there too, and it loads no input but the one: the machine's syslog daemon and `/dev/log` are
 //! never touched.
@@ -144,7 +146,7 @@ pub fn config(transport: Transport, port: u16, work: &Path) -> String {
         r#"# Written by drill: one input, every message kept whole, nothing of the machine's logging.
 global(workDirectory="{work}" processInternalMessages="on")
 module(load="{input}")
-template(name="drill_whole" type="string" string="%rawmsg%\n")
+template(name="drill_whole" type="string" string="%timegenerated:::date-rfc3339% %rawmsg%\n")
 ruleset(name="drill_received") {{
   action(type="omfile" file="{work}/received.log" template="drill_whole" flushOnTXEnd="on" asyncWriting="off")
 }}
@@ -339,7 +341,16 @@ mod tests {
                     }
                 }
             }
-            let got = lines(&rsyslog.received, 3).await;
+            // Each line: rsyslog's reception time, a space, the message whole.
+            let got: Vec<String> = lines(&rsyslog.received, 3)
+                .await
+                .iter()
+                .map(|l| {
+                    let (stamp, message) = l.split_once(' ').unwrap();
+                    assert!(crate::dest::syslog::read::rfc3339(stamp).is_some(), "{l}");
+                    message.to_string()
+                })
+                .collect();
             assert_eq!(
                 got,
                 (0..3).map(message).collect::<Vec<_>>(),

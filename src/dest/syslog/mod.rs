@@ -233,7 +233,7 @@ impl Destination for Syslog {
             let reader = match self.read_back {
                 Some(_) => read::Reader::from_end(file, r.decoder, r.t0, r.cancel)
                     .map_err(DestError::External)?,
-                None => read::Reader::start(file, r.decoder, r.t0, r.cancel),
+                None => read::Reader::start_stamped(file, r.decoder, (r.t0, r.t0_wall), r.cancel),
             };
             Ok(Box::new(reader) as Box<dyn ReadBack>)
         }

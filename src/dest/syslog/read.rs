@@ -8,7 +8,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -47,6 +47,9 @@ struct Follower {
     partial: Vec<u8>,
     decoder: Decoder,
     t0: Instant,
+    /// Lines start with the receiver's own reception time (drill's rsyslog): arrivals are
+    /// timed by it, relative to the drill's start as wall time. `None`: by when they were read.
+    stamped: Option<SystemTime>,
 }
 
 impl Follower {
@@ -85,6 +88,10 @@ impl Follower {
             None => return Ok(()),
         };
         for line in whole.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let (line, at) = match self.stamped {
+                Some(t0_wall) => stamped(line, t0_wall, at),
+                None => (line, at),
+            };
             let text = String::from_utf8_lossy(line);
             let meta = |place: &str| {
                 let (id, param) = place.split_once(' ')?;
@@ -96,6 +103,67 @@ impl Follower {
     }
 }
 
+/// A line led by its reception time: the message after it, and that time relative to
+/// `t0_wall` (the read time `read_at` when the stamp is earlier than the drill's start); a line
+/// without a readable stamp whole, at `read_at`.
+fn stamped(line: &[u8], t0_wall: SystemTime, read_at: Duration) -> (&[u8], Duration) {
+    let Some(space) = line.iter().position(|&b| b == b' ') else {
+        return (line, read_at);
+    };
+    let Some(stamp) = std::str::from_utf8(&line[..space]).ok().and_then(rfc3339) else {
+        return (line, read_at);
+    };
+    let at = stamp.duration_since(t0_wall).unwrap_or(read_at);
+    (&line[space + 1..], at)
+}
+
+/// An RFC 3339 timestamp as rsyslog writes it (`2026-12-03T06:55:01.123456+00:00`, or with
+/// `Z`), as wall time; `None` when it is not one.
+pub fn rfc3339(text: &str) -> Option<SystemTime> {
+    let b = text.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' {
+        return None;
+    }
+    let num = |from: usize, to: usize| text.get(from..to)?.parse::<i64>().ok();
+    let (year, month, day) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
+    let (hour, minute, second) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
+    let mut rest = &text[19..];
+    let mut micros = 0i64;
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        let kept: String = fraction[..digits]
+            .chars()
+            .chain("000000".chars())
+            .take(6)
+            .collect();
+        micros = kept.parse().ok()?;
+        rest = &fraction[digits..];
+    }
+    let offset = match rest {
+        "Z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let (h, m) = rest[1..].split_once(':')?;
+            sign * (h.parse::<i64>().ok()? * 3600 + m.parse::<i64>().ok()? * 60)
+        }
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
+    let secs = u64::try_from(secs).ok()?;
+    Some(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros as u64))
+}
+
 impl Reader {
     /// Starts following `file` (it may not exist yet) from its first byte, recording arrivals
     /// relative to `t0`: the file of a receiver drill started for this drill.
@@ -105,7 +173,18 @@ impl Reader {
         t0: Instant,
         cancel: CancellationToken,
     ) -> Reader {
-        Reader::start_at(file, 0, decoder, t0, cancel)
+        Reader::start_at(file, 0, decoder, t0, None, cancel)
+    }
+
+    /// [`Reader::start`] for a file whose lines start with the receiver's reception time
+    /// (drill's own rsyslog): arrivals are timed by it, relative to `t0_wall`.
+    pub fn start_stamped(
+        file: PathBuf,
+        decoder: Decoder,
+        (t0, t0_wall): (Instant, SystemTime),
+        cancel: CancellationToken,
+    ) -> Reader {
+        Reader::start_at(file, 0, decoder, t0, Some(t0_wall), cancel)
     }
 
     /// Starts following the file of a receiver the user runs from where it ends now: what it
@@ -128,7 +207,7 @@ impl Reader {
         std::fs::File::open(&file)
             .and_then(|mut f| f.read(&mut head))
             .map_err(|e| format!("{} (destination.read_back.file): {e}", file.display()))?;
-        Ok(Reader::start_at(file, len, decoder, t0, cancel))
+        Ok(Reader::start_at(file, len, decoder, t0, None, cancel))
     }
 
     fn start_at(
@@ -136,6 +215,7 @@ impl Reader {
         offset: u64,
         decoder: Decoder,
         t0: Instant,
+        stamped: Option<SystemTime>,
         cancel: CancellationToken,
     ) -> Reader {
         let received = Arc::new(Mutex::new(Received::default()));
@@ -145,6 +225,7 @@ impl Reader {
             partial: Vec::new(),
             decoder,
             t0,
+            stamped,
         }));
         let (sink, follow) = (received.clone(), follower.clone());
         let task = tokio::spawn(async move {
@@ -211,6 +292,39 @@ mod tests {
             Some(&format!("{run}/k0/{seq}#1")),
             &format!("record {run}/k0/{seq}"),
         )
+    }
+
+    #[test]
+    fn rsyslog_timestamps_read_as_wall_time() {
+        let at = |t: &str| rfc3339(t).map(|s| s.duration_since(UNIX_EPOCH).unwrap().as_micros());
+        assert_eq!(at("1970-01-01T00:00:01Z"), Some(1_000_000));
+        assert_eq!(
+            at("2026-12-03T06:55:01.123456+00:00"),
+            Some(1_796_280_901_123_456)
+        );
+        // The same instant written in another zone, and with fewer digits.
+        assert_eq!(
+            at("2026-12-03T07:55:01.1234+01:00"),
+            Some(1_796_280_901_123_400)
+        );
+        assert_eq!(at("2026-12-03 06:55:01"), None);
+        assert_eq!(at("<13>1 - drill"), None);
+        // A stamped line: the message after the stamp, timed by it.
+        let t0 = rfc3339("2026-12-03T06:55:00Z").unwrap();
+        let (rest, when) = stamped(
+            b"2026-12-03T06:55:01.500000+00:00 <13>1 - x",
+            t0,
+            Duration::ZERO,
+        );
+        assert_eq!(
+            (rest, when),
+            (&b"<13>1 - x"[..], Duration::from_millis(1500))
+        );
+        let (rest, when) = stamped(b"unstamped line", t0, Duration::from_secs(9));
+        assert_eq!(
+            (rest, when),
+            (&b"unstamped line"[..], Duration::from_secs(9))
+        );
     }
 
     /// Lines written in pieces, before and after the reader starts, are each read once, whole,

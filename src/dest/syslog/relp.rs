@@ -168,17 +168,8 @@ impl Session {
     /// Connects and opens a session offering `syslog`, waiting at most `wait` for the answer.
     /// It writes no message: this is the data-free probe of a RELP destination.
     pub async fn open(addr: SocketAddr, wait: Duration) -> Result<Session, SessionError> {
-        let stream = tokio::time::timeout(wait, TcpStream::connect(addr))
-            .await
-            .map_err(|_| SessionError::Timeout(wait))??;
-        stream.set_nodelay(true)?;
-        let mut session = Session {
-            stream,
-            buf: Vec::new(),
-            next: 1,
-        };
-        let offers = b"relp_version=0\nrelp_software=drill\ncommands=syslog".to_vec();
-        let txnr = session.command("open", offers).await?;
+        let mut session = Session::connect(addr, wait).await?;
+        let txnr = session.offer().await?;
         match tokio::time::timeout(wait, session.reply()).await {
             Err(_) => Err(SessionError::Timeout(wait)),
             Ok(Err(e)) => Err(e),
@@ -188,6 +179,25 @@ impl Session {
             },
             Ok(Ok(other)) => Err(SessionError::Unexpected(format!("{other:?}"))),
         }
+    }
+
+    /// A TCP connection, no command sent yet.
+    pub async fn connect(addr: SocketAddr, wait: Duration) -> Result<Session, SessionError> {
+        let stream = tokio::time::timeout(wait, TcpStream::connect(addr))
+            .await
+            .map_err(|_| SessionError::Timeout(wait))??;
+        stream.set_nodelay(true)?;
+        Ok(Session {
+            stream,
+            buf: Vec::new(),
+            next: 1,
+        })
+    }
+
+    /// Writes the `open` command with drill's offers; returns its transaction number.
+    pub async fn offer(&mut self) -> std::io::Result<u32> {
+        let offers = b"relp_version=0\nrelp_software=drill\ncommands=syslog".to_vec();
+        self.command("open", offers).await
     }
 
     /// Writes one command; returns its transaction number.

@@ -26,6 +26,9 @@ use crate::engine::output::Answer;
 use crate::engine::sink::{Answers, Attempts, Connect, Open, Session, Sink, Tick};
 use crate::promise::Promise;
 
+#[cfg(feature = "mutants")]
+use crate::engine::mutant::{self, Mutant};
+
 /// The host name every message carries.
 const HOST: &str = "drill";
 
@@ -74,9 +77,7 @@ impl Sink for SyslogSink {
         let limit = cfg.answer_timeout.0;
         let link = match transport_of(cfg)? {
             Transport::Relp => Link::Relp {
-                session: relp::Session::open(cfg.address, limit)
-                    .await
-                    .map_err(|e| e.to_string())?,
+                session: open_relp(&to).await?,
                 open: HashMap::new(),
             },
             Transport::Tcp => {
@@ -103,6 +104,34 @@ impl Sink for SyslogSink {
             answer_timeout: limit,
         })
     }
+}
+
+/// A RELP session opened and answered: the data-free probe. In test builds, the mutants that
+/// break it (see `engine::mutant`).
+async fn open_relp(to: &Connect<'_>) -> Result<relp::Session, String> {
+    let (addr, limit) = (to.cfg.address, to.cfg.answer_timeout.0);
+    #[cfg(feature = "mutants")]
+    if mutant::is(Mutant::LocalConnectedFlag) {
+        // MUTANT: "connected" once TCP connects: the open goes out, its answer is not awaited.
+        let mut session = relp::Session::connect(addr, limit)
+            .await
+            .map_err(|e| e.to_string())?;
+        session.offer().await.map_err(|e| e.to_string())?;
+        return Ok(session);
+    }
+    let mut session = relp::Session::open(addr, limit)
+        .await
+        .map_err(|e| e.to_string())?;
+    #[cfg(feature = "mutants")]
+    if mutant::is(Mutant::ProbeWithOldestRecord)
+        && let Some(record) = to.oldest
+    {
+        // MUTANT: the probe writes data: the oldest waiting record, without its write key,
+        // its answer not awaited (DESIGN.md §1.5).
+        let message = rfc5424("-", HOST, None, &record.data);
+        session.syslog(&message).await.map_err(|e| e.to_string())?;
+    }
+    Ok(session)
 }
 
 /// One connected syslog session.
@@ -203,6 +232,17 @@ impl Session for SyslogSession {
     }
 
     async fn tick(&mut self, _now: Instant, open: Open) -> Tick {
+        #[cfg(feature = "mutants")]
+        if mutant::is(Mutant::NoKeepalive) {
+            // MUTANT: no answer timeout: only a TCP error ends this session.
+            return Tick::Fine;
+        }
+        #[cfg(feature = "mutants")]
+        if mutant::is(Mutant::LocalConnectedFlag) {
+            // MUTANT: the flag says connected, so an attempt unanswered for the answer timeout
+            // is a refusal (DESIGN.md §1.2).
+            return Tick::RefuseUnanswered(self.answer_timeout);
+        }
         // RELP has no keepalive command: an attempt unanswered past the answer timeout ends
         // the session, and its open attempts end `possibly_sent`.
         match open.oldest_waited {
