@@ -11,7 +11,11 @@
 //! it is SIGKILLed, on both outputs; syslog-ng (Debian 3.38, unpacked the same way) with a
 //! reliable disk buffer loses records around the half-open link over plain TCP.
 
+mod common;
+
 use std::process::Command;
+
+use common::run::{have, have_rsyslogd};
 
 fn drill_example(name: &str) -> serde_json::Value {
     let out = tempfile::tempdir().unwrap();
@@ -121,25 +125,6 @@ fn the_mq_bridge_disk_full_example_shows_acknowledged_records_lost() {
     assert_eq!(seen["never_left"]["count"], l["lost"], "{seen}");
 }
 
-/// rsyslogd where `ci/setup.sh` puts it or on the machine; under CI its absence fails.
-fn have_rsyslogd() -> bool {
-    let home = std::env::var("HOME").unwrap_or_default();
-    let found = [
-        "/usr/sbin/rsyslogd".to_string(),
-        format!("{home}/.cache/drill/rsyslog/usr/sbin/rsyslogd"),
-    ]
-    .iter()
-    .any(|p| std::path::Path::new(p).is_file());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI=true and rsyslogd is missing: ci/setup.sh unpacks it"
-        );
-        println!("skipped: rsyslogd is not installed (run ci/setup.sh)");
-    }
-    found
-}
-
 /// rsyslog with a RELP input, a disk-assisted action queue (LinkedList, `queue.filename`,
 /// `saveOnShutdown`) and omrelp out, SIGKILLed 8 s into a half-open window: the queue's
 /// in-memory part held everything acknowledged since the window began, and the kill takes
@@ -188,19 +173,14 @@ fn the_rsyslog_omfwd_example_loses_records_and_cannot_split_them() {
 /// excuses it under at_most_once. Measured: 648 lost.
 #[test]
 fn the_syslog_ng_example_loses_records_around_the_half_open_link() {
-    let home = std::env::var("HOME").unwrap_or_default();
-    let found = [
-        "/usr/sbin/syslog-ng".to_string(),
-        format!("{home}/.cache/drill/syslog-ng/usr/sbin/syslog-ng"),
-    ]
-    .iter()
-    .any(|p| std::path::Path::new(p).is_file());
-    if !found || !have_rsyslogd() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI=true and syslog-ng is missing: ci/setup.sh unpacks it"
-        );
-        println!("skipped: syslog-ng or rsyslogd is not installed (run ci/setup.sh)");
+    let syslog_ng = have(
+        "syslog-ng",
+        &[
+            "/usr/sbin/syslog-ng",
+            "~/.cache/drill/syslog-ng/usr/sbin/syslog-ng",
+        ],
+    );
+    if !(syslog_ng && have_rsyslogd()) {
         return;
     }
     let r = drill_example("syslog-ng-disk-buffer");

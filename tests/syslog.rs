@@ -8,27 +8,7 @@
 
 mod common;
 
-use common::run::{Ran, drill, run_drill, run_drill_with, scenario, show};
-
-/// rsyslogd where `ci/setup.sh` puts it or on the machine; under CI its absence fails.
-fn have_rsyslogd() -> bool {
-    let home = std::env::var("HOME").unwrap_or_default();
-    let found = ["/usr/sbin/rsyslogd".to_string()]
-        .into_iter()
-        .chain(std::env::var("DRILL_RSYSLOGD"))
-        .chain(Some(format!(
-            "{home}/.cache/drill/rsyslog/usr/sbin/rsyslogd"
-        )))
-        .any(|p| std::path::Path::new(&p).is_file());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI=true and rsyslogd is missing: ci/setup.sh unpacks it"
-        );
-        println!("skipped: rsyslogd is not installed (run ci/setup.sh)");
-    }
-    found
-}
+use common::run::{Ran, drill, have_rsyslogd, run_drill, run_drill_with, scenario, show};
 
 fn number(r: &serde_json::Value, path: &[&str]) -> u64 {
     let mut v = r;

@@ -108,3 +108,29 @@ pub(crate) fn running(
     };
     running
 }
+
+/// The user's brokers reached and one link put in front of the first: what a kind with one
+/// link (MQTT, syslog) provisions for `runtime: external`. `access` says how the reader reaches
+/// the destination beyond its address (a syslog receiver's file).
+pub(crate) async fn provision_one_link(
+    dest: std::sync::Arc<dyn super::Destination>,
+    p: &super::Provision<'_>,
+    ext: &super::External,
+    access: crate::verify::Access,
+) -> Result<super::Provisioned, super::DestError> {
+    let reached = reach_all(p.spec, ext).await?;
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let link = crate::proxy::Link::start(
+        &p.spec.link_name(),
+        any,
+        reached.servers[0],
+        p.links.clone(),
+    )
+    .await?;
+    let notes = vec![reached.note.clone()];
+    Ok(super::Provisioned {
+        links: vec![link],
+        running: running(dest, p.spec, ext, reached, access, None),
+        notes,
+    })
+}

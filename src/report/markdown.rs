@@ -86,32 +86,24 @@ fn tiles(md: &mut String, report: &Report, beyond_promise: bool) {
     } else {
         ("duplicates".to_string(), l.duplicates)
     };
-    match l.sent_unconfirmed_missing {
-        None => {
-            let _ = writeln!(
-                md,
-                "| held | delivered | waiting | failed | lost | {heading} | reordered |"
-            );
-            let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | **{}** | {duplicates} | {} |",
-                l.held, l.delivered, l.waiting, l.failed, l.lost, l.reordered
-            );
-        }
-        Some(unconfirmed) => {
-            let _ = writeln!(
-                md,
-                "| held | delivered | waiting | failed | sent, not confirmed, missing | lost before sending | {heading} | reordered |"
-            );
-            let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|");
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {unconfirmed} | **{}** | {duplicates} | {} |",
-                l.held, l.delivered, l.waiting, l.failed, l.lost, l.reordered
-            );
-        }
+    // Columns and cells; a destination that cannot confirm splits what is missing in two.
+    let mut columns = vec!["held", "delivered", "waiting", "failed"];
+    let mut cells = vec![l.held, l.delivered, l.waiting, l.failed]
+        .into_iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>();
+    if let Some(unconfirmed) = l.sent_unconfirmed_missing {
+        columns.extend(["sent, not confirmed, missing", "lost before sending"]);
+        cells.push(unconfirmed.to_string());
+    } else {
+        columns.push("lost");
     }
+    cells.push(format!("**{}**", l.lost));
+    columns.extend([heading.as_str(), "reordered"]);
+    cells.extend([duplicates.to_string(), l.reordered.to_string()]);
+    let _ = writeln!(md, "| {} |", columns.join(" | "));
+    let _ = writeln!(md, "|{}", "---:|".repeat(columns.len()));
+    let _ = writeln!(md, "| {} |", cells.join(" | "));
     let _ = writeln!(md);
     let _ = writeln!(
         md,

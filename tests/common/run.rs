@@ -70,3 +70,32 @@ pub fn show(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// Whether a program the test needs is where `ci/setup.sh` puts it or on the machine (any of
+/// `paths`, `~/` for the home folder); under CI its absence fails the test, never skips it.
+pub fn have(what: &str, paths: &[&str]) -> bool {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let found = paths
+        .iter()
+        .map(|p| p.replacen("~/", &format!("{home}/"), 1))
+        .any(|p| Path::new(&p).is_file());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI=true and {what} is missing: ci/setup.sh installs it"
+        );
+        println!("skipped: {what} is not installed (run ci/setup.sh)");
+    }
+    found
+}
+
+/// rsyslogd (Debian's, unpacked by `ci/setup.sh`, or the machine's).
+pub fn have_rsyslogd() -> bool {
+    have(
+        "rsyslogd",
+        &[
+            "/usr/sbin/rsyslogd",
+            "~/.cache/drill/rsyslog/usr/sbin/rsyslogd",
+        ],
+    )
+}

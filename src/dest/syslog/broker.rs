@@ -63,19 +63,11 @@ pub(super) async fn provision(
     let name = p.spec.link_name();
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     if let Some(ext) = &p.spec.external {
-        let reached = crate::dest::external::reach_all(p.spec, ext).await?;
-        let link = Link::start(&name, any, reached.servers[0], p.links.clone()).await?;
-        let notes = vec![reached.note.clone()];
         let access = crate::verify::Access {
             received_file: syslog.read_back.clone(),
             ..Default::default()
         };
-        let running = crate::dest::external::running(dest, p.spec, ext, reached, access, None);
-        return Ok(Provisioned {
-            links: vec![link],
-            running,
-            notes,
-        });
+        return crate::dest::external::provision_one_link(dest, &p, ext, access).await;
     }
     if p.runtime == Runtime::Container {
         return Err(DestError::Unsupported(
