@@ -19,11 +19,14 @@ use drill::proxy::{DatagramCounts, Direction, Fault, FaultSpec, Link, ProxyError
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
+/// Every datagram the upstream got, with the flow (source address) it came from.
+type Got = Arc<Mutex<Vec<(SocketAddr, Vec<u8>)>>>;
+
 /// An upstream that records what it got, from whom, and echoes it while `echoing`.
 struct Upstream {
     addr: SocketAddr,
     socket: Arc<UdpSocket>,
-    got: Arc<Mutex<Vec<(SocketAddr, Vec<u8>)>>>,
+    got: Got,
     echoing: Arc<AtomicBool>,
 }
 
@@ -31,7 +34,7 @@ impl Upstream {
     async fn start() -> Upstream {
         let socket = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
         let addr = socket.local_addr().unwrap();
-        let got: Arc<Mutex<Vec<(SocketAddr, Vec<u8>)>>> = Arc::default();
+        let got: Got = Arc::default();
         let echoing = Arc::new(AtomicBool::new(true));
         let (s, g, e) = (socket.clone(), got.clone(), echoing.clone());
         tokio::spawn(async move {
