@@ -171,6 +171,7 @@ async fn datagrams_pass_both_ways_for_several_clients_each_on_its_own_flow() {
             downstream: 100,
             dropped_upstream: 0,
             dropped_downstream: 0,
+            held: 0,
         })
     );
     assert_eq!((s.bytes_upstream, s.bytes_downstream), (bytes, bytes));
@@ -479,6 +480,36 @@ async fn delay_holds_each_direction_by_its_latency_in_order() {
     let rtt = echoed(&c, b"healed").await;
     eprintln!("after the heal: round trip {rtt:?}");
     assert!(rtt < ms(100), "after the heal: {rtt:?}");
+}
+
+/// A fault that drops a direction is in force from the instant it is published, for the
+/// datagrams a `delay` still holds too: none of them leaves after it.
+#[tokio::test]
+async fn held_datagrams_are_dropped_by_a_swallow_that_follows() {
+    let up = Upstream::start().await;
+    let link = link_to(&up).await;
+    let c = client(&link);
+    echoed(&c, b"hello").await;
+    let ms = Duration::from_millis;
+    link.apply_spec_settled(FaultSpec::delay(
+        Direction::Upstream,
+        ms(300),
+        Duration::ZERO,
+    ))
+    .await;
+    for i in 0..5u8 {
+        c.send(&[i]).unwrap();
+    }
+    wait_for("5 datagrams held", || counts(&link).held == 5).await;
+    link.apply_settled(Fault::Swallow, Direction::Upstream)
+        .await;
+    wait_for("the 5 held datagrams dropped at their time", || {
+        counts(&link).dropped_upstream == 5
+    })
+    .await;
+    assert_eq!(up.count(), 1, "none left after the swallow");
+    link.apply_settled(Fault::Heal, Direction::Both).await;
+    echoed(&c, b"healed").await;
 }
 
 /// Faults that need a stream are refused by a datagram link's apply path, with the reason,

@@ -371,6 +371,8 @@ pub(crate) struct Counters {
     pub(crate) datagrams_down: AtomicU64,
     pub(crate) dropped_up: AtomicU64,
     pub(crate) dropped_down: AtomicU64,
+    /// Datagrams a `delay` holds now (both directions).
+    pub(crate) held: AtomicU64,
 }
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
@@ -431,6 +433,8 @@ pub struct DatagramCounts {
     /// Dropped by `swallow`, `loss`, `blackhole` or `refuse` (read and not forwarded).
     pub dropped_upstream: u64,
     pub dropped_downstream: u64,
+    /// Held by a `delay` now, both directions (neither forwarded nor dropped yet).
+    pub held: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -917,6 +921,7 @@ impl Link {
                 downstream: get(&n.datagrams_down),
                 dropped_upstream: get(&n.dropped_up),
                 dropped_downstream: get(&n.dropped_down),
+                held: get(&n.held),
             }),
         }
     }

@@ -33,7 +33,9 @@
 //!   read, in the order they came: a datagram never overtakes an earlier one of its flow, and
 //!   while any are held, even one read after a heal waits its turn. At most [`HELD_LIMIT`] are
 //!   held per flow and direction; beyond that they are dropped, as a router's full queue would.
-//!   A held datagram leaves at its time whatever fault follows, unless a `refuse` ends its flow.
+//!   A held datagram is dropped at its time if its direction is dropped by then (`swallow`,
+//!   `blackhole`, `refuse`): those faults are in force from the instant they are published,
+//!   for what is held too, as on a TCP link.
 //! - `loss` — each datagram in `direction` is dropped with probability `loss`. The draws come
 //!   from the link's seed, the condition's epoch and the direction, so the same datagrams in
 //!   the same order lose the same ones under the same seed.
@@ -134,26 +136,36 @@ enum Fate {
     Delay(Duration),
 }
 
+/// Whether `condition` drops every datagram on `side` (`refuse`, `blackhole`, `swallow`).
+fn silenced(condition: &Condition, side: Side) -> bool {
+    condition.active.is_some_and(|spec| match spec.fault {
+        Fault::Refuse | Fault::Blackhole => true,
+        Fault::Swallow => spec.direction.covers(side),
+        _ => false,
+    })
+}
+
 fn fate(shared: &LinkShared, condition: &Condition, side: Side) -> Fate {
+    if silenced(condition, side) {
+        return Fate::Drop;
+    }
     let Some(spec) = condition.active else {
         return Fate::Pass;
     };
-    match spec.fault {
-        Fault::Refuse | Fault::Blackhole => return Fate::Drop,
-        _ if !spec.direction.covers(side) => return Fate::Pass,
-        _ => {}
+    if !spec.direction.covers(side) {
+        return Fate::Pass;
     }
     match spec.fault {
-        Fault::Swallow => Fate::Drop,
         Fault::Delay => Fate::Delay(late_by(shared, spec.latency, spec.jitter)),
         Fault::Loss => match &shared.datagrams {
             Some(d) if d.loses(side, condition.epoch, spec.loss) => Fate::Drop,
             _ => Fate::Pass,
         },
-        // Handled above (`refuse`, `blackhole`), or refused before it is in force on a
-        // datagram link (`Link::check`).
+        // Handled above (`refuse`, `blackhole`, `swallow`), or refused before it is in force
+        // on a datagram link (`Link::check`).
         Fault::Refuse
         | Fault::Blackhole
+        | Fault::Swallow
         | Fault::Reset
         | Fault::Hang
         | Fault::Throttle
@@ -271,14 +283,16 @@ struct Held {
 
 impl Held {
     /// Queues `bytes` to leave at `due`; false (and nothing queued) when the queue is full.
-    fn hold(&self, due: Instant, bytes: &[u8]) -> bool {
+    fn hold(&self, shared: &LinkShared, due: Instant, bytes: &[u8]) -> bool {
         self.count.fetch_add(1, Ordering::Relaxed);
+        add(&shared.counters.held, 1);
         let queued = self
             .queue
             .try_send((due, Bytes::copy_from_slice(bytes)))
             .is_ok();
         if !queued {
             self.count.fetch_sub(1, Ordering::Relaxed);
+            shared.counters.held.fetch_sub(1, Ordering::Relaxed);
         }
         queued
     }
@@ -336,12 +350,13 @@ async fn forward(shared: &LinkShared, fate: Fate, onward: &Onward, held: &Held, 
         Fate::Pass => Instant::now(),
         Fate::Delay(after) => Instant::now() + after,
     };
-    if !held.hold(due, bytes) {
+    if !held.hold(shared, due, bytes) {
         dropped(shared, side, bytes.len());
     }
 }
 
 /// Sends a direction's held datagrams, each at its due instant, in the order they were held.
+/// When the flow ends, what it still holds is dropped.
 async fn deliver_late(
     shared: Arc<LinkShared>,
     mut queue: mpsc::Receiver<(Instant, Bytes)>,
@@ -349,22 +364,39 @@ async fn deliver_late(
     count: Arc<AtomicUsize>,
     ends: CancellationToken,
 ) {
-    loop {
-        let (due, bytes) = tokio::select! {
-            next = queue.recv() => match next {
-                Some(next) => next,
-                None => return,
-            },
-            _ = ends.cancelled() => return,
-        };
-        tokio::select! {
-            _ = tokio::time::sleep_until(due.into()) => {}
-            _ = ends.cancelled() => return,
-        }
-        if onward.send(&bytes).await {
-            passed(&shared, onward.side(), bytes.len());
+    let side = onward.side();
+    let released = |bytes: &Bytes, sent: Option<bool>| {
+        match sent {
+            Some(true) => passed(&shared, side, bytes.len()),
+            Some(false) => {}
+            None => dropped(&shared, side, bytes.len()),
         }
         count.fetch_sub(1, Ordering::Relaxed);
+        shared.counters.held.fetch_sub(1, Ordering::Relaxed);
+    };
+    loop {
+        let next = tokio::select! {
+            next = queue.recv() => next,
+            _ = ends.cancelled() => None,
+        };
+        let Some((due, bytes)) = next else { break };
+        let on_time = tokio::select! {
+            _ = tokio::time::sleep_until(due.into()) => true,
+            _ = ends.cancelled() => false,
+        };
+        if !on_time || silenced(&shared.condition.borrow(), side) {
+            released(&bytes, None);
+        } else {
+            let sent = onward.send(&bytes).await;
+            released(&bytes, Some(sent));
+        }
+        if !on_time {
+            break;
+        }
+    }
+    queue.close();
+    while let Ok((_, bytes)) = queue.try_recv() {
+        released(&bytes, None);
     }
 }
 
