@@ -276,7 +276,7 @@ impl FaultSpec {
     pub fn validate(&self) -> Result<(), String> {
         if self.fault.whole_connection() && self.direction != Direction::Both {
             return Err(format!(
-                "`{}` acts on whole connections; leave `direction` out",
+                "`{}` acts on whole connections (both ways); leave `direction` out",
                 self.fault.name()
             ));
         }
@@ -430,7 +430,9 @@ pub struct LinkStatus {
 pub struct DatagramCounts {
     pub upstream: u64,
     pub downstream: u64,
-    /// Dropped by `swallow`, `loss`, `blackhole` or `refuse` (read and not forwarded).
+    /// Read and not forwarded: dropped by `swallow`, `loss`, `blackhole`, queued at the
+    /// instant of a `refuse`, beyond a `delay`'s queue, or held when a `refuse` ended the flow.
+    /// (What the kernel refuses while the link refuses is never read: not counted.)
     pub dropped_upstream: u64,
     pub dropped_downstream: u64,
     /// Held by a `delay` now, both directions (neither forwarded nor dropped yet).
@@ -453,8 +455,8 @@ pub enum ProxyError {
         listen: SocketAddr,
         why: String,
     },
-    /// A fault the link cannot carry out: its parameters are wrong, or it has no meaning for
-    /// what the link carries (a `reset` on a datagram link, a `loss` on a byte stream).
+    /// A fault with no meaning for what the link carries (a `reset` on a datagram link, a
+    /// `loss` on a byte stream); nothing changed.
     #[error("link {name}: {why}")]
     FaultRefused { name: String, why: String },
 }

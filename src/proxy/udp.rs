@@ -240,7 +240,7 @@ impl Port {
         }
         if let Err(e) = self.socket.connect(self.listen).await {
             eprintln!(
-                "drill: link {}: cannot refuse on {} ({e}); its datagrams are dropped instead",
+                "drill: link {}: cannot refuse on {} ({e}); datagrams go unread, not refused",
                 shared.name, self.listen
             );
         }
