@@ -421,7 +421,7 @@ proptest! {
     #[test]
     fn the_control_apis_answer_any_json(
         raw in proptest::collection::vec(any::<u8>(), 0..200),
-        fault in "(refuse|reset|swallow|hang|delay|throttle|heal|strand|x)",
+        fault in "(refuse|reset|swallow|hang|delay|throttle|heal|strand|loss|blackhole|x)",
         direction in "(upstream|downstream|both|sideways)",
         number in any::<i64>(),
         toxic in "(latency|bandwidth|timeout|reset_peer|slow_close|limit_data|x)",
@@ -430,12 +430,19 @@ proptest! {
             let cancel = tokio_util::sync::CancellationToken::new();
             let proxy = drill::proxy::Proxy::new(cancel.clone());
             proxy.start_link("p", "127.0.0.1:0".parse().unwrap(), "127.0.0.1:9".parse().unwrap()).await.unwrap();
+            proxy.start_udp_link("u", "127.0.0.1:0".parse().unwrap(), "127.0.0.1:9".parse().unwrap()).await.unwrap();
             let app = drill::proxy::api::router(proxy);
             let near = format!("{{\"fault\":\"{fault}\",\"direction\":\"{direction}\",\"latency_ms\":{number},\"bytes_per_s\":{number}}}");
+            let near_loss = format!("{{\"fault\":\"{fault}\",\"direction\":\"{direction}\",\"loss\":{number}}}");
             let toxic_json = format!("{{\"type\":\"{toxic}\",\"stream\":\"{direction}\",\"toxicity\":{number},\"attributes\":{{\"latency\":{number},\"rate\":{number},\"timeout\":{number},\"bytes\":{number}}}}}");
             for (method, uri, body) in [
                 ("PUT", "/links/p/fault", raw.clone()),
-                ("PUT", "/links/p/fault", near.into_bytes()),
+                ("PUT", "/links/p/fault", near.clone().into_bytes()),
+                ("PUT", "/links/p/fault", near_loss.clone().into_bytes()),
+                ("PUT", "/links/u/fault", raw.clone()),
+                ("PUT", "/links/u/fault", near.into_bytes()),
+                ("PUT", "/links/u/fault", near_loss.into_bytes()),
+                ("POST", "/proxies/u/toxics", toxic_json.clone().into_bytes()),
                 ("POST", "/proxies/p/toxics", raw.clone()),
                 ("POST", "/proxies/p/toxics", toxic_json.clone().into_bytes()),
                 ("POST", "/proxies/p/toxics/latency_downstream", toxic_json.into_bytes()),

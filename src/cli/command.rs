@@ -116,7 +116,10 @@ enum Command {
     /// Run fault-proxy links standalone with an HTTP control API.
     Proxy {
         /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable), e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883.
-        /// Links can also be created later through the Toxiproxy-shaped `POST /proxies`.
+        /// NAME=udp:LISTEN_ADDR,UPSTREAM_ADDR makes a datagram (UDP) link, e.g.
+        /// syslog=udp:127.0.0.1:2514,127.0.0.1:514: it knows refuse, swallow, delay, loss,
+        /// blackhole and heal. TCP links can also be created later through the Toxiproxy-shaped
+        /// `POST /proxies`.
         #[arg(long = "link")]
         links: Vec<String>,
         /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable): a Kafka-aware link in front of a Kafka
@@ -434,7 +437,12 @@ async fn proxy(
 ) -> u8 {
     let proxy = Proxy::new(cancel.clone());
     for (spec, kafka_aware) in &specs {
+        let datagrams = !kafka_aware
+            && spec
+                .split_once('=')
+                .is_some_and(|(_, addrs)| addrs.starts_with("udp:"));
         let parsed = spec.split_once('=').and_then(|(name, addrs)| {
+            let addrs = addrs.strip_prefix("udp:").unwrap_or(addrs);
             let (listen, upstream) = addrs.split_once(',')?;
             Some((
                 name.to_string(),
@@ -444,18 +452,29 @@ async fn proxy(
         });
         let Some((name, listen, upstream)) = parsed else {
             eprintln!(
-                "drill proxy: --{}link {spec}: expected NAME=LISTEN_ADDR,UPSTREAM_ADDR, e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883",
-                if *kafka_aware { "kafka-" } else { "" }
+                "drill proxy: --{}link {spec}: expected NAME=LISTEN_ADDR,UPSTREAM_ADDR, e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883{}",
+                if *kafka_aware { "kafka-" } else { "" },
+                if *kafka_aware {
+                    ""
+                } else {
+                    " (NAME=udp:LISTEN_ADDR,UPSTREAM_ADDR for UDP)"
+                }
             );
             return INVALID;
         };
         let started = if *kafka_aware {
             proxy.start_kafka_link(&name, listen, upstream).await
+        } else if datagrams {
+            proxy.start_udp_link(&name, listen, upstream).await
         } else {
             proxy.start_link(&name, listen, upstream).await
         };
         match started {
-            Ok(link) => println!("link {name}: {} -> {upstream}", link.listen_addr()),
+            Ok(link) => println!(
+                "link {name}: {}{} -> {upstream}",
+                if datagrams { "udp " } else { "" },
+                link.listen_addr()
+            ),
             Err(e) => {
                 eprintln!("drill proxy: {e}");
                 return INFRASTRUCTURE;

@@ -262,6 +262,16 @@ pub trait Destination: std::fmt::Debug + Send + Sync {
         vec![self.kind().name().to_string()]
     }
 
+    /// Whether this destination's links carry datagrams (UDP, [`Link::start_udp`]) rather than
+    /// byte streams. A scenario's link faults are checked against it at parse: a fault that
+    /// needs a stream (`reset`, `hang`, `throttle`, `strand`) is refused on datagram links,
+    /// and `loss` and `blackhole` on stream links ([`crate::proxy::Fault::on_datagrams`],
+    /// [`crate::proxy::Fault::on_streams`]). A kind that answers `true` must provision its
+    /// links with [`Link::start_udp`].
+    fn datagram_links(&self) -> bool {
+        false
+    }
+
     /// Whether a fault may name `link` (Kafka: also one broker's own link, `kafka-<node id>`).
     fn names_a_link(&self, link: &str) -> bool {
         self.link_names().iter().any(|l| l == link)

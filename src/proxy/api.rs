@@ -3,7 +3,10 @@
 //! `GET /links` lists every link with its condition and counters; `PUT /links/NAME/fault` puts a
 //! fault in force (`{"fault":"swallow","direction":"downstream"}`, direction defaults to `both`);
 //! `DELETE /links/NAME/fault` heals. A handler only publishes a new condition and waits for the
-//! listener to follow (bounded): it never waits on data flow.
+//! listener to follow (bounded): it never waits on data flow. A datagram (UDP) link takes
+//! `loss` (`{"fault":"loss","loss":0.3,"direction":"upstream"}`) and `blackhole`, and refuses
+//! with 400 what needs a stream (`reset`, `hang`, `throttle`, `strand`); a TCP link refuses
+//! `loss` and `blackhole`.
 
 use std::net::SocketAddr;
 
@@ -31,6 +34,8 @@ struct FaultRequest {
     jitter_ms: u64,
     #[serde(default)]
     bytes_per_s: u64,
+    #[serde(default)]
+    loss: f64,
 }
 
 impl FaultRequest {
@@ -42,6 +47,7 @@ impl FaultRequest {
             jitter: Duration::from_millis(self.jitter_ms),
             bytes_per_s: self.bytes_per_s,
             limit_bytes: 0,
+            loss: self.loss,
         }
     }
 }
@@ -68,7 +74,7 @@ async fn put_fault(
             return problem(
                 StatusCode::BAD_REQUEST,
                 format!(
-                    "{e}; send e.g. {{\"fault\":\"swallow\",\"direction\":\"downstream\"}} (faults: refuse, reset, swallow, hang, delay with latency_ms/jitter_ms, throttle with bytes_per_s, heal; directions: upstream, downstream, both)"
+                    "{e}; send e.g. {{\"fault\":\"swallow\",\"direction\":\"downstream\"}} (faults: refuse, reset, swallow, hang, delay with latency_ms/jitter_ms, throttle with bytes_per_s, heal; on a UDP link refuse, swallow, delay, loss with loss (0..1), blackhole, heal; directions: upstream, downstream, both)"
                 ),
             );
         }
@@ -77,7 +83,9 @@ async fn put_fault(
     if let Err(message) = spec.validate() {
         return problem(StatusCode::BAD_REQUEST, message);
     }
-    link.apply_spec_settled(spec).await;
+    if let Err(e) = link.try_apply_spec_settled(spec).await {
+        return problem(StatusCode::BAD_REQUEST, e.to_string());
+    }
     Json(link.status()).into_response()
 }
 

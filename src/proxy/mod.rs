@@ -7,12 +7,19 @@
 //! see the new condition at once. What this module must never do: let a fault leak bytes it
 //! claims to hold or drop, or let a "healed" connection carry a byte stream with a hole in it
 //! (after `swallow`, a connection that lost bytes is reset at the heal, as DESIGN.md §3 says).
+//!
+//! A link carries either byte streams (TCP: [`Link::start`], [`Link::start_kafka`]) or
+//! datagrams (UDP: [`Link::start_udp`], see [`udp`]). Both are driven, listed and reported
+//! through the same [`Link`]; each refuses the faults that mean nothing for what it carries
+//! ([`Fault::on_streams`], [`Fault::on_datagrams`]) when they are applied
+//! ([`Link::try_apply_spec`]), and a scenario refuses them at parse.
 
 pub mod api;
 mod connection;
 pub mod kafka;
 pub mod tap;
 pub mod toxiproxy;
+pub mod udp;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -50,6 +57,13 @@ pub enum Fault {
     /// directions (bytes read and dropped, no FIN, no RST, not even later), while new
     /// connections pass. A NAT or firewall entry lost. The link's condition is unchanged.
     Strand,
+    /// Datagram links only: each datagram in `direction` is dropped with probability `loss`
+    /// (seeded: the same datagrams in the same order lose the same ones).
+    Loss,
+    /// Datagram links only: every datagram, both ways, is dropped silently — exactly `swallow`
+    /// in both directions, named for the route to nowhere it stands for (no ICMP, unlike
+    /// `refuse`).
+    Blackhole,
     /// Back to pass-through.
     Heal,
 }
@@ -65,13 +79,53 @@ impl Fault {
             Fault::Throttle => "throttle",
             Fault::LimitData => "limit_data",
             Fault::Strand => "strand",
+            Fault::Loss => "loss",
+            Fault::Blackhole => "blackhole",
             Fault::Heal => "heal",
         }
     }
 
-    /// Faults that act on whole connections, not on one direction.
+    /// Faults that act on whole connections (or a datagram link as a whole), not on one
+    /// direction.
     pub fn whole_connection(self) -> bool {
-        matches!(self, Fault::Refuse | Fault::Reset | Fault::Strand)
+        matches!(
+            self,
+            Fault::Refuse | Fault::Reset | Fault::Strand | Fault::Blackhole
+        )
+    }
+
+    /// Whether a link that carries byte streams (TCP) knows this fault. A stream has no
+    /// datagrams to lose one by one: `loss` and `blackhole` are for datagram links.
+    pub fn on_streams(self) -> bool {
+        match self {
+            Fault::Refuse
+            | Fault::Reset
+            | Fault::Swallow
+            | Fault::Hang
+            | Fault::Delay
+            | Fault::Throttle
+            | Fault::LimitData
+            | Fault::Strand
+            | Fault::Heal => true,
+            Fault::Loss | Fault::Blackhole => false,
+        }
+    }
+
+    /// Whether a link that carries datagrams (UDP) knows this fault (DESIGN.md §3). What
+    /// needs a stream — a reset, a stalled reader, a byte rate, a byte count, a connection to
+    /// strand — has no meaning there.
+    pub fn on_datagrams(self) -> bool {
+        match self {
+            Fault::Refuse
+            | Fault::Swallow
+            | Fault::Delay
+            | Fault::Loss
+            | Fault::Blackhole
+            | Fault::Heal => true,
+            Fault::Reset | Fault::Hang | Fault::Throttle | Fault::LimitData | Fault::Strand => {
+                false
+            }
+        }
     }
 
     /// Faults that act once, at an instant, instead of holding until a heal.
@@ -139,7 +193,7 @@ pub(crate) enum Flow {
 }
 
 /// A fault with its parameters, as the control plane and scenarios give it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct FaultSpec {
     pub fault: Fault,
     pub direction: Direction,
@@ -155,10 +209,17 @@ pub struct FaultSpec {
     /// `limit_data`: bytes each connection may pass before it is reset.
     #[serde(skip_serializing_if = "is_zero")]
     pub limit_bytes: u64,
+    /// `loss`: the fraction of datagrams dropped, above 0 and at most 1.
+    #[serde(skip_serializing_if = "is_nothing")]
+    pub loss: f64,
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+fn is_nothing(f: &f64) -> bool {
+    *f == 0.0
 }
 
 mod millis {
@@ -177,6 +238,15 @@ impl FaultSpec {
             jitter: Duration::ZERO,
             bytes_per_s: 0,
             limit_bytes: 0,
+            loss: 0.0,
+        }
+    }
+
+    /// `loss` of `fraction` (0 < fraction ≤ 1) of the datagrams in `direction`.
+    pub fn loss(direction: Direction, fraction: f64) -> FaultSpec {
+        FaultSpec {
+            loss: fraction,
+            ..FaultSpec::new(Fault::Loss, direction)
         }
     }
 
@@ -206,7 +276,7 @@ impl FaultSpec {
     pub fn validate(&self) -> Result<(), String> {
         if self.fault.whole_connection() && self.direction != Direction::Both {
             return Err(format!(
-                "`{}` acts on whole connections; leave `direction` out",
+                "`{}` acts on whole connections (both ways); leave `direction` out",
                 self.fault.name()
             ));
         }
@@ -217,6 +287,14 @@ impl FaultSpec {
             Fault::Throttle if self.bytes_per_s == 0 => {
                 Err("`throttle` needs bytes_per_s greater than zero".to_string())
             }
+            Fault::Loss if !(self.loss > 0.0 && self.loss <= 1.0) => Err(format!(
+                "`loss` needs a fraction above 0 and at most 1 (e.g. loss: 0.3), not {}",
+                self.loss
+            )),
+            f if f != Fault::Loss && self.loss != 0.0 => Err(format!(
+                "only `loss` takes a fraction; `{}` does not",
+                f.name()
+            )),
             _ => Ok(()),
         }
     }
@@ -257,7 +335,14 @@ impl Condition {
             Fault::LimitData => Flow::Limit {
                 bytes: spec.limit_bytes,
             },
-            _ => Flow::Pass,
+            // Handled above (`refuse`, `reset`), at its instant (`strand`), or refused on a
+            // stream link before it is in force (`loss`, `blackhole`).
+            Fault::Refuse
+            | Fault::Reset
+            | Fault::Strand
+            | Fault::Loss
+            | Fault::Blackhole
+            | Fault::Heal => Flow::Pass,
         }
     }
 
@@ -265,7 +350,7 @@ impl Condition {
         self.active.is_some_and(|a| a.fault == Fault::Swallow)
     }
 
-    fn refuses(&self) -> bool {
+    pub(crate) fn refuses(&self) -> bool {
         self.active.is_some_and(|a| a.fault == Fault::Refuse)
     }
 }
@@ -281,6 +366,13 @@ pub(crate) struct Counters {
     pub(crate) swallowed_up: AtomicU64,
     pub(crate) swallowed_down: AtomicU64,
     pub(crate) stranded: AtomicU64,
+    /// A datagram link's datagrams forwarded and dropped, per direction.
+    pub(crate) datagrams_up: AtomicU64,
+    pub(crate) datagrams_down: AtomicU64,
+    pub(crate) dropped_up: AtomicU64,
+    pub(crate) dropped_down: AtomicU64,
+    /// Datagrams a `delay` holds now (both directions).
+    pub(crate) held: AtomicU64,
 }
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
@@ -303,6 +395,9 @@ pub struct LinkStatus {
     pub jitter_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_per_s: Option<u64>,
+    /// `loss`: the fraction of datagrams dropped, when in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
     /// How long the current condition has been in force.
     pub since_ms: u64,
     pub connections_accepted: u64,
@@ -322,6 +417,26 @@ pub struct LinkStatus {
     /// A Kafka-aware link's answers with broker addresses rewritten.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub answers_rewritten: u64,
+    /// A datagram link's datagram counts (`None`: the link carries byte streams). On such a
+    /// link the byte counters count datagram payloads (`bytes_swallowed_*`: those dropped),
+    /// and the connection counters count flows (one per client address: opened, closed by a
+    /// `refuse`, open now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datagrams: Option<DatagramCounts>,
+}
+
+/// What a datagram link passed and dropped, per direction (`upstream`: client → server).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DatagramCounts {
+    pub upstream: u64,
+    pub downstream: u64,
+    /// Read and not forwarded: dropped by `swallow`, `loss`, `blackhole`, queued at the
+    /// instant of a `refuse`, beyond a `delay`'s queue, or held when a `refuse` ended the flow.
+    /// (What the kernel refuses while the link refuses is never read: not counted.)
+    pub dropped_upstream: u64,
+    pub dropped_downstream: u64,
+    /// Held by a `delay` now, both directions (neither forwarded nor dropped yet).
+    pub held: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -340,6 +455,10 @@ pub enum ProxyError {
         listen: SocketAddr,
         why: String,
     },
+    /// A fault with no meaning for what the link carries (a `reset` on a datagram link, a
+    /// `loss` on a byte stream); nothing changed.
+    #[error("link {name}: {why}")]
+    FaultRefused { name: String, why: String },
 }
 
 pub(crate) struct LinkShared {
@@ -361,9 +480,41 @@ pub(crate) struct LinkShared {
     pub(crate) kafka: Option<kafka::Role>,
     /// The protocol tap its connections get (set by the destination kind; `None`: none).
     pub(crate) tapping: std::sync::RwLock<Option<tap::Tapping>>,
+    /// A datagram link's own state (`None`: the link carries byte streams).
+    pub(crate) datagrams: Option<udp::Datagrams>,
 }
 
 impl LinkShared {
+    fn new(
+        name: &str,
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        kafka: Option<kafka::Role>,
+        datagrams: Option<udp::Datagrams>,
+    ) -> Arc<LinkShared> {
+        let (condition, _) = watch::channel(Condition {
+            active: None,
+            since: Instant::now(),
+            epoch: 0,
+            strands: 0,
+        });
+        let (settled, _) = watch::channel(0);
+        Arc::new(LinkShared {
+            name: name.to_string(),
+            listen,
+            upstream: std::sync::RwLock::new(upstream),
+            condition,
+            settled,
+            relisten_failed: std::sync::Mutex::new(None),
+            counters: Counters::default(),
+            tasks: TaskTracker::new(),
+            rng: std::sync::Mutex::new(crate::seed::Seeded::new(0)),
+            kafka,
+            tapping: std::sync::RwLock::new(None),
+            datagrams,
+        })
+    }
+
     pub(crate) fn upstream(&self) -> SocketAddr {
         match self.upstream.read() {
             Ok(u) => *u,
@@ -435,32 +586,74 @@ impl Link {
     ) -> std::io::Result<Link> {
         let listen = listener.local_addr()?;
         let port = Port::new(listener)?;
-        let (condition, _) = watch::channel(Condition {
-            active: None,
-            since: Instant::now(),
-            epoch: 0,
-            strands: 0,
-        });
-        let (settled, _) = watch::channel(0);
-        let shared = Arc::new(LinkShared {
-            name: name.to_string(),
-            listen,
-            upstream: std::sync::RwLock::new(upstream),
-            condition,
-            settled,
-            relisten_failed: std::sync::Mutex::new(None),
-            counters: Counters::default(),
-            tasks: TaskTracker::new(),
-            rng: std::sync::Mutex::new(crate::seed::Seeded::new(0)),
-            kafka,
-            tapping: std::sync::RwLock::new(None),
-        });
+        let shared = LinkShared::new(name, listen, upstream, kafka, None);
         let link = Link { shared, cancel };
         let accept = link.clone();
         link.shared
             .tasks
             .spawn(async move { accept.accept_loop(port).await });
         Ok(link)
+    }
+
+    /// A datagram link (see [`udp`]): binds UDP `listen` (port 0 picks a free port) and
+    /// forwards each client's datagrams to UDP `upstream` from a socket of that client's own
+    /// (a flow), so the answers go back to that client. It knows the faults
+    /// [`Fault::on_datagrams`] names and refuses the rest. Must be called inside a Tokio
+    /// runtime.
+    pub async fn start_udp(
+        name: &str,
+        listen: SocketAddr,
+        upstream: SocketAddr,
+        cancel: CancellationToken,
+    ) -> Result<Link, ProxyError> {
+        let error = |source| ProxyError::Listen {
+            name: name.to_string(),
+            listen,
+            source,
+        };
+        let socket = udp::bind(listen).map_err(error)?;
+        let listen = socket.local_addr().map_err(error)?;
+        let shared = LinkShared::new(
+            name,
+            listen,
+            upstream,
+            None,
+            Some(udp::Datagrams::default()),
+        );
+        let link = Link { shared, cancel };
+        let serve = link.clone();
+        link.shared.tasks.spawn(async move {
+            udp::serve(serve.shared.clone(), socket, serve.cancel.clone()).await
+        });
+        Ok(link)
+    }
+
+    /// Whether the link carries datagrams (UDP) rather than byte streams.
+    pub fn carries_datagrams(&self) -> bool {
+        self.shared.datagrams.is_some()
+    }
+
+    /// Whether `spec`'s fault means something for what this link carries. (Its parameters are
+    /// [`FaultSpec::validate`]'s to check, before it reaches a link.)
+    pub fn check(&self, spec: &FaultSpec) -> Result<(), ProxyError> {
+        let refused = |why: String| ProxyError::FaultRefused {
+            name: self.shared.name.clone(),
+            why,
+        };
+        let fault = spec.fault;
+        if self.carries_datagrams() && !fault.on_datagrams() {
+            return Err(refused(format!(
+                "`{}` has no meaning on a datagram (UDP) link; it knows refuse, swallow, delay, loss, blackhole and heal",
+                fault.name()
+            )));
+        }
+        if !self.carries_datagrams() && !fault.on_streams() {
+            return Err(refused(format!(
+                "`{}` is for datagram (UDP) links; this link carries a byte stream (use swallow)",
+                fault.name()
+            )));
+        }
+        Ok(())
     }
 
     /// The family this link heads, if it is a Kafka-aware bootstrap link.
@@ -563,8 +756,26 @@ impl Link {
         self.apply_spec(FaultSpec::new(fault, direction))
     }
 
-    /// [`Link::apply`] with parameters (`delay`, `throttle`).
+    /// [`Link::apply`] with parameters (`delay`, `throttle`, `loss`). A fault the link cannot
+    /// carry out ([`Link::check`]) changes nothing: it is said on stderr and the current epoch
+    /// is returned. [`Link::try_apply_spec`] returns the refusal instead.
     pub fn apply_spec(&self, spec: FaultSpec) -> u64 {
+        match self.try_apply_spec(spec) {
+            Ok(epoch) => epoch,
+            Err(e) => {
+                eprintln!("drill: {e}");
+                self.shared.condition.borrow().epoch
+            }
+        }
+    }
+
+    /// [`Link::apply_spec`], or why the link cannot carry `spec` out (nothing changed then).
+    pub fn try_apply_spec(&self, spec: FaultSpec) -> Result<u64, ProxyError> {
+        self.check(&spec)?;
+        Ok(self.publish(spec))
+    }
+
+    fn publish(&self, spec: FaultSpec) -> u64 {
         if spec.fault == Fault::Strand {
             let mut epoch = 0;
             self.shared.condition.send_modify(|c| {
@@ -596,10 +807,14 @@ impl Link {
         epoch
     }
 
-    /// Seeds the link's randomness (jitter), so a drill with the same seed replays the same.
+    /// Seeds the link's randomness (jitter, a datagram link's losses), so a drill with the
+    /// same seed replays the same.
     pub fn seed(&self, seed: u64) {
         if let Ok(mut rng) = self.shared.rng.lock() {
             *rng = crate::seed::Seeded::new(seed);
+        }
+        if let Some(d) = &self.shared.datagrams {
+            d.seed(seed);
         }
         if let Some(f) = self.family() {
             f.seed(seed);
@@ -641,10 +856,19 @@ impl Link {
     }
 
     /// [`Link::apply_settled`] with parameters. Only a change between refusing and listening
-    /// needs the listener to act; every other fault is in force once published.
+    /// needs the listener to act; every other fault is in force once published. A fault the
+    /// link cannot carry out changes nothing (see [`Link::apply_spec`]).
     pub async fn apply_spec_settled(&self, spec: FaultSpec) {
+        if let Err(e) = self.try_apply_spec_settled(spec).await {
+            eprintln!("drill: {e}");
+        }
+    }
+
+    /// [`Link::apply_spec_settled`], or why the link cannot carry `spec` out.
+    pub async fn try_apply_spec_settled(&self, spec: FaultSpec) -> Result<(), ProxyError> {
+        self.check(&spec)?;
         let was_refusing = self.shared.condition.borrow().refuses();
-        let epoch = self.apply_spec(spec);
+        let epoch = self.publish(spec);
         if was_refusing || spec.fault == Fault::Refuse {
             self.settled(epoch, Duration::from_secs(2)).await;
             // The family's broker links follow the head; wait for theirs too.
@@ -653,6 +877,7 @@ impl Link {
                 m.settled(epoch, Duration::from_secs(2)).await;
             }
         }
+        Ok(())
     }
 
     pub fn status(&self) -> LinkStatus {
@@ -681,6 +906,7 @@ impl Link {
                 .active
                 .filter(|a| a.fault == Fault::Throttle)
                 .map(|a| a.bytes_per_s),
+            loss: c.active.filter(|a| a.fault == Fault::Loss).map(|a| a.loss),
             since_ms: c.since.elapsed().as_millis() as u64,
             connections_accepted: get(&n.accepted),
             connections_reset: get(&n.reset),
@@ -692,6 +918,13 @@ impl Link {
             connections_stranded: get(&n.stranded),
             broker_links: Vec::new(),
             answers_rewritten: 0,
+            datagrams: self.carries_datagrams().then(|| DatagramCounts {
+                upstream: get(&n.datagrams_up),
+                downstream: get(&n.datagrams_down),
+                dropped_upstream: get(&n.dropped_up),
+                dropped_downstream: get(&n.dropped_down),
+                held: get(&n.held),
+            }),
         }
     }
 
@@ -849,6 +1082,17 @@ pub(crate) fn listen_reusable(listen: SocketAddr) -> std::io::Result<std::net::T
     Ok(socket.into())
 }
 
+/// What a link [`Proxy::start`] makes carries.
+#[derive(Debug, Clone, Copy)]
+enum Carrying {
+    /// TCP byte streams.
+    Bytes,
+    /// TCP, Kafka-aware.
+    Kafka,
+    /// UDP datagrams.
+    Datagrams,
+}
+
 /// A set of named links, as `drill proxy` and the runner use them. Cheap to clone; links can
 /// be added and removed while it serves (the Toxiproxy-shaped API creates them).
 #[derive(Clone)]
@@ -878,7 +1122,7 @@ impl Proxy {
         listen: SocketAddr,
         upstream: SocketAddr,
     ) -> Result<Link, ProxyError> {
-        self.start(name, listen, upstream, false).await
+        self.start(name, listen, upstream, Carrying::Bytes).await
     }
 
     /// Starts a Kafka-aware link (see [`kafka`]) on the data runtime and adds it; its broker
@@ -889,7 +1133,18 @@ impl Proxy {
         listen: SocketAddr,
         upstream: SocketAddr,
     ) -> Result<Link, ProxyError> {
-        self.start(name, listen, upstream, true).await
+        self.start(name, listen, upstream, Carrying::Kafka).await
+    }
+
+    /// Starts a datagram (UDP) link (see [`udp`]) on the data runtime and adds it.
+    pub async fn start_udp_link(
+        &self,
+        name: &str,
+        listen: SocketAddr,
+        upstream: SocketAddr,
+    ) -> Result<Link, ProxyError> {
+        self.start(name, listen, upstream, Carrying::Datagrams)
+            .await
     }
 
     async fn start(
@@ -897,14 +1152,14 @@ impl Proxy {
         name: &str,
         listen: SocketAddr,
         upstream: SocketAddr,
-        kafka_aware: bool,
+        carrying: Carrying,
     ) -> Result<Link, ProxyError> {
         let (owned, cancel) = (name.to_string(), self.cancel.child_token());
         let start = async move {
-            if kafka_aware {
-                Link::start_kafka(&owned, listen, upstream, cancel).await
-            } else {
-                Link::start(&owned, listen, upstream, cancel).await
+            match carrying {
+                Carrying::Bytes => Link::start(&owned, listen, upstream, cancel).await,
+                Carrying::Kafka => Link::start_kafka(&owned, listen, upstream, cancel).await,
+                Carrying::Datagrams => Link::start_udp(&owned, listen, upstream, cancel).await,
             }
         };
         let link = match &self.data {

@@ -16,7 +16,11 @@
 //! faults are exact, never probabilistic); `slicer` and `slow_close` have no drill fault and
 //! are refused with 400. Removing a `timeout` toxic that swallowed bytes resets the connections
 //! that lost bytes — their byte stream has a hole (DESIGN.md §3) — where Toxiproxy would
-//! let them carry on with data missing.
+//! let them carry on with data missing. On a datagram (UDP) link, made by `drill proxy --link
+//! NAME=udp:…`, a toxic that needs a stream (`bandwidth`, `reset_peer`, `limit_data`, a
+//! `timeout` with a reset after it) is refused with 400; `POST /proxies` makes TCP links only.
+//! drill's datagram faults `loss` and `blackhole` have no toxic: they are set through drill's
+//! own API (`PUT /links/NAME/fault`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -177,6 +181,17 @@ fn plan(t: &Toxic) -> Result<Plan, String> {
     };
     plan.now.validate()?;
     Ok(plan)
+}
+
+/// Whether `toxic` has a drill fault that `link` can carry out (now and later).
+fn fits(link: &Link, toxic: &Toxic) -> Result<(), Problem> {
+    let plan = plan(toxic).map_err(|m| Problem(StatusCode::BAD_REQUEST, m))?;
+    let later = plan.later.map(|(_, spec)| spec);
+    for spec in std::iter::once(plan.now).chain(later) {
+        link.check(&spec)
+            .map_err(|e| Problem(StatusCode::BAD_REQUEST, e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// Puts the link into the condition its Toxiproxy state describes.
@@ -418,9 +433,7 @@ async fn create_toxic(
         };
         return Err(Problem(StatusCode::CONFLICT, message));
     }
-    if let Err(message) = plan(&toxic) {
-        return Err(Problem(StatusCode::BAD_REQUEST, message));
-    }
+    fits(&link, &toxic)?;
     entry.toxic = Some(toxic.clone());
     let generation = shared.store(&name, entry);
     sync(&shared, &link, generation).await;
@@ -453,9 +466,7 @@ async fn update_toxic(
     if let Some(t) = request.toxicity {
         current.toxicity = t;
     }
-    if let Err(message) = plan(&current) {
-        return Err(Problem(StatusCode::BAD_REQUEST, message));
-    }
+    fits(&link, &current)?;
     entry.toxic = Some(current.clone());
     let generation = shared.store(&name, entry);
     sync(&shared, &link, generation).await;

@@ -315,6 +315,13 @@ fn attempts_and_link(md: &mut String, report: &Report) {
         k.bytes_swallowed_upstream,
         k.bytes_swallowed_downstream
     );
+    if let Some(d) = &k.datagrams {
+        let _ = writeln!(
+            md,
+            "A datagram (UDP) link: connections are flows (one per client address), bytes are payloads; {} datagrams up, {} down; {} dropped up, {} down.",
+            d.upstream, d.downstream, d.dropped_upstream, d.dropped_downstream
+        );
+    }
     if !k.broker_links.is_empty() {
         let _ = writeln!(
             md,

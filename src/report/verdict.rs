@@ -472,6 +472,8 @@ pub(crate) mod tests {
             broker_links: Vec::new(),
             answers_rewritten: 0,
             connections_stranded: 0,
+            datagrams: None,
+            loss: None,
         }
     }
 

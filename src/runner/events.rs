@@ -96,15 +96,15 @@ impl FaultKind {
         self.link().map(|s| s.direction)
     }
 
-    /// A link fault that keeps the engine's bytes from reaching the broker: `refuse`, or
-    /// `swallow` and `hang` when they act upstream. A record first delivered while one is in
-    /// force went around the proxy.
+    /// A link fault that keeps the engine's bytes from reaching the broker: `refuse` and
+    /// `blackhole`, or `swallow` and `hang` when they act upstream. A record first delivered
+    /// while one is in force went around the proxy. (`loss` lets some through.)
     pub fn stops_upstream(&self) -> bool {
         let Some(spec) = self.link() else {
             return false;
         };
         let upstream = matches!(spec.direction, Direction::Both | Direction::Upstream);
-        spec.fault == Fault::Refuse
+        matches!(spec.fault, Fault::Refuse | Fault::Blackhole)
             || (upstream && matches!(spec.fault, Fault::Swallow | Fault::Hang))
     }
 }
@@ -146,7 +146,8 @@ impl fmt::Display for FaultKind {
     }
 }
 
-/// A link fault in a few words: `swallow`, `delay 100ms±10ms`, `throttle 50000 B/s`.
+/// A link fault in a few words: `swallow`, `delay 100ms±10ms`, `throttle 50000 B/s`,
+/// `loss 30%`.
 pub fn describe(spec: &FaultSpec) -> String {
     match spec.fault {
         Fault::Delay => format!(
@@ -155,6 +156,7 @@ pub fn describe(spec: &FaultSpec) -> String {
             spec.jitter.as_millis()
         ),
         Fault::Throttle => format!("throttle {} B/s", spec.bytes_per_s),
+        Fault::Loss => format!("loss {}%", spec.loss * 100.0),
         f => f.name().to_string(),
     }
 }
@@ -268,6 +270,8 @@ mod tests {
         assert!(link(Fault::Hang, Direction::Upstream).stops_upstream());
         assert!(!link(Fault::Swallow, Direction::Downstream).stops_upstream());
         assert!(!link(Fault::Delay, Direction::Both).stops_upstream());
+        assert!(link(Fault::Blackhole, Direction::Both).stops_upstream());
+        assert!(!link(Fault::Loss, Direction::Upstream).stops_upstream());
         assert!(!FaultKind::ProxyRestart.stops_upstream());
         assert!(!FaultKind::Kill.stops_upstream());
     }

@@ -151,6 +151,9 @@ pub(super) struct RawFault {
     pub(super) jitter: Option<Dur>,
     #[serde(default)]
     pub(super) bytes_per_s: Option<u64>,
+    /// `loss` (datagram links only): the fraction of datagrams dropped, above 0 and at most 1.
+    #[serde(default)]
+    pub(super) loss: Option<f64>,
     #[serde(default)]
     pub(super) repeat: Option<u32>,
     #[serde(default)]

@@ -390,7 +390,7 @@ impl FaultEntry<'_> {
 
 /// A link fault: `fault` on `link` (both ways unless `direction` says otherwise) from `at`,
 /// for a while (`for`), flapping (`repeat`, `every`), or until a later `heal`. Which kinds take
-/// `latency`, `jitter`, `bytes_per_s`, `for` and `repeat` is [`LinkSetting::taken_by`]'s to say.
+/// `latency`, `jitter`, `bytes_per_s`, `loss`, `for` and `repeat` is [`LinkSetting::taken_by`]'s to say.
 fn link_fault(
     entry: &FaultEntry,
     link: &str,
@@ -418,12 +418,18 @@ fn link_fault(
     if let Some(name) = of_a_process_fault {
         return Err(entry.field(name, "only process faults (`target:`) take it"));
     }
+    let datagrams = destination.imp.datagram_links();
     let fault = f.fault.ok_or_else(|| {
         entry.field(
             "fault",
-            "missing; one of refuse, reset, swallow, hang, delay, throttle, strand, heal",
+            if datagrams {
+                "missing; one of refuse, swallow, delay, loss, blackhole, heal (a datagram link)"
+            } else {
+                "missing; one of refuse, reset, swallow, hang, delay, throttle, strand, heal"
+            },
         )
     })?;
+    fits_the_link(fault, datagrams, link).map_err(|m| entry.field("fault", m))?;
     let taken = LinkSetting::taken_by(fault);
     if let Some(setting) = LinkSetting::ALL
         .into_iter()
@@ -438,6 +444,7 @@ fn link_fault(
         jitter: f.jitter.map(|d| d.0).unwrap_or_default(),
         bytes_per_s: f.bytes_per_s.unwrap_or(0),
         limit_bytes: 0,
+        loss: f.loss.unwrap_or(0.0),
     };
     spec.validate().map_err(|m| entry.whole(m))?;
     let link = link.to_string();
@@ -467,6 +474,25 @@ fn link_fault(
         .collect())
 }
 
+/// Whether `fault` means something on `link`, whose destination's links carry datagrams
+/// (UDP, [`dest::Destination::datagram_links`]) or byte streams; the message says what the
+/// link knows instead.
+fn fits_the_link(fault: Fault, datagrams: bool, link: &str) -> Result<(), String> {
+    if datagrams && !fault.on_datagrams() {
+        return Err(format!(
+            "`{}` needs a byte stream, and link `{link}` carries datagrams (UDP); use refuse, swallow, delay, loss, blackhole or heal",
+            fault.name()
+        ));
+    }
+    if !datagrams && !fault.on_streams() {
+        return Err(format!(
+            "`{}` is for datagram (UDP) links, and link `{link}` carries a byte stream; use swallow (or refuse) instead",
+            fault.name()
+        ));
+    }
+    Ok(())
+}
+
 /// The fields of a link fault that not every kind of fault takes. (`direction` and `every` any
 /// kind takes; `every` goes with `repeat`, see [`flapping`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -474,13 +500,14 @@ enum LinkSetting {
     Latency,
     Jitter,
     BytesPerS,
+    Loss,
     For,
     Repeat,
 }
 
 /// Every kind of fault a scenario can write, for [`LinkSetting::refused`] to name the one that
 /// takes a setting.
-const SCENARIO_FAULTS: [Fault; 8] = [
+const SCENARIO_FAULTS: [Fault; 10] = [
     Fault::Refuse,
     Fault::Reset,
     Fault::Swallow,
@@ -488,29 +515,36 @@ const SCENARIO_FAULTS: [Fault; 8] = [
     Fault::Delay,
     Fault::Throttle,
     Fault::Strand,
+    Fault::Loss,
+    Fault::Blackhole,
     Fault::Heal,
 ];
 
 impl LinkSetting {
     /// In the order they are checked: the first one a fault does not take is reported.
-    const ALL: [LinkSetting; 5] = [
+    const ALL: [LinkSetting; 6] = [
         LinkSetting::Latency,
         LinkSetting::Jitter,
         LinkSetting::BytesPerS,
+        LinkSetting::Loss,
         LinkSetting::For,
         LinkSetting::Repeat,
     ];
 
     /// Which settings each kind of link fault takes: the one place that says so.
     fn taken_by(fault: Fault) -> &'static [LinkSetting] {
-        use LinkSetting::{BytesPerS, For, Jitter, Latency, Repeat};
+        use LinkSetting::{BytesPerS, For, Jitter, Latency, Loss, Repeat};
         match fault {
             // Every chunk arrives `latency` ± `jitter` late; for a while, or flapping.
             Fault::Delay => &[Latency, Jitter, For, Repeat],
             // At most `bytes_per_s` get through; for a while, or flapping.
             Fault::Throttle => &[BytesPerS, For, Repeat],
+            // A fraction `loss` of the datagrams is dropped; for a while, or flapping.
+            Fault::Loss => &[Loss, For, Repeat],
             // An outage: for a while, flapping, or until a `heal`.
-            Fault::Refuse | Fault::Reset | Fault::Swallow | Fault::Hang => &[For, Repeat],
+            Fault::Refuse | Fault::Reset | Fault::Swallow | Fault::Hang | Fault::Blackhole => {
+                &[For, Repeat]
+            }
             // Back to pass-through, at once and for good.
             Fault::Heal => &[],
             // At an instant: the connections open then go silent for good.
@@ -525,6 +559,7 @@ impl LinkSetting {
             LinkSetting::Latency => "latency",
             LinkSetting::Jitter => "jitter",
             LinkSetting::BytesPerS => "bytes_per_s",
+            LinkSetting::Loss => "loss",
             LinkSetting::For => "for",
             LinkSetting::Repeat => "repeat",
         }
@@ -535,6 +570,7 @@ impl LinkSetting {
             LinkSetting::Latency => f.latency.is_some(),
             LinkSetting::Jitter => f.jitter.is_some(),
             LinkSetting::BytesPerS => f.bytes_per_s.is_some(),
+            LinkSetting::Loss => f.loss.is_some(),
             LinkSetting::For => f.for_.is_some(),
             LinkSetting::Repeat => f.repeat.is_some(),
         }
@@ -546,7 +582,10 @@ impl LinkSetting {
             LinkSetting::For | LinkSetting::Repeat => {
                 entry.whole(format!("a {} has no `for` or `repeat`", fault.name()))
             }
-            LinkSetting::Latency | LinkSetting::Jitter | LinkSetting::BytesPerS => {
+            LinkSetting::Latency
+            | LinkSetting::Jitter
+            | LinkSetting::BytesPerS
+            | LinkSetting::Loss => {
                 let owner = SCENARIO_FAULTS
                     .into_iter()
                     .find(|k| LinkSetting::taken_by(*k).contains(&self))
@@ -601,6 +640,7 @@ fn process_fault(
         ("latency", f.latency.is_some()),
         ("jitter", f.jitter.is_some()),
         ("bytes_per_s", f.bytes_per_s.is_some()),
+        ("loss", f.loss.is_some()),
         ("repeat", f.repeat.is_some()),
         ("every", f.every.is_some()),
     ]);
@@ -1077,5 +1117,153 @@ mod tests {
             (Some(1), Some(3), Some(2), Some(0))
         );
         assert_eq!(e.drain_within, Some(Duration::from_secs(5)));
+    }
+
+    /// A destination whose links carry datagrams: the MQTT one, but answering `true` to
+    /// `datagram_links` (no kind does yet; syslog's `transport: udp` will).
+    #[derive(Debug)]
+    struct OverUdp(std::sync::Arc<dyn crate::dest::Destination>);
+
+    impl crate::dest::Destination for OverUdp {
+        fn kind(&self) -> crate::dest::Kind {
+            self.0.kind()
+        }
+        fn datagram_links(&self) -> bool {
+            true
+        }
+        fn settle(
+            &self,
+            shape: &crate::dest::Shape,
+        ) -> std::sync::Arc<dyn crate::dest::Destination> {
+            self.0.settle(shape)
+        }
+        fn builtin_write_key(&self) -> crate::verify::WriteKeyPlace {
+            self.0.builtin_write_key()
+        }
+        fn write_key_place(
+            &self,
+            value: &serde_json::Value,
+        ) -> Result<crate::verify::WriteKeyPlace, String> {
+            self.0.write_key_place(value)
+        }
+        fn provision<'a>(
+            &'a self,
+            p: crate::dest::Provision<'a>,
+        ) -> futures::future::BoxFuture<'a, Result<crate::dest::Provisioned, crate::dest::DestError>>
+        {
+            self.0.provision(p)
+        }
+        fn reader<'a>(
+            &'a self,
+            at: &'a crate::dest::Running,
+            r: crate::dest::ReaderSpec,
+        ) -> futures::future::BoxFuture<
+            'a,
+            Result<Box<dyn crate::dest::ReadBack>, crate::dest::DestError>,
+        > {
+            self.0.reader(at, r)
+        }
+    }
+
+    /// The faults of `text`'s scenario checked against its destination, its links made to
+    /// carry datagrams when `datagrams`.
+    fn link_faults_over(text: &str, datagrams: bool) -> Result<usize, crate::located::Located> {
+        let raw: super::super::raw::RawScenario = serde_saphyr::from_str(text).unwrap();
+        let mut destination = crate::dest::validate(&raw.destination).unwrap();
+        if datagrams {
+            destination.imp = std::sync::Arc::new(OverUdp(destination.imp.clone()));
+        }
+        super::faults(&raw.faults, &destination, false, Duration::from_secs(60)).map(|f| f.len())
+    }
+
+    #[test]
+    fn a_datagram_link_refuses_stream_faults_where_they_are_written() {
+        let fault = |f: &str| {
+            format!(
+                "name: u\ndestination: {{ kind: mqtt }}\nworkload: {{ rate: 10/s, duration: 1m }}\nfaults:\n  - {{ at: 1s, link: mqtt, fault: swallow, for: 1s }}\n  - {{ at: 5s, link: mqtt, {f} }}\n"
+            )
+        };
+        for stream_only in [
+            "fault: reset, for: 1s",
+            "fault: hang, direction: upstream, for: 1s",
+            "fault: throttle, bytes_per_s: 1000, for: 1s",
+            "fault: strand",
+        ] {
+            let e = link_faults_over(&fault(stream_only), true).unwrap_err();
+            assert_eq!((e.at.line(), e.at.column()), (6, 5), "{stream_only}: {e:?}");
+            assert!(
+                e.message.starts_with("field `faults[1].fault`: `")
+                    && e.message
+                        .contains("needs a byte stream, and link `mqtt` carries datagrams"),
+                "{}",
+                e.message
+            );
+        }
+        for datagram in [
+            "fault: refuse, for: 1s",
+            "fault: swallow, direction: downstream, for: 1s",
+            "fault: delay, latency: 100ms, jitter: 10ms, for: 1s",
+            "fault: loss, loss: 0.3, direction: upstream, for: 1s",
+            "fault: blackhole, for: 1s",
+            "fault: heal",
+        ] {
+            assert_eq!(
+                link_faults_over(&fault(datagram), true).unwrap(),
+                2,
+                "{datagram}"
+            );
+        }
+        // The same destination over streams takes the stream faults and refuses `loss`.
+        assert_eq!(
+            link_faults_over(&fault("fault: reset, for: 1s"), false).unwrap(),
+            2
+        );
+        let e = link_faults_over(&fault("fault: loss, loss: 0.3, for: 1s"), false).unwrap_err();
+        assert_eq!((e.at.line(), e.at.column()), (6, 5), "{e:?}");
+    }
+
+    #[test]
+    fn loss_and_blackhole_are_refused_on_a_stream_link_located() {
+        let fault = |f: &str| {
+            format!(
+                "name: k\ndestination: {{ kind: mqtt }}\nworkload: {{ rate: 10/s, duration: 1m }}\nfaults:\n  - {{ at: 1s, link: mqtt, {f} }}\n"
+            )
+        };
+        let e = err(&fault("fault: loss, loss: 0.3, for: 1s"));
+        assert!(e.starts_with("s.yaml:5:"), "{e}");
+        assert!(
+            e.ends_with("field `faults[0].fault`: `loss` is for datagram (UDP) links, and link `mqtt` carries a byte stream; use swallow (or refuse) instead"),
+            "{e}"
+        );
+        let e = err(&fault("fault: blackhole, for: 1s"));
+        assert!(e.starts_with("s.yaml:5:"), "{e}");
+        assert!(e.contains("`blackhole` is for datagram (UDP) links"), "{e}");
+        let e = err(&fault("fault: swallow, loss: 0.3, for: 1s"));
+        assert!(
+            e.ends_with("field `faults[0].loss`: only `loss` takes it"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_loss_needs_a_fraction_and_a_blackhole_no_direction() {
+        assert!(super::fits_the_link(crate::proxy::Fault::Loss, true, "u").is_ok());
+        let spec = |loss| crate::proxy::FaultSpec::loss(crate::proxy::Direction::Both, loss);
+        assert!(spec(0.3).validate().is_ok());
+        assert!(spec(1.0).validate().is_ok());
+        for bad in [0.0, -0.1, 1.5, f64::NAN] {
+            let e = spec(bad).validate().unwrap_err();
+            assert!(
+                e.contains("needs a fraction above 0 and at most 1"),
+                "{bad}: {e}"
+            );
+        }
+        let e = crate::proxy::FaultSpec::new(
+            crate::proxy::Fault::Blackhole,
+            crate::proxy::Direction::Upstream,
+        )
+        .validate()
+        .unwrap_err();
+        assert!(e.contains("leave `direction` out"), "{e}");
     }
 }
