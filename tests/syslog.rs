@@ -115,6 +115,41 @@ fn the_tcp_half_open_drill_counts_what_was_sent_unconfirmed_apart_from_lost() {
     );
 }
 
+/// UDP through a datagram link: 30 % of the datagrams dropped for 10 s, then all of them for
+/// 5 s. Nothing answers on UDP: every missing record was sent (the OS took the datagram) and
+/// is counted apart — about 300 + 500 — and none was lost before sending.
+#[test]
+fn the_udp_drill_counts_the_dropped_datagrams_as_sent_unconfirmed() {
+    if !have_rsyslogd() {
+        return;
+    }
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scenarios/syslog-udp-loss.yaml"
+    );
+    let ran = run_drill(file, "syslog-udp-loss", &[]);
+    say("udp loss", &ran);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    let headline = r["headline"].as_str().unwrap();
+    assert!(
+        headline.starts_with("None lost before sending"),
+        "{headline}"
+    );
+    let unconfirmed = number(r, &["ledger", "sent_unconfirmed_missing"]);
+    assert!((650..=950).contains(&unconfirmed), "{:#}", r["ledger"]);
+    assert_eq!(number(r, &["ledger", "lost"]), 0);
+    assert_eq!(
+        number(r, &["ledger", "held"]),
+        number(r, &["ledger", "delivered"]) + unconfirmed
+    );
+    let datagrams = &r["link"]["datagrams"];
+    assert!(
+        datagrams["dropped_upstream"].as_u64().unwrap() >= unconfirmed,
+        "the link dropped at least what is missing: {datagrams}"
+    );
+}
+
 /// A refused link on each transport, and an engine that drops records older than 5 s (the
 /// mutant `expire-by-age`): the drill fails, and every dropped record is counted lost — on TCP
 /// as lost before sending, not among the unconfirmed. Only in test builds.
@@ -207,6 +242,16 @@ fn what_a_syslog_destination_cannot_honour_exits_2_located() {
             "poison",
             "destination: { kind: syslog }\nworkload: { rate: 10/s, duration: 5s, poison: [3] }\n",
             "poison",
+        ),
+        (
+            "hang-on-udp",
+            "destination: { kind: syslog, transport: udp }\nworkload: { rate: 10/s, duration: 5s }\nfaults:\n  - { at: 1s, link: syslog, fault: hang, for: 1s }\n",
+            "field `faults[0].fault`",
+        ),
+        (
+            "external-udp",
+            "destination: { kind: syslog, transport: udp, runtime: external, address: \"127.0.0.1:514\", read_back: { file: /tmp/x } }\n",
+            "not supported yet",
         ),
         (
             "transport-on-mqtt",

@@ -84,7 +84,12 @@ pub(super) async fn provision(
         Place::Local(Some(rsyslog.process)),
     );
     running.access.received_file = Some(rsyslog.received);
-    let link = Link::start(&name, any, running.addrs[0], p.links.clone()).await?;
+    let link = match syslog.transport {
+        Transport::Udp => Link::start_udp(&name, any, running.addrs[0], p.links.clone()).await?,
+        Transport::Relp | Transport::Tcp => {
+            Link::start(&name, any, running.addrs[0], p.links.clone()).await?
+        }
+    };
     Ok(Provisioned {
         links: vec![link],
         running,
