@@ -161,6 +161,20 @@ impl Journal {
         self.pending_marks.clear();
     }
 
+    /// at_most_once: the delivery marks of `attempts`, written before they go on the wire (a
+    /// SIGKILL after the send can then never send them again; the page cache keeps the marks).
+    /// A record whose send then fails stays open in memory and goes in a later session of this
+    /// run; only a crash in between loses it, as at_most_once allows. Replayed failed messages
+    /// are settled by their answer, as always.
+    pub(super) fn settle_before_sending(&mut self, attempts: &super::sink::Attempts) {
+        for (_, record) in attempts {
+            if !self.replayed.contains(&record.seq) {
+                self.pending_marks.push((record.segment, record.seq));
+            }
+        }
+        self.write_marks();
+    }
+
     pub(super) fn flush(&mut self) {
         self.write_marks();
         if let Err(e) = self.attempts.flush() {

@@ -23,6 +23,7 @@ use super::journal::{Journal, ToOutput};
 use super::output::Output;
 use super::sink::{Answers, Attempts, Connect, Open, Session, Sink, Tick};
 use super::stats::publish_stats;
+use crate::promise::Promise;
 
 #[cfg(feature = "mutants")]
 use super::mutant::{self, Mutant};
@@ -254,6 +255,12 @@ impl<S: Session> Connected<S> {
         task.out.next_attempts_into(Instant::now(), &mut self.sends);
         if self.sends.is_empty() {
             return Ok(());
+        }
+        if task.cfg.promise == Promise::AtMostOnce {
+            // at_most_once (a destination that cannot confirm): each record is marked settled
+            // before its bytes leave, so an engine killed right after a send never sends it
+            // again (DESIGN.md §5: at_most_once allows no copy).
+            task.journal.settle_before_sending(&self.sends);
         }
         let sent = self.session.send(&mut self.sends, &mut self.answers).await;
         self.sends.clear();

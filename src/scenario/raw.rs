@@ -85,7 +85,8 @@ pub(super) struct RawBuiltin {
     #[serde(default)]
     pub(super) order: Option<Order>,
     #[serde(default)]
-    pub(super) promise: Option<Promise>,
+    #[schemars(with = "Option<Promise>")]
+    pub(super) promise: Option<Spanned<Promise>>,
     #[serde(default)]
     pub(super) keepalive: Option<Dur>,
     #[serde(default)]

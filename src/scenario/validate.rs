@@ -125,7 +125,12 @@ fn system(
                 ),
             ));
         }
-        let at_builtin = raw.builtin.as_ref().map_or(*anchor, |b| b.referenced);
+        let at_builtin = raw.builtin.as_ref().map_or(*anchor, |b| {
+            b.value
+                .promise
+                .as_ref()
+                .map_or(b.referenced, |p| p.referenced)
+        });
         let settings = raw.builtin.map(|b| b.value).unwrap_or_default();
         let engine = builtin(settings, destination);
         within_bound(
@@ -207,7 +212,7 @@ fn builtin(raw: RawBuiltin, destination: &Spec) -> EngineSpec {
         order: raw.order.unwrap_or_default(),
         promise: raw
             .promise
-            .unwrap_or_else(|| destination.imp.builtin_promise()),
+            .map_or_else(|| destination.imp.builtin_promise(), |p| p.value),
         keepalive: raw.keepalive.map_or(Duration::from_secs(2), |d| d.0),
         answer_timeout: raw.answer_timeout.map_or(Duration::from_secs(3), |d| d.0),
         window: raw.window.unwrap_or(64).max(1),

@@ -48,46 +48,80 @@ pub fn key_of(message: &str) -> Option<String> {
     sd_param(message, SD_ID, SD_PARAM)
 }
 
-/// The value of parameter `param` in the first SD element `id` of a message, unescaped (RFC
-/// 5424 §6.3.3); `None` when there is none. Only that element's own parameters are read: a
-/// `param="…"` in another element or in the message text is not it.
+/// The value of parameter `param` in the first SD element `id` of an RFC 5424 message,
+/// unescaped (§6.3.3: a backslash escapes `"`, `\` and `]`, and stays before anything else);
+/// `None` when there is none. Only the STRUCTURED-DATA part is read: a `[id param="…"]` in the
+/// message text, or inside another element's value, is not it.
 pub fn sd_param(message: &str, id: &str, param: &str) -> Option<String> {
-    let opening = format!("[{id} ");
-    let start = message.find(&opening)? + opening.len();
-    let mut chars = message[start..].chars().peekable();
-    loop {
-        // PARAM-NAME "=" %d34 PARAM-VALUE %d34, separated by spaces, until `]`.
-        while chars.peek() == Some(&' ') {
-            chars.next();
-        }
-        let mut name = String::new();
-        for c in chars.by_ref() {
-            if c == '=' {
+    let mut chars = structured_data(message)?.chars().peekable();
+    while chars.peek() == Some(&'[') {
+        chars.next();
+        let mut sd_id = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == ' ' || c == ']' {
                 break;
             }
-            if c == ']' {
-                return None;
-            }
-            name.push(c);
+            sd_id.push(c);
+            chars.next();
         }
-        if chars.next()? != '"' {
-            return None;
-        }
-        let mut value = String::new();
+        // SD-PARAMs (` NAME="VALUE"`) until the element's `]`.
         loop {
             match chars.next()? {
-                '\\' => value.push(chars.next()?),
-                '"' => break,
-                c => value.push(c),
+                ']' => break,
+                ' ' => {}
+                first => {
+                    let mut name = String::from(first);
+                    loop {
+                        match chars.next()? {
+                            '=' => break,
+                            c => name.push(c),
+                        }
+                    }
+                    if chars.next()? != '"' {
+                        return None;
+                    }
+                    let mut value = String::new();
+                    loop {
+                        match chars.next()? {
+                            '\\' => match chars.next()? {
+                                c @ ('"' | '\\' | ']') => value.push(c),
+                                c => {
+                                    value.push('\\');
+                                    value.push(c);
+                                }
+                            },
+                            '"' => break,
+                            c => value.push(c),
+                        }
+                    }
+                    if sd_id == id && name == param {
+                        return Some(value);
+                    }
+                }
             }
         }
-        if name == param {
-            return Some(value);
-        }
-        if chars.peek() == Some(&']') {
-            return None;
-        }
     }
+    None
+}
+
+/// The STRUCTURED-DATA of an RFC 5424 message and what follows it: after `<PRI>` come VERSION
+/// and five header fields (TIMESTAMP HOSTNAME APP-NAME PROCID MSGID), one space after each.
+/// `None` for what is not RFC 5424 (an RFC 3164 line has no structured data).
+fn structured_data(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix('<')?;
+    let close = rest.find('>')?;
+    if !(1..=3).contains(&close) || !rest[..close].bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut rest = &rest[close + 1..];
+    let version = &rest[..rest.find(' ')?];
+    if version.is_empty() || !version.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    for _ in 0..6 {
+        rest = &rest[rest.find(' ')? + 1..];
+    }
+    Some(rest)
 }
 
 #[cfg(test)]
@@ -130,6 +164,18 @@ mod tests {
         assert_eq!(sd_param(m, "origin", "ip").as_deref(), Some("1"));
         assert_eq!(sd_param(m, "origin", "wk"), None);
         assert_eq!(sd_param(m, "meta@1", "key"), None);
+        // A backslash before anything but `"`, `\` and `]` stays.
+        let m = r#"<13>1 - h app - - [drill key="a\b\]"] x"#;
+        assert_eq!(key_of(m).as_deref(), Some("a\\b]"));
+        // Only the structured data is read: not the message text, not another element's value.
+        assert_eq!(key_of(r#"<13>1 - h app - - - [drill key="text"]"#), None);
+        let m = r#"<13>1 - h app - - [x v="[drill key=\"no\"]"][drill key="yes"] m"#;
+        assert_eq!(key_of(m).as_deref(), Some("yes"));
+        // Not RFC 5424 at all.
+        assert_eq!(
+            key_of(r#"<13>Dec  3 06:00:00 h app: [drill key="no"]"#),
+            None
+        );
     }
 
     #[test]

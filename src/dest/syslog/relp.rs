@@ -222,19 +222,28 @@ impl Session {
         self.command("syslog", message.as_bytes().to_vec()).await
     }
 
-    /// The server's next frame: an answer, or its closing.
+    /// A frame already read and whole, without waiting for more bytes (`None`: there is none).
+    pub fn buffered_reply(&mut self) -> Result<Option<Reply>, SessionError> {
+        let Some(frame) = decode(&mut self.buf)? else {
+            return Ok(None);
+        };
+        match frame.command.as_str() {
+            "rsp" if frame.data.is_empty() => Ok(Some(Reply::EmptyRsp { txnr: frame.txnr })),
+            "rsp" => Ok(Some(Reply::Rsp {
+                txnr: frame.txnr,
+                answer: Answer::of(&frame.data)?,
+            })),
+            "serverclose" => Ok(Some(Reply::ServerClose)),
+            other => Err(SessionError::Unexpected(other.to_string())),
+        }
+    }
+
+    /// The server's next frame: an answer, or its closing. Cancel-safe: bytes read are kept
+    /// in the session's buffer until a whole frame is there.
     pub async fn reply(&mut self) -> Result<Reply, SessionError> {
         loop {
-            if let Some(frame) = decode(&mut self.buf)? {
-                return match frame.command.as_str() {
-                    "rsp" if frame.data.is_empty() => Ok(Reply::EmptyRsp { txnr: frame.txnr }),
-                    "rsp" => Ok(Reply::Rsp {
-                        txnr: frame.txnr,
-                        answer: Answer::of(&frame.data)?,
-                    }),
-                    "serverclose" => Ok(Reply::ServerClose),
-                    other => Err(SessionError::Unexpected(other.to_string())),
-                };
+            if let Some(reply) = self.buffered_reply()? {
+                return Ok(reply);
             }
             let mut chunk = [0u8; 4096];
             let n = self.stream.read(&mut chunk).await?;

@@ -89,9 +89,12 @@ impl Sink for SyslogSink {
                 Link::Tcp(stream)
             }
             Transport::Udp => {
-                let socket = UdpSocket::bind(("127.0.0.1", 0))
-                    .await
-                    .map_err(|e| e.to_string())?;
+                // Any local address of the destination's family (a remote receiver, IPv6).
+                let local: std::net::SocketAddr = match cfg.address {
+                    std::net::SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+                    std::net::SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+                };
+                let socket = UdpSocket::bind(local).await.map_err(|e| e.to_string())?;
                 socket
                     .connect(cfg.address)
                     .await
@@ -119,7 +122,7 @@ async fn open_relp(to: &Connect<'_>) -> Result<relp::Session, String> {
         session.offer().await.map_err(|e| e.to_string())?;
         return Ok(session);
     }
-    let mut session = relp::Session::open(addr, limit)
+    let session = relp::Session::open(addr, limit)
         .await
         .map_err(|e| e.to_string())?;
     #[cfg(feature = "mutants")]
@@ -128,8 +131,10 @@ async fn open_relp(to: &Connect<'_>) -> Result<relp::Session, String> {
     {
         // MUTANT: the probe writes data: the oldest waiting record, without its write key,
         // its answer not awaited (DESIGN.md §1.5).
+        let mut session = session;
         let message = rfc5424("-", HOST, None, &record.data);
         session.syslog(&message).await.map_err(|e| e.to_string())?;
+        return Ok(session);
     }
     Ok(session)
 }
@@ -198,17 +203,23 @@ impl Session for SyslogSession {
     async fn answers(&mut self, into: &mut Answers) -> Result<(), String> {
         match &mut self.link {
             Link::Relp { session, open } => {
-                let reply = session.reply().await.map_err(|e| e.to_string())?;
-                match reply {
-                    Reply::Rsp { txnr, answer } => {
-                        if let Some(tag) = open.remove(&txnr) {
-                            into.push((tag, relp_answer(answer)));
+                // The next reply, then every one already read (one batch: one write of marks).
+                let mut reply = Some(session.reply().await.map_err(|e| e.to_string())?);
+                while let Some(r) = reply {
+                    match r {
+                        Reply::Rsp { txnr, answer } => {
+                            if let Some(tag) = open.remove(&txnr) {
+                                into.push((tag, relp_answer(answer)));
+                            }
                         }
-                        Ok(())
+                        Reply::EmptyRsp { .. } => {}
+                        Reply::ServerClose => {
+                            return Err("the server closed the RELP session".to_string());
+                        }
                     }
-                    Reply::EmptyRsp { .. } => Ok(()),
-                    Reply::ServerClose => Err("the server closed the RELP session".to_string()),
+                    reply = session.buffered_reply().map_err(|e| e.to_string())?;
                 }
+                Ok(())
             }
             Link::Tcp(stream) => {
                 // A syslog receiver sends nothing; what it does send is read and dropped, so
