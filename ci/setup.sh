@@ -67,45 +67,41 @@ if ! command -v mdbook >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/mdbook" ]; th
   cargo install mdbook --version '^0.5' --locked -q
 fi
 
+# Unpacks Debian packages into a folder of their own (apt-get download + dpkg-deb -x), never
+# installing them or starting a daemon; the shared libraries they link come from apt (libraries
+# only, no service):  unpack ROOT "PACKAGES" "LIBRARIES"
+unpack() {
+  local root=$1 packages=$2 libraries=$3 sudo_cmd="" debs deb
+  echo "ci/setup.sh: unpacking $packages (Debian) into $root"
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+  $sudo_cmd apt-get update -qq
+  # shellcheck disable=SC2086  # word lists on purpose
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    $libraries >/dev/null
+  debs="$(mktemp -d)"
+  # shellcheck disable=SC2086
+  (cd "$debs" && apt-get download -qq $packages 2>/dev/null)
+  mkdir -p "$root"
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$root"; done
+  rm -rf "$debs"
+}
+
 # rsyslog (the syslog destination's receiving side, src/dest/syslog/): Debian's rsyslog and
-# rsyslog-relp unpacked into ~/.cache/drill/rsyslog (apt-get download + dpkg-deb -x), so no
-# syslog daemon is installed or started and the machine's logging is left alone; the libraries
-# they link come from apt (libraries only, no service).
+# rsyslog-relp unpacked into ~/.cache/drill/rsyslog, so the machine's logging is left alone.
 rsyslog_root="$HOME/.cache/drill/rsyslog"
 if ! command -v rsyslogd >/dev/null 2>&1 && [ ! -x /usr/sbin/rsyslogd ] \
   && [ ! -f "$rsyslog_root/usr/lib/x86_64-linux-gnu/rsyslog/imrelp.so" ] \
   && [ ! -f "$rsyslog_root/usr/lib/aarch64-linux-gnu/rsyslog/imrelp.so" ]; then
-  echo "ci/setup.sh: unpacking rsyslog and rsyslog-relp (Debian) into $rsyslog_root"
-  sudo_cmd=""
-  if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
-    libestr0 libfastjson4 liblognorm5 librelp0 >/dev/null
-  debs="$(mktemp -d)"
-  (cd "$debs" && apt-get download -qq rsyslog rsyslog-relp 2>/dev/null)
-  mkdir -p "$rsyslog_root"
-  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$rsyslog_root"; done
-  rm -rf "$debs"
+  unpack "$rsyslog_root" "rsyslog rsyslog-relp" "libestr0 libfastjson4 liblognorm5 librelp0"
 fi
 
 # syslog-ng (a log shipper drilled as a user's engine, scenarios/examples/syslog-ng-disk-buffer.yaml):
-# Debian's syslog-ng-core conflicts with rsyslog as a package, so it is unpacked into
-# ~/.cache/drill/syslog-ng (apt-get download + dpkg-deb -x) and never installed or started as a
-# daemon; the libraries it links come from apt (libraries only).
+# Debian's syslog-ng-core conflicts with rsyslog as a package, so it is unpacked too.
 syslogng_root="$HOME/.cache/drill/syslog-ng"
 if ! command -v syslog-ng >/dev/null 2>&1 && [ ! -x /usr/sbin/syslog-ng ] \
   && [ ! -f "$syslogng_root/usr/lib/syslog-ng/3.38/libdisk-buffer.so" ]; then
-  echo "ci/setup.sh: unpacking syslog-ng-core (Debian) into $syslogng_root"
-  sudo_cmd=""
-  if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
-    libcap2 libglib2.0-0 libivykis0 libjson-c5 libnet1 libpcre3 libssl3 libsystemd0 libwrap0 >/dev/null
-  debs="$(mktemp -d)"
-  (cd "$debs" && apt-get download -qq syslog-ng-core 2>/dev/null)
-  mkdir -p "$syslogng_root"
-  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$syslogng_root"; done
-  rm -rf "$debs"
+  unpack "$syslogng_root" "syslog-ng-core" \
+    "libcap2 libglib2.0-0 libivykis0 libjson-c5 libnet1 libpcre3 libssl3 libsystemd0 libwrap0"
 fi
 
 echo "ci/setup.sh: mosquitto: $( (mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null || true) | head -n1)"

@@ -622,13 +622,7 @@ async fn drill_proxy_makes_udp_links_and_its_api_applies_datagram_faults() {
     );
     c.send(b"lost").unwrap();
     let dropped = move || async move {
-        let links: serde_json::Value = reqwest::get(format!("http://{api}/links"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        links[0]["datagrams"]["dropped_upstream"].as_u64()
+        common::link_status(api).await["datagrams"]["dropped_upstream"].as_u64()
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while dropped().await != Some(1) {

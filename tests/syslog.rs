@@ -19,6 +19,18 @@ fn number(r: &serde_json::Value, path: &[&str]) -> u64 {
         .unwrap_or_else(|| panic!("{} is not a number: {r:#}", path.join(".")))
 }
 
+/// Runs the catalogue's `scenarios/NAME.yaml` with the built-in engine, says what it found, and
+/// asserts the drill passed (exit 0) and proved something (no inconclusive reason).
+fn catalogue_drill_passes(name: &str) -> Ran {
+    let file = format!("{}/scenarios/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    let ran = run_drill(&file, name, &[]);
+    say(name, &ran);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    assert_eq!(r["inconclusive"], serde_json::json!([]), "{r:#}");
+    ran
+}
+
 fn say(what: &str, ran: &Ran) {
     let r = &ran.report;
     println!(
@@ -38,14 +50,8 @@ fn the_relp_half_open_drill_passes_with_its_copies_within_the_promise() {
     if !have_rsyslogd() {
         return;
     }
-    let file = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/scenarios/syslog-relp-half-open.yaml"
-    );
-    let ran = run_drill(file, "syslog-relp-half-open", &[]);
-    say("relp half-open", &ran);
-    let (o, r) = (&ran.output, &ran.report);
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    let ran = catalogue_drill_passes("syslog-relp-half-open");
+    let r = &ran.report;
     assert_eq!(number(r, &["ledger", "lost"]), 0);
     assert_eq!(number(r, &["ledger", "duplicates_beyond_promise"]), 0);
     assert_eq!(r["closes"], true);
@@ -77,14 +83,8 @@ fn the_tcp_half_open_drill_counts_what_was_sent_unconfirmed_apart_from_lost() {
     if !have_rsyslogd() {
         return;
     }
-    let file = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/scenarios/syslog-tcp-half-open.yaml"
-    );
-    let ran = run_drill(file, "syslog-tcp-half-open", &[]);
-    say("tcp half-open", &ran);
-    let (o, r) = (&ran.output, &ran.report);
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    let ran = catalogue_drill_passes("syslog-tcp-half-open");
+    let r = &ran.report;
     let headline = r["headline"].as_str().unwrap();
     assert!(
         headline.starts_with("None lost before sending"),
@@ -123,14 +123,8 @@ fn the_udp_drill_counts_the_dropped_datagrams_as_sent_unconfirmed() {
     if !have_rsyslogd() {
         return;
     }
-    let file = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/scenarios/syslog-udp-loss.yaml"
-    );
-    let ran = run_drill(file, "syslog-udp-loss", &[]);
-    say("udp loss", &ran);
-    let (o, r) = (&ran.output, &ran.report);
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    let ran = catalogue_drill_passes("syslog-udp-loss");
+    let r = &ran.report;
     let headline = r["headline"].as_str().unwrap();
     assert!(
         headline.starts_with("None lost before sending"),
@@ -159,17 +153,10 @@ fn an_engine_killed_while_it_sends_over_tcp_sends_nothing_twice() {
     if !have_rsyslogd() {
         return;
     }
-    let file = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/scenarios/syslog-tcp-kill.yaml"
-    );
-    let ran = run_drill(file, "syslog-tcp-kill", &[]);
-    say("tcp kill", &ran);
-    let (o, r) = (&ran.output, &ran.report);
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    let ran = catalogue_drill_passes("syslog-tcp-kill");
+    let r = &ran.report;
     assert_eq!(number(r, &["ledger", "duplicates"]), 0, "{:#}", r["ledger"]);
     assert_eq!(number(r, &["ledger", "lost"]), 0);
-    assert_eq!(r["inconclusive"], serde_json::json!([]));
 }
 
 /// A refused link on each transport, and an engine that drops records older than 5 s (the

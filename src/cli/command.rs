@@ -429,28 +429,28 @@ async fn failed(what: FailedAction) -> u8 {
     PASS
 }
 
-async fn proxy(
-    specs: Vec<(String, bool)>,
-    api: SocketAddr,
-    token: Option<String>,
-    cancel: CancellationToken,
-) -> u8 {
-    let proxy = Proxy::new(cancel.clone());
-    for (spec, kafka_aware) in &specs {
-        let datagrams = !kafka_aware
-            && spec
-                .split_once('=')
-                .is_some_and(|(_, addrs)| addrs.starts_with("udp:"));
-        let parsed = spec.split_once('=').and_then(|(name, addrs)| {
-            let addrs = addrs.strip_prefix("udp:").unwrap_or(addrs);
-            let (listen, upstream) = addrs.split_once(',')?;
-            Some((
-                name.to_string(),
-                listen.parse::<SocketAddr>().ok()?,
-                upstream.parse::<SocketAddr>().ok()?,
-            ))
-        });
-        let Some((name, listen, upstream)) = parsed else {
+/// One `--link` / `--kafka-link` value: `NAME=LISTEN,UPSTREAM`, or `NAME=udp:LISTEN,UPSTREAM`
+/// for a datagram link. `(name, datagrams, listen, upstream)`.
+fn link_spec(spec: &str) -> Option<(String, bool, SocketAddr, SocketAddr)> {
+    let (name, addrs) = spec.split_once('=')?;
+    let (datagrams, addrs) = match addrs.strip_prefix("udp:") {
+        Some(rest) => (true, rest),
+        None => (false, addrs),
+    };
+    let (listen, upstream) = addrs.split_once(',')?;
+    Some((
+        name.to_string(),
+        datagrams,
+        listen.parse().ok()?,
+        upstream.parse().ok()?,
+    ))
+}
+
+/// Starts every link the command line names, saying where each listens; `Err` is the exit code.
+async fn start_links(proxy: &Proxy, specs: &[(String, bool)]) -> Result<(), u8> {
+    for (spec, kafka_aware) in specs {
+        let parsed = link_spec(spec).filter(|(_, datagrams, ..)| !(*kafka_aware && *datagrams));
+        let Some((name, datagrams, listen, upstream)) = parsed else {
             eprintln!(
                 "drill proxy: --{}link {spec}: expected NAME=LISTEN_ADDR,UPSTREAM_ADDR, e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883{}",
                 if *kafka_aware { "kafka-" } else { "" },
@@ -460,7 +460,7 @@ async fn proxy(
                     " (NAME=udp:LISTEN_ADDR,UPSTREAM_ADDR for UDP)"
                 }
             );
-            return INVALID;
+            return Err(INVALID);
         };
         let started = if *kafka_aware {
             proxy.start_kafka_link(&name, listen, upstream).await
@@ -477,9 +477,22 @@ async fn proxy(
             ),
             Err(e) => {
                 eprintln!("drill proxy: {e}");
-                return INFRASTRUCTURE;
+                return Err(INFRASTRUCTURE);
             }
         }
+    }
+    Ok(())
+}
+
+async fn proxy(
+    specs: Vec<(String, bool)>,
+    api: SocketAddr,
+    token: Option<String>,
+    cancel: CancellationToken,
+) -> u8 {
+    let proxy = Proxy::new(cancel.clone());
+    if let Err(code) = start_links(&proxy, &specs).await {
+        return code;
     }
     // The control plane gets its own thread and runtime: data flow on this one can never
     // delay a fault being applied or healed.

@@ -293,6 +293,21 @@ pub fn is(m: Mutant) -> bool {
     active() == Some(m)
 }
 
+/// What a session's tick does under the mutants that break it, for every sink that has a
+/// keepalive or an answer timeout: `no-keepalive` (nothing is probed or timed out: only a
+/// transport error ends the session) and `local-connected-flag` (the flag says connected, so
+/// an attempt unanswered for the answer timeout is a refusal, DESIGN.md §1.2). `None`: no such
+/// mutant runs, the sink ticks as it should.
+pub fn session_tick(answer_timeout: std::time::Duration) -> Option<super::sink::Tick> {
+    match active() {
+        Some(Mutant::NoKeepalive) => Some(super::sink::Tick::Fine),
+        Some(Mutant::LocalConnectedFlag) => {
+            Some(super::sink::Tick::RefuseUnanswered(answer_timeout))
+        }
+        _ => None,
+    }
+}
+
 /// At start: refuses an unknown name, and says which mutant runs.
 pub(super) fn announce() -> Result<(), EngineError> {
     let chosen = from_env().map_err(EngineError::Mutant)?;

@@ -191,15 +191,9 @@ impl Session for MqttSession {
 
     async fn tick(&mut self, now: Instant, open: Open) -> Tick {
         #[cfg(feature = "mutants")]
-        if mutant::is(Mutant::NoKeepalive) {
-            // MUTANT: no PINGREQ, no answer timeout: only a TCP error ends this session.
-            return Tick::Fine;
-        }
-        #[cfg(feature = "mutants")]
-        if mutant::is(Mutant::LocalConnectedFlag) {
-            // MUTANT: the flag says connected, so nothing is probed, and an attempt
-            // unanswered for the answer timeout is a refusal (DESIGN.md §1.2).
-            return Tick::RefuseUnanswered(self.answer_timeout);
+        if let Some(tick) = mutant::session_tick(self.answer_timeout) {
+            // MUTANT `no-keepalive` or `local-connected-flag` (see `mutant::session_tick`).
+            return tick;
         }
         let limit = self.answer_timeout;
         if let Some(sent) = self.ping_out {

@@ -244,15 +244,9 @@ impl Session for SyslogSession {
 
     async fn tick(&mut self, _now: Instant, open: Open) -> Tick {
         #[cfg(feature = "mutants")]
-        if mutant::is(Mutant::NoKeepalive) {
-            // MUTANT: no answer timeout: only a TCP error ends this session.
-            return Tick::Fine;
-        }
-        #[cfg(feature = "mutants")]
-        if mutant::is(Mutant::LocalConnectedFlag) {
-            // MUTANT: the flag says connected, so an attempt unanswered for the answer timeout
-            // is a refusal (DESIGN.md §1.2).
-            return Tick::RefuseUnanswered(self.answer_timeout);
+        if let Some(tick) = mutant::session_tick(self.answer_timeout) {
+            // MUTANT `no-keepalive` or `local-connected-flag` (see `mutant::session_tick`).
+            return tick;
         }
         // RELP has no keepalive command: an attempt unanswered past the answer timeout ends
         // the session, and its open attempts end `possibly_sent`.
