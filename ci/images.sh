@@ -4,8 +4,9 @@
 #   drill-local/mosquitto   mosquitto and its shared libraries
 #   drill-local/nats        nats-server (a static binary)
 #   drill-local/kafka       tansu (the Kafka-protocol broker) and its shared libraries
+#   drill-local/rsyslog     rsyslogd, its modules (imrelp among them) and their libraries
 # Each is a minimal root filesystem imported with `docker import`. Users' machines pull the
-# official images instead (eclipse-mosquitto, nats, apache/kafka).
+# official images instead (eclipse-mosquitto, nats, apache/kafka, rsyslog/rsyslog).
 # Idempotent: an image that exists is kept (pass --force to rebuild). Needs ci/setup.sh first.
 set -euo pipefail
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -46,6 +47,8 @@ real_binary() {
   exit 1
 }
 
+# build TAG ENTRYPOINT [SOURCE DEST]...: each SOURCE (a binary or a module) with its shared
+# libraries, at DEST.
 build() {
   local tag=$1 entry=$2
   shift 2
@@ -71,3 +74,25 @@ build() {
 build drill-local/mosquitto '["/usr/sbin/mosquitto"]' "$(real_binary mosquitto)" /usr/sbin/mosquitto
 build drill-local/nats '["/nats-server"]' "$(real_binary nats-server)" /nats-server
 build drill-local/kafka '["/usr/local/bin/tansu"]' "$(real_binary tansu)" /usr/local/bin/tansu
+
+# rsyslog: Debian's, as ci/setup.sh unpacked it (or the machine's own). Its modules go where
+# Debian's build looks for them (/usr/lib/<triplet>/rsyslog), each with its libraries.
+rsyslogd=""
+for candidate in /usr/sbin/rsyslogd "$HOME/.cache/drill/rsyslog/usr/sbin/rsyslogd"; do
+  if [ -x "$candidate" ]; then rsyslogd=$candidate; break; fi
+done
+if [ -z "$rsyslogd" ]; then
+  echo "ci/images.sh: no rsyslogd found (run ci/setup.sh first)" >&2
+  exit 1
+fi
+rsyslog_modules=()
+for module in "$(dirname "$(dirname "$rsyslogd")")"/lib/*/rsyslog/*.so; do
+  [ -f "$module" ] || continue
+  triplet=$(basename "$(dirname "$(dirname "$module")")")
+  rsyslog_modules+=("$module" "/usr/lib/$triplet/rsyslog/$(basename "$module")")
+done
+if [ ${#rsyslog_modules[@]} -eq 0 ]; then
+  echo "ci/images.sh: no rsyslog modules next to $rsyslogd" >&2
+  exit 1
+fi
+build drill-local/rsyslog '["/usr/sbin/rsyslogd"]' "$rsyslogd" /usr/sbin/rsyslogd "${rsyslog_modules[@]}"

@@ -116,8 +116,8 @@ pub struct ContainerBroker {
     id: Option<String>,
     docker: Docker,
     ready: Ready,
-    /// The port it listens on inside the container.
-    port: u16,
+    /// The port it listens on inside the container, as Docker names it (`1883/tcp`).
+    binding: String,
     /// Where it listens on this machine (127.0.0.1 and the published port).
     pub addr: SocketAddr,
     pub image: String,
@@ -178,7 +178,7 @@ impl ContainerBroker {
             .start_container(&id, None)
             .await
             .map_err(|e| fail(e.to_string()))?;
-        self.addr = published(&self.docker, &id, self.port)
+        self.addr = published(&self.docker, &id, &self.binding)
             .await
             .map_err(|e| fail(format!("{e} after the restart")))?;
         wait_answers(self.ready, self.addr)
@@ -237,16 +237,15 @@ impl Drop for ContainerBroker {
 }
 
 /// The host address Docker published the container's `port` on (127.0.0.1 only).
-async fn published(docker: &Docker, id: &str, port: u16) -> Result<SocketAddr, String> {
+async fn published(docker: &Docker, id: &str, key: &str) -> Result<SocketAddr, String> {
     let inspect = docker
         .inspect_container(id, None)
         .await
         .map_err(|e| e.to_string())?;
-    let key = format!("{port}/tcp");
     let host_port = inspect
         .network_settings
         .and_then(|n| n.ports)
-        .and_then(|p| p.get(&key).cloned().flatten())
+        .and_then(|p| p.get(key).cloned().flatten())
         .and_then(|b| b.into_iter().find_map(|b| b.host_port))
         .and_then(|p| p.parse::<u16>().ok())
         .ok_or_else(|| format!("no published port for {key}"))?;
@@ -303,6 +302,7 @@ fn tar_of(files: &[(String, Vec<u8>)]) -> Result<Vec<u8>, String> {
 }
 
 /// How a broker binary is started inside the container: said by its destination kind.
+#[derive(Default)]
 pub struct Launch {
     pub entrypoint: String,
     pub args: Vec<String>,
@@ -314,6 +314,23 @@ pub struct Launch {
     /// Publish it on this host port (a broker that advertises its own address must know it in
     /// advance); `None`: a port Docker picks.
     pub host_port: Option<u16>,
+    /// The port is a UDP one (a datagram receiver); else TCP.
+    pub udp: bool,
+    /// Folders of this machine bound into the container: host path → container path (a
+    /// receiver that writes what it received where drill's reader follows it). Needs the
+    /// Docker engine on this machine.
+    pub mounts: Vec<(std::path::PathBuf, String)>,
+    /// Run as this `uid:gid` (files it writes in a mount belong to drill's user); `None`: the
+    /// image's user.
+    pub user: Option<String>,
+}
+
+impl Launch {
+    /// The port as Docker names it: `1883/tcp`, `5140/udp`.
+    fn binding(&self) -> String {
+        let protocol = if self.udp { "udp" } else { "tcp" };
+        format!("{}/{protocol}", self.port)
+    }
 }
 
 /// Whether the broker at an address answers its own protocol (an MQTT CONNECT, a JetStream
@@ -343,13 +360,19 @@ pub struct Placement {
 /// What Docker is asked to create: the image with the plan's entrypoint, arguments and
 /// environment, drill's labels, and its one port published on 127.0.0.1 only.
 fn create_body(image: &str, plan: &Launch, run: &str) -> ContainerCreateBody {
-    let binding = format!("{}/tcp", plan.port);
+    let binding = plan.binding();
     let host_port = plan.host_port.map(|p| p.to_string()).unwrap_or_default();
+    let binds: Vec<String> = plan
+        .mounts
+        .iter()
+        .map(|(host, inside)| format!("{}:{inside}", host.display()))
+        .collect();
     ContainerCreateBody {
         image: Some(image.to_string()),
         entrypoint: Some(vec![plan.entrypoint.clone()]),
         cmd: Some(plan.args.clone()),
         env: Some(plan.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        user: plan.user.clone(),
         labels: Some(
             [(LABEL, "1"), ("drill.run", run)]
                 .into_iter()
@@ -358,6 +381,7 @@ fn create_body(image: &str, plan: &Launch, run: &str) -> ContainerCreateBody {
         ),
         exposed_ports: Some(vec![binding.clone()]),
         host_config: Some(HostConfig {
+            binds: (!binds.is_empty()).then_some(binds),
             // Published on loopback only, on a port the engine picks (or the one asked for).
             publish_all_ports: Some(false),
             port_bindings: Some(
@@ -406,7 +430,7 @@ pub async fn start(
         id: Some(id.clone()),
         docker,
         ready,
-        port: plan.port,
+        binding: plan.binding(),
         addr: ([127, 0, 0, 1], 0).into(),
         image: image.clone(),
         image_id,
@@ -429,7 +453,7 @@ pub async fn start(
             .start_container(&id, None)
             .await
             .map_err(|e| e.to_string())?;
-        let addr = published(&broker.docker, &id, plan.port).await?;
+        let addr = published(&broker.docker, &id, &plan.binding()).await?;
         // The published port accepts connections before the broker does (Docker's proxy
         // answers for it): wait for the protocol's own answer.
         wait_answers(ready, addr)

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::run::{Ran, drill, run_drill, run_drill_with, scenario, show};
+use common::run::{Ran, drill, have_local_image, run_drill, run_drill_with, scenario, show};
 
 #[test]
 fn a_misspelled_field_exits_2_naming_file_line_column_and_field_and_starts_nothing() {
@@ -240,21 +240,8 @@ fn local_images() -> Option<Vec<(&'static str, &'static str)>> {
         ("DRILL_IMAGE_NATS", "drill-local/nats"),
         ("DRILL_IMAGE_KAFKA", "drill-local/kafka"),
     ];
-    for (_, image) in images {
-        let there = Command::new("docker")
-            .args(["image", "inspect", image])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if !there {
-            // CI has Docker and builds the images: there a missing one fails, never skips.
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI=true and {image} is missing: ci/images.sh builds it (needs a Docker engine)"
-            );
-            println!("skipped: no Docker engine, or {image} is not built (ci/images.sh)");
-            return None;
-        }
+    if !images.iter().all(|(_, image)| have_local_image(image)) {
+        return None;
     }
     Some(images.to_vec())
 }

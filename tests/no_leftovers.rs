@@ -1,6 +1,8 @@
 //! No child process outlives drill: not after Ctrl-C (SIGINT), not even after SIGKILL; and no
 //! container outlives a drill run in the container runtime after Ctrl-C.
 
+mod common;
+
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -148,19 +150,7 @@ fn even_a_sigkilled_drill_leaves_no_child_behind() {
 /// Whether `drill-local/mosquitto` (ci/images.sh) is there; under CI=true its absence fails
 /// the test instead of skipping it.
 fn have_local_mosquitto_image() -> bool {
-    let have_image = Command::new("docker")
-        .args(["image", "inspect", "drill-local/mosquitto"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !have_image {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI=true and drill-local/mosquitto is missing: ci/images.sh builds it (needs Docker)"
-        );
-        println!("skipped: no Docker engine, or drill-local/mosquitto is not built (ci/images.sh)");
-    }
-    have_image
+    common::run::have_local_image("drill-local/mosquitto")
 }
 
 #[test]

@@ -8,16 +8,21 @@ use std::time::Duration;
 /// How long reaching an external broker may take before the drill gives up.
 pub(crate) const REACH: Duration = Duration::from_secs(5);
 
-/// Resolves `address` (`host:port`, from `field`) and opens a TCP connection to it.
-pub async fn reach(address: &str, field: &str) -> Result<SocketAddr, String> {
-    let resolved = tokio::time::timeout(REACH, tokio::net::lookup_host(address))
+/// Resolves `address` (`host:port`, from `field`).
+pub async fn resolve(address: &str, field: &str) -> Result<SocketAddr, String> {
+    tokio::time::timeout(REACH, tokio::net::lookup_host(address))
         .await
         .ok()
         .and_then(Result::ok)
         .and_then(|mut a| a.next())
         .ok_or_else(|| {
             format!("cannot resolve the external broker `{address}` ({field}); check the name")
-        })?;
+        })
+}
+
+/// Resolves `address` (`host:port`, from `field`) and opens a TCP connection to it.
+pub async fn reach(address: &str, field: &str) -> Result<SocketAddr, String> {
+    let resolved = resolve(address, field).await?;
     match tokio::time::timeout(REACH, tokio::net::TcpStream::connect(resolved)).await {
         Ok(Ok(_)) => Ok(resolved),
         Ok(Err(e)) => Err(format!(
@@ -53,6 +58,24 @@ pub(crate) async fn reach_all(
     spec: &super::Spec,
     ext: &super::External,
 ) -> Result<Reached, super::DestError> {
+    reach_all_by(spec, ext, Reach::Connect).await
+}
+
+/// How drill checks an external receiver is there before the drill.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// A TCP connection opens.
+    Connect,
+    /// Only its name resolves: a datagram receiver answers nothing, so nothing more can be
+    /// checked (the read-back is the only proof it is there).
+    Resolve,
+}
+
+async fn reach_all_by(
+    spec: &super::Spec,
+    ext: &super::External,
+    how: Reach,
+) -> Result<Reached, super::DestError> {
     let field = spec.kind.entry().external_field.0;
     let secrets = ext.credentials.read().map_err(super::DestError::External)?;
     let mut servers = Vec::new();
@@ -62,11 +85,11 @@ pub(crate) async fn reach_all(
         } else {
             format!("destination.{field}")
         };
-        servers.push(
-            reach(address, &at)
-                .await
-                .map_err(super::DestError::External)?,
-        );
+        let server = match how {
+            Reach::Connect => reach(address, &at).await,
+            Reach::Resolve => resolve(address, &at).await,
+        };
+        servers.push(server.map_err(super::DestError::External)?);
     }
     Ok(Reached {
         servers,
@@ -111,23 +134,29 @@ pub(crate) fn running(
 
 /// The user's brokers reached and one link put in front of the first: what a kind with one
 /// link (MQTT, syslog) provisions for `runtime: external`. `access` says how the reader reaches
-/// the destination beyond its address (a syslog receiver's file).
+/// the destination beyond its address (a syslog receiver's file). `how`: a stream link to a
+/// receiver a connection reaches (`Connect`), or a datagram link to one that answers nothing
+/// (`Resolve`: a UDP syslog receiver).
 pub(crate) async fn provision_one_link(
     dest: std::sync::Arc<dyn super::Destination>,
     p: &super::Provision<'_>,
     ext: &super::External,
     access: crate::verify::Access,
+    how: Reach,
 ) -> Result<super::Provisioned, super::DestError> {
-    let reached = reach_all(p.spec, ext).await?;
+    let reached = reach_all_by(p.spec, ext, how).await?;
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let link = crate::proxy::Link::start(
-        &p.spec.link_name(),
-        any,
-        reached.servers[0],
-        p.links.clone(),
-    )
-    .await?;
-    let notes = vec![reached.note.clone()];
+    let (name, server, links) = (&p.spec.link_name(), reached.servers[0], p.links.clone());
+    let link = match how {
+        Reach::Connect => crate::proxy::Link::start(name, any, server, links).await?,
+        Reach::Resolve => crate::proxy::Link::start_udp(name, any, server, links).await?,
+    };
+    let mut notes = vec![reached.note.clone()];
+    if how == Reach::Resolve {
+        notes.push(format!(
+            "UDP: nothing answers a datagram, so drill could not check that a receiver listens at {server}; the records read back from its file are the only proof"
+        ));
+    }
     Ok(super::Provisioned {
         links: vec![link],
         running: running(dest, p.spec, ext, reached, access, None),

@@ -121,7 +121,8 @@ pub(super) struct RawWorkload {
     /// Record indices (0-based, in generation order) the destination will refuse: their
     /// payload is made larger than the broker's message size limit.
     #[serde(default)]
-    pub(super) poison: Vec<u64>,
+    #[schemars(with = "Vec<u64>")]
+    pub(super) poison: Option<Spanned<Vec<u64>>>,
 }
 
 // One entry of `faults:`, link and process faults alike; which fields each kind takes is

@@ -274,9 +274,16 @@ fn workload(
         Some(p) => p.value,
         None => 120,
     };
-    if raw.poison.len() > MAX_POISON {
+    // Errors about the poison records point at the list itself.
+    let poison_at = raw.poison.as_ref().map_or(anchor, |p| &p.referenced);
+    let poison = raw
+        .poison
+        .as_ref()
+        .map(|p| p.value.clone())
+        .unwrap_or_default();
+    if poison.len() > MAX_POISON {
         return Err(at(
-            anchor,
+            poison_at,
             format!("field `workload.poison`: at most {MAX_POISON} poison records"),
         ));
     }
@@ -285,7 +292,7 @@ fn workload(
         duration: raw.duration.value.0,
         keys,
         payload_bytes,
-        poison: raw.poison,
+        poison,
     };
     let total = workload.total_records();
     let bytes = total.saturating_mul(payload_bytes.max(100) as u64);
@@ -300,7 +307,7 @@ fn workload(
     }
     if let Some(&p) = workload.poison.iter().find(|&&p| p >= total) {
         return Err(at(
-            anchor,
+            poison_at,
             format!(
                 "field `workload.poison`: record {p} is past the last of {total} records (indices start at 0)"
             ),
@@ -309,7 +316,7 @@ fn workload(
     if !workload.poison.is_empty()
         && let Err(why) = destination.imp.refuses_one_write()
     {
-        return Err(at(anchor, format!("field `workload.poison`: {why}")));
+        return Err(at(poison_at, format!("field `workload.poison`: {why}")));
     }
     Ok(workload)
 }

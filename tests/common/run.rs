@@ -99,3 +99,21 @@ pub fn have_rsyslogd() -> bool {
         ],
     )
 }
+
+/// Whether the local image `image` (`ci/images.sh` builds it) is there for the container
+/// runtime; under CI=true its absence fails the test instead of skipping it.
+pub fn have_local_image(image: &str) -> bool {
+    let there = Command::new("docker")
+        .args(["image", "inspect", image])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !there {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI=true and {image} is missing: ci/images.sh builds it (needs a Docker engine)"
+        );
+        println!("skipped: no Docker engine, or {image} is not built (ci/images.sh)");
+    }
+    there
+}

@@ -115,6 +115,7 @@ fn launch(image: &str, advertise: SocketAddr) -> Launch {
             files: Vec::new(),
             port: 9092,
             host_port,
+            ..Default::default()
         };
     }
     let env = [
@@ -151,6 +152,7 @@ fn launch(image: &str, advertise: SocketAddr) -> Launch {
         files: Vec::new(),
         port: 9092,
         host_port,
+        ..Default::default()
     }
 }
 

@@ -20,6 +20,7 @@ use tokio::process::Command;
 
 use super::embedded::Embedded;
 use crate::container::{self, Launch};
+use crate::dest::external::Reach;
 use crate::dest::running::Place;
 use crate::dest::{DestError, Destination, Provision, Provisioned, Running, Runtime, place};
 use crate::process::{LocalProcess, StartError, dies_with_drill, free_port, wait_listening};
@@ -102,7 +103,8 @@ pub(super) async fn provision(
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     if let Some(ext) = &p.spec.external {
         let access = crate::verify::Access::default();
-        return crate::dest::external::provision_one_link(dest, &p, ext, access).await;
+        return crate::dest::external::provision_one_link(dest, &p, ext, access, Reach::Connect)
+            .await;
     }
     let mut notes = Vec::new();
     let placement = place(
@@ -165,6 +167,7 @@ fn launch(message_limit: Option<usize>) -> Launch {
         files: vec![("/tmp/drill-mosquitto.conf".into(), conf.into_bytes())],
         port: 1883,
         host_port: None,
+        ..Default::default()
     }
 }
 

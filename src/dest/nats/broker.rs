@@ -209,6 +209,7 @@ fn launch(advertise: SocketAddr) -> Launch {
         files: Vec::new(),
         port: 4222,
         host_port: None,
+        ..Default::default()
     }
 }
 

@@ -21,9 +21,12 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::process::Command;
 
 use super::Syslog;
+use crate::dest::external::Reach;
 use crate::dest::running::Place;
 use crate::dest::{DestError, Destination, Provision, Provisioned, Running, Runtime};
 use crate::process::{LocalProcess, StartError, dies_with_drill, free_port, version_line};
@@ -42,19 +45,30 @@ impl Transport {
     }
 }
 
-/// A running rsyslog.
+/// A running rsyslog: what drill reaches it by. The process or container itself is held apart
+/// ([`Place`]).
 pub struct Rsyslog {
     /// Where it listens (TCP for tcp and relp, UDP for udp).
     pub addr: SocketAddr,
     /// Every message it received, one per line.
     pub received: PathBuf,
-    /// Its first `-v` line (`rsyslogd  8.2302.0 (aka 2023.02) …`).
+    /// Its first `-v` line (`rsyslogd  8.2302.0 (aka 2023.02) …`), or the container's image.
     pub version: String,
-    process: LocalProcess,
 }
 
+/// The container image: `DRILL_IMAGE_SYSLOG`, else rsyslog's own (`rsyslog/rsyslog`: Ubuntu
+/// with rsyslog's packages; RELP needs its `imrelp` module there). `ci/images.sh` builds
+/// `drill-local/rsyslog` from the Debian packages `ci/setup.sh` unpacks.
+pub const IMAGE: (&str, &str) = ("DRILL_IMAGE_SYSLOG", "rsyslog/rsyslog");
+
+/// drill's folder inside the container (bound to the work folder's `rsyslog/`), and the port
+/// rsyslog listens on there (above 1024: it runs as drill's user).
+const INSIDE: &str = "/drill";
+const INSIDE_PORT: u16 = 5140;
+
 /// Starts (or reaches) the receiver and puts the link in front of it: rsyslog as a local
-/// process (the only runtime drill has for it so far), or the user's receiver.
+/// process or in a container, or the user's receiver. `auto` takes the local rsyslog when one
+/// is installed (it is lighter, and Debian's has RELP), else a container.
 pub(super) async fn provision(
     dest: Arc<dyn Destination>,
     syslog: &Syslog,
@@ -67,22 +81,32 @@ pub(super) async fn provision(
             received_file: syslog.read_back.clone(),
             ..Default::default()
         };
-        return crate::dest::external::provision_one_link(dest, &p, ext, access).await;
+        let how = match syslog.transport {
+            Transport::Udp => Reach::Resolve,
+            Transport::Relp | Transport::Tcp => Reach::Connect,
+        };
+        return crate::dest::external::provision_one_link(dest, &p, ext, access, how).await;
     }
-    if p.runtime == Runtime::Container {
-        return Err(DestError::Unsupported(
-            "the syslog receiver (rsyslog) runs as a local process; there is no container image for it yet: use --runtime process or auto".to_string(),
-        ));
-    }
-    crate::dest::check_broker_faults(&p.needs, false, 1)?;
-    let rsyslog = start(syslog.transport, &p.work.join("rsyslog")).await?;
-    let mut running = Running::new(
-        dest,
-        vec![rsyslog.addr],
-        "process",
-        rsyslog.version.clone(),
-        Place::Local(Some(rsyslog.process)),
-    );
+    let mut notes = Vec::new();
+    let runtime = match p.runtime {
+        Runtime::Auto if find_rsyslogd().is_some() => Runtime::Process,
+        other => other,
+    };
+    let placement = crate::dest::place(IMAGE, "a local rsyslog", runtime, &mut notes).await?;
+    crate::dest::check_broker_faults(&p.needs, placement.is_some(), 1)?;
+    let folder = p.work.join("rsyslog");
+    let (rsyslog, runtime, place) = match placement {
+        Some(at) => {
+            let (rsyslog, container) =
+                start_container(at, syslog.transport, &folder, p.run_id).await?;
+            (rsyslog, "container", Place::Container(Box::new(container)))
+        }
+        None => {
+            let (rsyslog, process) = start(syslog.transport, &folder).await?;
+            (rsyslog, "process", Place::Local(Some(process)))
+        }
+    };
+    let mut running = Running::new(dest, vec![rsyslog.addr], runtime, rsyslog.version, place);
     running.access.received_file = Some(rsyslog.received);
     let link = match syslog.transport {
         Transport::Udp => Link::start_udp(&name, any, running.addrs[0], p.links.clone()).await?,
@@ -93,15 +117,8 @@ pub(super) async fn provision(
     Ok(Provisioned {
         links: vec![link],
         running,
-        notes: Vec::new(),
+        notes,
     })
-}
-
-impl Rsyslog {
-    /// SIGKILL, or SIGTERM then SIGKILL after 5 s.
-    pub async fn stop(&mut self, kill: bool) {
-        self.process.stop(kill).await;
-    }
 }
 
 /// What to install when rsyslogd is not found.
@@ -136,8 +153,10 @@ pub fn find_rsyslogd() -> Option<(PathBuf, Option<PathBuf>)> {
     Some((bin, modules))
 }
 
-/// The config: one input on `port`, its messages to `received`, rsyslog's own to `internal`.
-pub fn config(transport: Transport, port: u16, work: &Path) -> String {
+/// The config: one input on `listen`, every message to `received.log` in `work`, rsyslog's own
+/// to `rsyslog.log` there.
+pub fn config(transport: Transport, listen: SocketAddr, work: &Path) -> String {
+    let (address, port) = (listen.ip(), listen.port());
     let input = transport.input();
     format!(
         r#"# Written by drill: one input, every message kept whole, nothing of the machine's logging.
@@ -147,7 +166,7 @@ template(name="drill_whole" type="string" string="%timegenerated:::date-rfc3339%
 ruleset(name="drill_received") {{
   action(type="omfile" file="{work}/received.log" template="drill_whole" flushOnTXEnd="on" asyncWriting="off")
 }}
-input(type="{input}" address="127.0.0.1" port="{port}" ruleset="drill_received")
+input(type="{input}" address="{address}" port="{port}" ruleset="drill_received")
 action(type="omfile" file="{work}/rsyslog.log")
 "#,
         work = work.display()
@@ -156,7 +175,10 @@ action(type="omfile" file="{work}/rsyslog.log")
 
 /// Starts rsyslog with `transport` on a free port, its files in `work`. Returns once it
 /// listens (TCP, RELP) or has logged its start (UDP, where nothing can be connected to).
-pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, DestError> {
+pub async fn start(
+    transport: Transport,
+    work: &Path,
+) -> Result<(Rsyslog, LocalProcess), DestError> {
     let (bin, modules) = find_rsyslogd().ok_or_else(|| DestError::Missing(MISSING.to_string()))?;
     if transport == Transport::Relp
         && let Some(m) = &modules
@@ -177,7 +199,7 @@ pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, DestErr
         let port = free_port()?;
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let conf = work.join("rsyslog.conf");
-        std::fs::write(&conf, config(transport, port, work))?;
+        std::fs::write(&conf, config(transport, addr, work))?;
         let _ = std::fs::remove_file(work.join("rsyslog.log"));
         let mut command = Command::new(&bin);
         command.arg("-n").arg("-f").arg(&conf);
@@ -199,7 +221,16 @@ pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, DestErr
                     .await
                     .map_err(|e| e.to_string())
             }
-            Transport::Udp => logged_start(&work.join("rsyslog.log"), &mut child).await,
+            Transport::Udp => {
+                let log = work.join("rsyslog.log");
+                logged_start(&log, || match child.try_wait() {
+                    Ok(Some(status)) => {
+                        Some(format!("rsyslogd exited with {status} before it started"))
+                    }
+                    _ => None,
+                })
+                .await
+            }
         };
         match ready {
             Ok(()) => {
@@ -211,12 +242,12 @@ pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, DestErr
                         l.split_whitespace().collect::<Vec<_>>().join(" ")
                     })
                     .unwrap_or_else(|| "rsyslogd (version unknown)".to_string());
-                return Ok(Rsyslog {
+                let rsyslog = Rsyslog {
                     addr,
                     received: work.join("received.log"),
                     version,
-                    process: LocalProcess::new(child),
-                });
+                };
+                return Ok((rsyslog, LocalProcess::new(child)));
             }
             Err(e) => {
                 let _ = child.kill().await;
@@ -232,15 +263,90 @@ pub async fn start(transport: Transport, work: &Path) -> Result<Rsyslog, DestErr
     Err(fail(last_error).into())
 }
 
-/// Waits (at most 10 s) for rsyslog's own "start" message in `log`.
-async fn logged_start(log: &Path, child: &mut tokio::process::Child) -> Result<(), String> {
+/// Starts rsyslog in a container from `at`'s image: drill's config and its files in `work`,
+/// bound at `/drill`, the input's port published on 127.0.0.1, run as the owner of `work` (the
+/// files it writes are the user's). Returns once it answers a RELP open (relp) or has logged
+/// its start (tcp, udp: Docker's proxy takes a connection before rsyslog does, and a datagram
+/// has no answer). The bind mount needs the Docker engine on this machine.
+async fn start_container(
+    at: crate::container::Placement,
+    transport: Transport,
+    work: &Path,
+    run_id: &str,
+) -> Result<(Rsyslog, crate::container::ContainerBroker), DestError> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::create_dir_all(work)?;
+    let work = std::path::absolute(work)?;
+    let owner = std::fs::metadata(&work)?;
+    let inside = Path::new(INSIDE);
+    let listen = SocketAddr::from(([0, 0, 0, 0], INSIDE_PORT));
+    std::fs::write(work.join("rsyslog.conf"), config(transport, listen, inside))?;
+    let _ = std::fs::remove_file(work.join("rsyslog.log"));
+    let launch = crate::container::Launch {
+        entrypoint: "/usr/sbin/rsyslogd".into(),
+        args: [
+            "-n",
+            "-f",
+            "/drill/rsyslog.conf",
+            "-i",
+            "/drill/rsyslog.pid",
+        ]
+        .map(String::from)
+        .to_vec(),
+        port: INSIDE_PORT,
+        udp: transport == Transport::Udp,
+        mounts: vec![(work.clone(), INSIDE.to_string())],
+        user: Some(format!("{}:{}", owner.uid(), owner.gid())),
+        ..Default::default()
+    };
+    let ready = match transport {
+        Transport::Relp => relp_answers,
+        Transport::Tcp | Transport::Udp => answers_nothing,
+    };
+    let container = crate::container::start(at, launch, run_id, ready).await?;
+    let log = work.join("rsyslog.log");
+    logged_start(&log, || None)
+        .await
+        .map_err(|why| StartError {
+            what: format!("rsyslog in {}", container.describe()),
+            why: format!("{why} in {}", log.display()),
+        })?;
+    let rsyslog = Rsyslog {
+        addr: container.addr,
+        received: work.join("received.log"),
+        version: container.describe(),
+    };
+    Ok((rsyslog, container))
+}
+
+/// Readiness for RELP: a session opens (and is closed).
+fn relp_answers(addr: SocketAddr) -> BoxFuture<'static, Result<(), String>> {
+    async move {
+        let wait = Duration::from_secs(3);
+        let session = super::relp::Session::open(addr, wait)
+            .await
+            .map_err(|e| e.to_string())?;
+        session.close(wait).await.map_err(|e| e.to_string())
+    }
+    .boxed()
+}
+
+/// Readiness where nothing answers (plain TCP and UDP syslog): drill waits for rsyslog's start
+/// message instead.
+fn answers_nothing(_: SocketAddr) -> BoxFuture<'static, Result<(), String>> {
+    async { Ok(()) }.boxed()
+}
+
+/// Waits (at most 10 s) for rsyslog's own "start" message in `log`; `gone` says why rsyslog
+/// will never write it (it exited).
+async fn logged_start(log: &Path, mut gone: impl FnMut() -> Option<String>) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if std::fs::read_to_string(log).is_ok_and(|t| t.contains("] start")) {
             return Ok(());
         }
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("rsyslogd exited with {status} before it started"));
+        if let Some(why) = gone() {
+            return Err(why);
         }
         if Instant::now() > deadline {
             return Err("no start message after 10 s".to_string());
@@ -299,7 +405,7 @@ mod tests {
         }
         for transport in [Transport::Relp, Transport::Tcp, Transport::Udp] {
             let dir = tempfile::tempdir().unwrap();
-            let mut rsyslog = start(transport, dir.path()).await.unwrap();
+            let (rsyslog, mut process) = start(transport, dir.path()).await.unwrap();
             assert!(rsyslog.version.contains("rsyslogd"), "{}", rsyslog.version);
             match transport {
                 Transport::Relp => {
@@ -357,7 +463,7 @@ mod tests {
             assert_eq!(keys, ["run-1/0", "run-1/1", "run-1/2"]);
             let own = std::fs::read_to_string(dir.path().join("rsyslog.log")).unwrap();
             assert!(own.contains("] start"), "{own}");
-            rsyslog.stop(false).await;
+            process.stop(false).await;
         }
     }
 
@@ -368,7 +474,7 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let mut rsyslog = start(Transport::Relp, dir.path()).await.unwrap();
+        let (rsyslog, mut process) = start(Transport::Relp, dir.path()).await.unwrap();
         let wait = Duration::from_secs(5);
         for _ in 0..3 {
             Session::open(rsyslog.addr, wait)
@@ -381,6 +487,6 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let text = std::fs::read_to_string(&rsyslog.received).unwrap_or_default();
         assert_eq!(text, "", "a probe wrote: {text}");
-        rsyslog.stop(false).await;
+        process.stop(false).await;
     }
 }

@@ -134,16 +134,6 @@ fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination
             )
         })?,
     };
-    if transport == Transport::Udp && common.external.is_some() {
-        let loc = raw
-            .transport
-            .as_ref()
-            .map_or(raw.kind.referenced, |t| t.referenced);
-        return Err(at(
-            &loc,
-            "field `destination.transport`: `udp` to a receiver you run is not supported yet (nothing on UDP answers, so drill cannot check the receiver is there before the drill); use relp or tcp, or let drill start rsyslog".to_string(),
-        ));
-    }
     let read_back = match (&raw.read_back, &common.external) {
         (Some(r), None) => {
             return Err(at(
@@ -189,7 +179,7 @@ impl Destination for Syslog {
 
     fn refuses_one_write(&self) -> Result<(), &'static str> {
         Err(
-            "rsyslog takes every message drill's workload makes, so a syslog destination has no poison records yet; leave `workload.poison` out",
+            "rsyslog refuses no message: imrelp answers `200 OK` to every syslog frame whatever becomes of it (librelp's scsyslog.c), and an oversized frame is truncated or ends the session, never refused alone; leave `workload.poison` out",
         )
     }
 
