@@ -221,3 +221,31 @@ async fn kafka_probes_write_nothing() {
     assert_eq!((copies, distinct), (150, 150));
     broker.stop().await;
 }
+
+/// HTTP: the probe is a HEAD to drill's own endpoint; it stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_probes_write_nothing() {
+    use drill::dest::http::endpoint::{Store, serve};
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(Store::new("/in", true, "Idempotency-Key", None));
+    let (addr, stop) = serve(store.clone()).await.unwrap();
+    let link = link_to(addr).await;
+    let answered = probes_during_an_outage(
+        dir.path(),
+        &link,
+        OutputConfig::new("http", "http", link.listen_addr(), "/in"),
+    )
+    .await;
+    let lines = store.lines();
+    let ids = lines.iter().map(|l| {
+        let at = l.find("\"id\":\"")? + 6;
+        Some(l[at..].split('"').next()?.to_string())
+    });
+    let (copies, distinct) = exactly_once(ids);
+    println!(
+        "http: {answered} probes answered during the outage; {copies} copies of {distinct} records stored"
+    );
+    assert_eq!(answered, 30);
+    assert_eq!((copies, distinct), (150, 150));
+    stop.cancel();
+}

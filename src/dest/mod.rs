@@ -37,6 +37,7 @@
 
 mod bench;
 mod external;
+pub mod http;
 pub mod kafka;
 pub mod mqtt;
 pub mod nats;
@@ -72,11 +73,18 @@ pub enum Kind {
     Kafka,
     Nats,
     Syslog,
+    Http,
 }
 
 impl Kind {
     /// Every kind this build has.
-    pub const ALL: [Kind; 4] = [Kind::Mqtt, Kind::Nats, Kind::Kafka, Kind::Syslog];
+    pub const ALL: [Kind; 5] = [
+        Kind::Mqtt,
+        Kind::Nats,
+        Kind::Kafka,
+        Kind::Syslog,
+        Kind::Http,
+    ];
 
     /// The kind's implementation: the one place a kind is mapped to it.
     pub fn entry(self) -> &'static Entry {
@@ -85,6 +93,7 @@ impl Kind {
             Kind::Nats => &nats::ENTRY,
             Kind::Kafka => &kafka::ENTRY,
             Kind::Syslog => &syslog::ENTRY,
+            Kind::Http => &http::ENTRY,
         }
     }
 
@@ -140,6 +149,40 @@ pub struct Entry {
 
 /// Makes a kind's protocol tap for the ids of run `run`.
 pub type TapsFor = fn(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker>;
+
+/// How a destination drill hosts itself answers for a while: a destination fault
+/// (`target: destination`, DESIGN.md §3), on the timeline like a link fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerFault {
+    /// Every write and probe answered with this status (`answer: 503`), with `Retry-After`
+    /// when given; nothing is stored.
+    Status {
+        code: u16,
+        retry_after: Option<Duration>,
+    },
+    /// Writes are stored at once and answered this late (`answer_after: 30s`): an engine's
+    /// answer timeout ends them `possibly_sent`.
+    After(Duration),
+}
+
+impl AnswerFault {
+    /// In a few words, for the timeline and the report: `answer 503`, `answer after 30s`.
+    pub fn describe(&self) -> String {
+        match self {
+            AnswerFault::Status {
+                code,
+                retry_after: Some(r),
+            } => format!("answer {code} (Retry-After {}s)", r.as_secs()),
+            AnswerFault::Status { code, .. } => format!("answer {code}"),
+            AnswerFault::After(d) => format!("answer after {}", crate::units::Dur(*d)),
+        }
+    }
+}
+
+/// A destination drill hosts, told how to answer: `None` is answering normally again.
+pub trait AnswerControl: Send + Sync {
+    fn set(&self, fault: Option<AnswerFault>);
+}
 
 /// Where a broker runs (DESIGN.md §2). `auto` picks the best one available.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
@@ -314,6 +357,18 @@ pub trait Destination: std::fmt::Debug + Send + Sync {
     /// records need it. `Err` says what to write instead.
     fn refuses_one_write(&self) -> Result<(), &'static str> {
         Ok(())
+    }
+
+    /// The built-in engine's open attempts at once when the scenario gives no `window`.
+    fn default_window(&self) -> usize {
+        64
+    }
+
+    /// Whether drill hosts this destination and can script its answers (`target:
+    /// destination` faults: `answer: 503`, `answer_after: 30s`). A kind that answers `true`
+    /// gives [`Running::answers`].
+    fn scripted_answers(&self) -> bool {
+        false
     }
 
     /// Settles what depends on the rest of the scenario (NATS: the duplicate window).

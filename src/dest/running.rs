@@ -78,6 +78,8 @@ pub struct Running {
     /// An external broker's credentials and where the drill's records begin.
     pub access: Access,
     pub place: Place,
+    /// A destination drill hosts: how it is told to answer (`target: destination` faults).
+    pub answers: Option<Arc<dyn super::AnswerControl>>,
     /// The node halted by the last broker fault, until it is back; and whether that was a
     /// pause.
     halted: Option<(usize, Halt)>,
@@ -99,6 +101,7 @@ impl Running {
             note: None,
             access: Access::default(),
             place,
+            answers: None,
             halted: None,
         }
     }

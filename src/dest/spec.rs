@@ -51,6 +51,15 @@ pub struct RawDestination {
     #[serde(default)]
     #[schemars(with = "Option<super::syslog::RawReadBack>")]
     pub read_back: Option<Spanned<super::syslog::RawReadBack>>,
+    /// HTTP: the endpoint stores a write key once and answers a repeat `200` (default false:
+    /// it stores every copy). `effectively_once` needs it.
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    pub dedupe: Option<Spanned<bool>>,
+    /// HTTP: the request header that carries the write key (default `Idempotency-Key`).
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub key_header: Option<Spanned<String>>,
     /// `runtime: external`, MQTT and syslog: the broker or receiver (`host:port`).
     #[serde(default)]
     #[schemars(with = "Option<String>")]
@@ -88,7 +97,7 @@ pub struct RawCredentials {
 
 /// The fields of `destination:` that only some kinds take ([`Entry::fields`]), with where each
 /// was given.
-fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 8] {
+fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 10] {
     let kind = raw.kind.referenced;
     [
         (
@@ -102,6 +111,8 @@ fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 8] {
         ("address", raw.address.as_ref().map(|a| a.referenced)),
         ("transport", raw.transport.as_ref().map(|t| t.referenced)),
         ("read_back", raw.read_back.as_ref().map(|r| r.referenced)),
+        ("dedupe", raw.dedupe.as_ref().map(|d| d.referenced)),
+        ("key_header", raw.key_header.as_ref().map(|k| k.referenced)),
     ]
 }
 

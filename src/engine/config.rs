@@ -68,6 +68,10 @@ pub struct OutputConfig {
     /// RELP answers each message. Refused for kinds with one way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<String>,
+    /// HTTP: the request header that carries each record's write key (default
+    /// `Idempotency-Key`). Refused for other kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_header: Option<String>,
     /// The destination (for a drill: the proxy link in front of the broker).
     pub address: SocketAddr,
     /// More servers of the same destination (the other nodes of a NATS cluster, each through
@@ -121,6 +125,7 @@ impl OutputConfig {
             more_addresses: Vec::new(),
             topic: topic.to_string(),
             transport: None,
+            key_header: None,
             client_id: None,
             promise: Promise::default(),
             order: Order::default(),

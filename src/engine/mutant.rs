@@ -90,6 +90,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "trust-torn-tail",
         "skips the frames' CRC check when it reads its log: after a power cut that tore the last write, the torn record (zeros where its last sector never landed) is recovered and sent as if whole",
     ),
+    (
+        "outage-status-spends-attempts",
+        "HTTP: counts a 503 (any 5xx, 408 or 429: the destination is away) as a refusal of the record, so an outage answered by a status burns through the record's refusals into Failed messages",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -159,11 +163,14 @@ pub enum Mutant {
     /// (`power-cut-torn`: the torn record delivered with zeros in its body, `altered`, or with
     /// its id torn, `unexpected`).
     TrustTornTail,
+    /// HTTP: `HttpSession::classify` (`src/dest/http/sink.rs`). Caught by an `answer: 503`
+    /// window on the endpoint (`http-503`): records set aside as failed, expected 0.
+    OutageStatusSpendsAttempts,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 15] = [
+    pub const ALL: [Mutant; 16] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -179,6 +186,7 @@ impl Mutant {
         Mutant::ResendOutOfOrder,
         Mutant::NoKeepalive,
         Mutant::TrustTornTail,
+        Mutant::OutageStatusSpendsAttempts,
     ];
 
     fn index(self) -> usize {
@@ -208,7 +216,9 @@ impl Mutant {
             Mutant::ResendOnTimer
             | Mutant::SecondAttemptWhileOpen
             | Mutant::ForgetDeliveryMarks => &["duplicates"],
-            Mutant::OutageSpendsAttempts | Mutant::LocalConnectedFlag => &["failed"],
+            Mutant::OutageSpendsAttempts
+            | Mutant::LocalConnectedFlag
+            | Mutant::OutageStatusSpendsAttempts => &["failed"],
             Mutant::ProbeWithOldestRecord => &["keyless_copies"],
             Mutant::DropRefusedSilently => &["lost", "failed"],
             Mutant::ResendOutOfOrder => &["reordered"],
@@ -223,6 +233,7 @@ impl Mutant {
     pub fn tried_first(self) -> Option<&'static str> {
         match self {
             Mutant::TrustTornTail => Some("power-cut-torn"),
+            Mutant::OutageStatusSpendsAttempts => Some("http-503"),
             _ => None,
         }
     }

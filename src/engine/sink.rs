@@ -88,6 +88,9 @@ pub trait Sink: Send + Sync + Clone + 'static {
     /// Refuses settings of the output this kind cannot honour (`transport` on a kind that has
     /// one way to reach its destination): what is wrong, in one line.
     fn check(&self, cfg: &OutputConfig) -> Result<(), String> {
+        if cfg.key_header.is_some() {
+            return Err("`key_header`: only an http output takes it; leave it out".to_string());
+        }
         match &cfg.transport {
             Some(t) => Err(format!(
                 "`transport: {t}`: this kind has one transport; leave it out"

@@ -26,6 +26,8 @@ pub enum FaultTarget {
     Engine,
     /// The engine's data directory's filesystem.
     EngineDisk,
+    /// A destination drill hosts, answering otherwise (`answer: 503`, `answer_after`).
+    Destination,
 }
 
 impl FaultTarget {
@@ -38,7 +40,7 @@ impl FaultTarget {
     /// A fault on the destination's side (network or broker): a user's engine, whose attempts
     /// drill cannot see, may have sent a record twice across it.
     pub fn is_destination_side(&self) -> bool {
-        self.is_network() || matches!(self, FaultTarget::Broker(_))
+        self.is_network() || matches!(self, FaultTarget::Broker(_) | FaultTarget::Destination)
     }
 }
 
@@ -50,6 +52,7 @@ impl fmt::Display for FaultTarget {
             FaultTarget::Broker(name) => write!(f, "broker {name}"),
             FaultTarget::Engine => f.write_str("engine"),
             FaultTarget::EngineDisk => f.write_str("engine disk"),
+            FaultTarget::Destination => f.write_str("destination"),
         }
     }
 }
@@ -80,6 +83,8 @@ pub enum FaultKind {
     },
     /// The data directory's disk reports no space.
     DiskFull,
+    /// The destination answered a status, or late, for the window.
+    Answer(crate::dest::AnswerFault),
 }
 
 impl FaultKind {
@@ -142,6 +147,7 @@ impl fmt::Display for FaultKind {
                 }
             }
             FaultKind::DiskFull => f.write_str("disk full (data directory)"),
+            FaultKind::Answer(fault) => f.write_str(&fault.describe()),
         }
     }
 }

@@ -14,7 +14,7 @@ use super::events::{FaultKind, FaultRecord, FaultTarget, describe};
 use super::provision::Rig;
 use super::timeline::Step;
 use super::{RunError, ms, say};
-use crate::dest::{Halt, Node, ReadBack};
+use crate::dest::{AnswerFault, Halt, Node, ReadBack};
 use crate::powerfs::PowerFs;
 use crate::proxy::{Direction, Fault, FaultSpec};
 use crate::scenario::ProcessAction;
@@ -140,6 +140,7 @@ impl<'a> Drill<'a> {
                 action,
             } => self.broker_fault(*index, *node, *action, now).await,
             Step::RestartBroker => self.broker_back(now).await?,
+            Step::Answer { index, fault } => self.answer(*index, *fault, now),
         }
         Ok(None)
     }
@@ -196,6 +197,35 @@ impl<'a> Drill<'a> {
             bit,
             no_target: None,
         });
+    }
+
+    /// A destination fault (`Some`) or its end (`None`): the endpoint drill hosts answers so.
+    fn answer(&mut self, index: usize, fault: Option<AnswerFault>, now: Duration) {
+        if let Some(control) = &self.rig.running.answers {
+            control.set(fault);
+        }
+        match fault {
+            Some(fault) => {
+                say(&format!(
+                    "  {:>4}s  fault: destination {}",
+                    now.as_secs(),
+                    fault.describe()
+                ));
+                self.record(
+                    index,
+                    now,
+                    FaultTarget::Destination,
+                    FaultKind::Answer(fault),
+                );
+            }
+            None => {
+                say(&format!(
+                    "  {:>4}s  heal: destination answers again",
+                    now.as_secs()
+                ));
+                self.close_fault(&FaultTarget::Destination);
+            }
+        }
     }
 
     /// A proxy restart: every connection dropped, nothing listens until the heal.
@@ -597,6 +627,8 @@ fn describe_step(step: &Step) -> String {
         Step::DiskBack => "disk space back".to_string(),
         Step::Broker { action, .. } => format!("broker {}", action.name()),
         Step::RestartBroker => "broker back".to_string(),
+        Step::Answer { fault: Some(f), .. } => format!("destination {}", f.describe()),
+        Step::Answer { fault: None, .. } => "destination answers again".to_string(),
     }
 }
 

@@ -53,7 +53,7 @@ fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfi
         order: e.order,
         keepalive: DurText(e.keepalive),
         answer_timeout: DurText(e.answer_timeout),
-        window: e.window,
+        window: e.window.unwrap_or_else(|| d.imp.default_window()),
         refusals: Some(RefusalConfig {
             max: e.refusals.0,
             backoff: [DurText(e.refusals.1), DurText(e.refusals.2)],

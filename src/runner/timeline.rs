@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::dest::Node;
+use crate::dest::{AnswerFault, Node};
 use crate::proxy::FaultSpec;
 use crate::scenario::{FaultAction, Plan, PowerCut, ProcessAction};
 
@@ -40,6 +40,11 @@ pub enum Step {
         action: ProcessAction,
     },
     RestartBroker,
+    /// A destination drill hosts answers otherwise (`Some`) or normally again (`None`).
+    Answer {
+        index: usize,
+        fault: Option<AnswerFault>,
+    },
 }
 
 pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
@@ -62,6 +67,12 @@ pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
                 if let Some(d) = restart_after {
                     steps.push((f.at + *d, Step::RestartBroker));
                 }
+            }
+            FaultAction::Answer { fault, lasts } => {
+                let fault = Some(*fault);
+                steps.push((f.at, Step::Answer { index, fault }));
+                let fault = None;
+                steps.push((f.at + *lasts, Step::Answer { index, fault }));
             }
             FaultAction::Link { link, spec, lasts } => {
                 steps.push((

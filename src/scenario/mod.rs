@@ -113,7 +113,8 @@ pub struct EngineSpec {
     pub promise: Promise,
     pub keepalive: Duration,
     pub answer_timeout: Duration,
-    pub window: usize,
+    /// Open attempts at once; `None`: the destination's default ([`dest::Destination::default_window`]).
+    pub window: Option<usize>,
     /// (max counted refusals, first backoff, backoff cap).
     pub refusals: (u32, Duration, Duration),
 }
@@ -160,6 +161,11 @@ pub enum FaultAction {
         action: ProcessAction,
         restart_after: Option<Duration>,
     },
+    /// `target: destination`: a destination drill hosts answers otherwise for `lasts`.
+    Answer {
+        fault: dest::AnswerFault,
+        lasts: Duration,
+    },
 }
 
 impl Plan {
@@ -195,6 +201,7 @@ pub fn longest_outage(faults: &[ScheduledFault], drill_ends: Duration) -> Durati
                 heal.map_or(drill_ends, |h| h.at).saturating_sub(f.at)
             }
             FaultAction::ProxyRestart { down_for } => *down_for,
+            FaultAction::Answer { lasts, .. } => *lasts,
             FaultAction::Engine { restart_after, .. }
             | FaultAction::Broker { restart_after, .. } => restart_after.unwrap_or_default(),
             FaultAction::Heal { .. } => Duration::ZERO,

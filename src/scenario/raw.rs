@@ -173,6 +173,18 @@ pub(super) struct RawFault {
     /// reads as zeros) instead of every unsynced write being lost.
     #[serde(default)]
     pub(super) torn: Option<bool>,
+    /// `target: destination`: answer every write (and probe) with this HTTP status (4xx or 5xx)
+    /// for `for`; nothing is stored.
+    #[serde(default)]
+    #[schemars(with = "Option<u16>")]
+    pub(super) answer: Option<Spanned<u16>>,
+    /// `target: destination`, with `answer: 429` or `503`: the `Retry-After` it sends.
+    #[serde(default)]
+    pub(super) retry_after: Option<Dur>,
+    /// `target: destination`: store each write at once and answer it this late, for `for`.
+    #[serde(default)]
+    #[schemars(with = "Option<Dur>")]
+    pub(super) answer_after: Option<Spanned<Dur>>,
     /// `power_cut`: armed at `at`, power goes at the `nth` `op` (`write`, `fsync`,
     /// `fdatasync`) on a file whose name matches `path` (a glob).
     #[serde(default)]

@@ -20,7 +20,7 @@ use super::{
     CommandSpec, EngineSpec, Expectations, FaultAction, Plan, PowerCut, ProcessAction,
     ScheduledFault, longest_outage,
 };
-use crate::dest::{self, Node, Spec};
+use crate::dest::{self, AnswerFault, Node, Spec};
 use crate::located::{Located, at};
 use crate::powerfs::CrashPoint;
 use crate::promise::Promise;
@@ -215,7 +215,7 @@ fn builtin(raw: RawBuiltin, destination: &Spec) -> EngineSpec {
             .map_or_else(|| destination.imp.builtin_promise(), |p| p.value),
         keepalive: raw.keepalive.map_or(Duration::from_secs(2), |d| d.0),
         answer_timeout: raw.answer_timeout.map_or(Duration::from_secs(3), |d| d.0),
-        window: raw.window.unwrap_or(64).max(1),
+        window: raw.window.map(|w| w.max(1)),
         refusals: raw
             .refusals
             .map_or((10, Duration::from_secs(1), Duration::from_secs(60)), |r| {
@@ -359,6 +359,9 @@ fn faults(
                 )));
             }
             (Some(link), None) => faults.extend(link_fault(&entry, link, destination)?),
+            (None, Some(target)) if target == "destination" => {
+                faults.push(destination_fault(&entry, destination, workload_ends)?);
+            }
             (None, Some(target)) if target == "broker" && destination.external.is_some() => {
                 return Err(entry.field(
                     "target",
@@ -417,6 +420,17 @@ fn link_fault(
                 destination.link_names().join(", "),
                 destination.imp.other_link_names()
             ),
+        ));
+    }
+    let of_a_destination_fault = first_given([
+        ("answer", f.answer.is_some()),
+        ("answer_after", f.answer_after.is_some()),
+        ("retry_after", f.retry_after.is_some()),
+    ]);
+    if let Some(name) = of_a_destination_fault {
+        return Err(entry.field(
+            name,
+            "only destination faults (`target: destination`) take it",
         ));
     }
     let of_a_process_fault = first_given([
@@ -662,6 +676,17 @@ fn process_fault(
             "only link faults (`link:`) take it; a process fault uses `action`",
         ));
     }
+    let of_a_destination_fault = first_given([
+        ("answer", f.answer.is_some()),
+        ("answer_after", f.answer_after.is_some()),
+        ("retry_after", f.retry_after.is_some()),
+    ]);
+    if let Some(name) = of_a_destination_fault {
+        return Err(entry.field(
+            name,
+            "only destination faults (`target: destination`) take it",
+        ));
+    }
     let action = f
         .action
         .ok_or_else(|| {
@@ -845,6 +870,105 @@ fn proxy_fault(entry: &FaultEntry, action: ProcessAction) -> Result<FaultAction,
     }
     Ok(FaultAction::ProxyRestart {
         down_for: f.down_for.map_or(Duration::from_secs(1), |d| d.0),
+    })
+}
+
+/// `target: destination`: the endpoint drill hosts answers `answer: STATUS` (with
+/// `retry_after`) or `answer_after: DELAY` for `for`. Only a destination drill hosts takes it.
+fn destination_fault(
+    entry: &FaultEntry,
+    destination: &Spec,
+    workload_ends: Duration,
+) -> Result<ScheduledFault, Located> {
+    let f = entry.raw;
+    if !destination.imp.scripted_answers() {
+        return Err(entry.field(
+            "target",
+            format!(
+                "a `{}` destination's answers are its broker's own; destination faults (answer, answer_after) need a destination drill hosts: kind http",
+                destination.kind.name()
+            ),
+        ));
+    }
+    let other = first_given([
+        ("link", f.link.is_some()),
+        ("fault", f.fault.is_some()),
+        ("direction", f.direction.is_some()),
+        ("action", f.action.is_some()),
+        ("restart_after", f.restart_after.is_some()),
+        ("latency", f.latency.is_some()),
+        ("jitter", f.jitter.is_some()),
+        ("bytes_per_s", f.bytes_per_s.is_some()),
+        ("loss", f.loss.is_some()),
+        ("repeat", f.repeat.is_some()),
+        ("every", f.every.is_some()),
+        ("node", f.node.is_some()),
+        ("wipe_data", f.wipe_data.is_some()),
+        ("down_for", f.down_for.is_some()),
+    ]);
+    if let Some(name) = other {
+        return Err(entry.field(
+            name,
+            "a destination fault takes `answer` (with `retry_after`) or `answer_after`, and `for`",
+        ));
+    }
+    let lasts = f
+        .for_
+        .map(|d| d.0)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| entry.field("for", "missing; how long the destination answers so"))?;
+    let fault = match (&f.answer, &f.answer_after) {
+        (Some(code), None) => {
+            let known = axum::http::StatusCode::from_u16(code.value)
+                .ok()
+                .filter(|s| s.canonical_reason().is_some());
+            if !(400..=599).contains(&code.value) || known.is_none() {
+                return Err(at(
+                    &code.referenced,
+                    format!(
+                        "field `faults[{}].answer`: `{}` is not a known HTTP error status; use one such as 503, 429, 500, 404 or 422",
+                        entry.i, code.value
+                    ),
+                ));
+            }
+            if f.retry_after.is_some() && !matches!(code.value, 429 | 503) {
+                return Err(entry.field("retry_after", "goes with `answer: 429` or `answer: 503`"));
+            }
+            AnswerFault::Status {
+                code: code.value,
+                retry_after: f.retry_after.map(|d| d.0),
+            }
+        }
+        (None, Some(after)) => {
+            if f.retry_after.is_some() {
+                return Err(entry.field("retry_after", "goes with `answer: 429` or `answer: 503`"));
+            }
+            if after.value.0.is_zero() || after.value.0 >= workload_ends {
+                return Err(at(
+                    &after.referenced,
+                    format!(
+                        "field `faults[{}].answer_after`: {} is not within the drill's workload ({}); give a delay shorter than it",
+                        entry.i,
+                        after.value,
+                        crate::units::Dur(workload_ends)
+                    ),
+                ));
+            }
+            AnswerFault::After(after.value.0)
+        }
+        (Some(_), Some(_)) => {
+            return Err(entry.whole("give `answer` or `answer_after`, not both"));
+        }
+        (None, None) => {
+            return Err(entry.field(
+                "answer",
+                "missing; e.g. answer: 503 (with retry_after: 10s) or answer_after: 30s",
+            ));
+        }
+    };
+    Ok(ScheduledFault {
+        at: f.at.0,
+        what: FaultAction::Answer { fault, lasts },
     })
 }
 

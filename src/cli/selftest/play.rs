@@ -205,6 +205,7 @@ pub(super) fn planned_targets(plan: &Plan) -> Vec<String> {
             } => Some("engine disk".to_string()),
             FaultAction::Engine { .. } => Some("engine".to_string()),
             FaultAction::Broker { .. } => Some("broker".to_string()),
+            FaultAction::Answer { .. } => Some("destination".to_string()),
         })
         .collect()
 }

@@ -69,6 +69,9 @@ impl Sink for SyslogSink {
     }
 
     fn check(&self, cfg: &OutputConfig) -> Result<(), String> {
+        if cfg.key_header.is_some() {
+            return Err("`key_header`: only an http output takes it; leave it out".to_string());
+        }
         transport_of(cfg).map(drop)
     }
 

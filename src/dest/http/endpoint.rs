@@ -1,0 +1,414 @@
+//! The HTTP endpoint drill hosts, and its read-back: the receiving side as the oracle.
+//!
+//! `POST {path}`: each non-empty line of the body (JSON or NDJSON) is stored as one copy, with
+//! the request's headers and the instant it arrived. With `dedupe`, a write key (the
+//! `key_header` header) already stored is answered `200` and not stored again. A body larger
+//! than the drill's message limit (a poison record) is answered `422` and not stored, while
+//! every other write is taken. `HEAD {path}` answers `200`: the engine's data-free probe.
+//!
+//! A destination fault ([`AnswerFault`]) changes the answers for a window: a status (nothing
+//! stored; a probe gets it too), or a late answer to each write (stored at once, answered
+//! after the delay; a probe is answered at once, as a fast front end answers its health check).
+//! The listener sets `TCP_NODELAY` on every connection: an answer split across two writes
+//! would stall a keep-alive client on Nagle and delayed ACK.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+
+use super::Http;
+use crate::dest::running::Place;
+use crate::dest::{
+    AnswerControl, AnswerFault, DestError, Destination, Provision, Provisioned, ReadBack,
+    ReaderSpec, Running,
+};
+use crate::proxy::Link;
+use crate::verify::{Decoder, Received};
+
+/// One stored copy: a line of a body, the request's headers, when it arrived.
+struct Copy {
+    line: Bytes,
+    headers: Arc<Vec<(String, String)>>,
+    at: Instant,
+}
+
+/// What the endpoint holds and how it answers now.
+pub struct Store {
+    path: String,
+    dedupe: bool,
+    key_header: String,
+    /// Bodies larger than this are answered 422 (poison records).
+    message_limit: Option<usize>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    copies: Vec<Copy>,
+    /// Write keys stored (with `dedupe`).
+    keys: HashSet<String>,
+    fault: Option<AnswerFault>,
+    /// Counts for the report: writes answered by a fault, repeats recognised, poison refused.
+    by_fault: u64,
+    repeats: u64,
+    refused: u64,
+}
+
+impl Store {
+    /// An endpoint's store: writes POSTed to `path`, the write key in `key_header`, repeats
+    /// recognised with `dedupe`, bodies over `message_limit` refused (422).
+    pub fn new(path: &str, dedupe: bool, key_header: &str, message_limit: Option<usize>) -> Store {
+        Store {
+            path: path.to_string(),
+            dedupe,
+            key_header: key_header.to_ascii_lowercase(),
+            message_limit,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Every line stored so far, as text.
+    pub fn lines(&self) -> Vec<String> {
+        self.lock()
+            .copies
+            .iter()
+            .map(|c| String::from_utf8_lossy(&c.line).into_owned())
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the endpoint did, for the report's notes.
+    pub fn summary(&self) -> String {
+        let inner = self.lock();
+        format!(
+            "HTTP endpoint: {} copies stored, {} repeats recognised (dedupe {}), {} writes answered by a destination fault, {} refused (422)",
+            inner.copies.len(),
+            inner.repeats,
+            if self.dedupe { "on" } else { "off" },
+            inner.by_fault,
+            inner.refused
+        )
+    }
+}
+
+impl AnswerControl for Store {
+    fn set(&self, fault: Option<AnswerFault>) {
+        self.lock().fault = fault;
+    }
+}
+
+/// The store of the endpoint a drill runs, from its [`Running`].
+pub fn store_of(at: &Running) -> Option<Arc<Store>> {
+    match &at.place {
+        Place::InProcess(any) => any.downcast_ref::<Hosted>().map(|h| h.store.clone()),
+        _ => None,
+    }
+}
+
+/// The endpoint while it runs; dropping it stops it.
+pub struct Hosted {
+    store: Arc<Store>,
+    stop: CancellationToken,
+}
+
+impl Drop for Hosted {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Starts the endpoint on a free 127.0.0.1 port and puts the link in front of it.
+pub(super) async fn provision(
+    dest: Arc<dyn Destination>,
+    http: &Http,
+    p: Provision<'_>,
+) -> Result<Provisioned, DestError> {
+    crate::dest::check_broker_faults(&p.needs, false, 1)?;
+    let store = Arc::new(Store::new(
+        &http.path,
+        http.dedupe,
+        &http.key_header,
+        p.needs.message_limit,
+    ));
+    let (addr, stop) = serve(store.clone()).await?;
+    let hosted = Hosted {
+        store: store.clone(),
+        stop,
+    };
+    let version = format!(
+        "drill's HTTP endpoint (POST {}, dedupe {})",
+        http.path,
+        if http.dedupe { "on" } else { "off" }
+    );
+    let mut running = Running::new(
+        dest,
+        vec![addr],
+        "embedded",
+        version,
+        Place::InProcess(Box::new(hosted)),
+    );
+    running.answers = Some(store as Arc<dyn AnswerControl>);
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let link = Link::start(&p.spec.link_name(), any, addr, p.links.clone()).await?;
+    Ok(Provisioned {
+        links: vec![link],
+        running,
+        notes: Vec::new(),
+    })
+}
+
+/// Serves `store` on a free 127.0.0.1 port until the token is cancelled.
+pub async fn serve(store: Arc<Store>) -> std::io::Result<(SocketAddr, CancellationToken)> {
+    use axum::serve::ListenerExt;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+    let addr = listener.local_addr()?;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let path = store.path.clone();
+    let app = axum::Router::new()
+        .route(&path, axum::routing::any(answer))
+        .with_state(store);
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(stopped.cancelled_owned())
+            .await;
+    });
+    Ok((addr, stop))
+}
+
+/// One request: a write (`POST`), a probe (`HEAD`, `GET`), or another method (405).
+async fn answer(
+    State(store): State<Arc<Store>>,
+    method: Method,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let arrived = Instant::now();
+    let fault = store.lock().fault;
+    let late = match fault {
+        Some(AnswerFault::Status { code, retry_after }) => {
+            if method == Method::POST {
+                store.lock().by_fault += 1;
+            }
+            return status(code, retry_after);
+        }
+        Some(AnswerFault::After(d)) => Some(d),
+        None => None,
+    };
+    let result = match method {
+        Method::POST => store_write(&store, &headers, body, arrived),
+        Method::HEAD | Method::GET => StatusCode::OK,
+        _ => StatusCode::METHOD_NOT_ALLOWED,
+    };
+    // Only writes are slow (a slow commit behind a fast front end): the probe is answered at
+    // once.
+    if let Some(d) = late.filter(|_| method == Method::POST) {
+        tokio::time::sleep(d).await;
+    }
+    result.into_response()
+}
+
+fn status(code: u16, retry_after: Option<Duration>) -> Response {
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    match retry_after {
+        Some(r) => (code, [("retry-after", r.as_secs().to_string())]).into_response(),
+        None => code.into_response(),
+    }
+}
+
+/// Stores one POST's lines (or recognises a repeat, or refuses a poison body).
+fn store_write(store: &Store, headers: &HeaderMap, body: Bytes, at: Instant) -> StatusCode {
+    if store.message_limit.is_some_and(|limit| body.len() > limit) {
+        store.lock().refused += 1;
+        return StatusCode::UNPROCESSABLE_ENTITY;
+    }
+    let key = headers
+        .get(store.key_header.as_str())
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let kept: Arc<Vec<(String, String)>> = Arc::new(
+        headers
+            .iter()
+            .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+            .collect(),
+    );
+    let mut inner = store.lock();
+    if store.dedupe
+        && let Some(key) = key
+        && !inner.keys.insert(key)
+    {
+        inner.repeats += 1;
+        return StatusCode::OK;
+    }
+    let mut start = 0;
+    for (i, b) in body
+        .iter()
+        .copied()
+        .enumerate()
+        .chain([(body.len(), b'\n')])
+    {
+        if b == b'\n' {
+            let line = body.slice(start..i);
+            start = i + 1;
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            inner.copies.push(Copy {
+                line,
+                headers: kept.clone(),
+                at,
+            });
+        }
+    }
+    StatusCode::OK
+}
+
+/// The read-back: what the endpoint stored, decoded when the drill ends.
+pub struct Reader {
+    store: Arc<Store>,
+    decoder: Decoder,
+    t0: Instant,
+}
+
+impl Reader {
+    pub fn new(store: Arc<Store>, r: ReaderSpec) -> Reader {
+        Reader {
+            store,
+            decoder: r.decoder,
+            t0: r.t0,
+        }
+    }
+}
+
+impl ReadBack for Reader {
+    fn count(&self) -> BoxFuture<'_, Option<usize>> {
+        let n = self.store.lock().copies.len();
+        async move { Some(n) }.boxed()
+    }
+
+    fn finish(self: Box<Self>, _addrs: Vec<SocketAddr>) -> BoxFuture<'static, Received> {
+        async move {
+            let mut received = Received::default();
+            let inner = self.store.lock();
+            for copy in &inner.copies {
+                let meta = |name: &str| {
+                    copy.headers
+                        .iter()
+                        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                        .map(|(_, v)| v.clone())
+                };
+                let at = copy.at.saturating_duration_since(self.t0);
+                self.decoder.add(&copy.line, meta, at, &mut received);
+            }
+            received
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dedupe: bool, limit: Option<usize>) -> Arc<Store> {
+        Arc::new(Store::new("/in", dedupe, "Idempotency-Key", limit))
+    }
+
+    async fn post(
+        client: &reqwest::Client,
+        addr: SocketAddr,
+        key: &str,
+        body: &str,
+    ) -> reqwest::Response {
+        client
+            .post(format!("http://{addr}/in"))
+            .header("Idempotency-Key", key)
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Real sockets: NDJSON lines stored one copy each; with dedupe a repeated key is answered
+    /// 200 and not stored; a poison body 422; a status fault answers writes and probes and
+    /// stores nothing; a late answer stores at once.
+    #[tokio::test]
+    async fn the_endpoint_stores_recognises_refuses_and_obeys_its_faults() {
+        let s = store(true, Some(100));
+        let (addr, stop) = serve(s.clone()).await.unwrap();
+        let client = reqwest::Client::new();
+        assert_eq!(
+            post(&client, addr, "k1", "{\"id\":1}\n{\"id\":2}\n")
+                .await
+                .status(),
+            200
+        );
+        assert_eq!(post(&client, addr, "k1", "{\"id\":1}").await.status(), 200);
+        assert_eq!(s.lock().copies.len(), 2, "the repeat is not stored");
+        assert_eq!(s.lock().repeats, 1);
+        let poison = "x".repeat(101);
+        assert_eq!(post(&client, addr, "k2", &poison).await.status(), 422);
+        s.set(Some(AnswerFault::Status {
+            code: 503,
+            retry_after: Some(Duration::from_secs(7)),
+        }));
+        let r = post(&client, addr, "k3", "{\"id\":3}").await;
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "7");
+        let probe = client
+            .head(format!("http://{addr}/in"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(probe.status(), 503);
+        s.set(Some(AnswerFault::After(Duration::from_millis(300))));
+        let started = Instant::now();
+        let late = post(&client, addr, "k4", "{\"id\":4}");
+        let (r, stored_before) = tokio::join!(late, async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            s.lock().copies.len()
+        });
+        assert_eq!(r.status(), 200);
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(stored_before, 3, "stored before the late answer");
+        s.set(None);
+        assert_eq!(
+            client
+                .head(format!("http://{addr}/in"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        stop.cancel();
+    }
+
+    /// Without dedupe every copy is stored.
+    #[tokio::test]
+    async fn without_dedupe_every_copy_is_stored() {
+        let s = store(false, None);
+        let (addr, stop) = serve(s.clone()).await.unwrap();
+        let client = reqwest::Client::new();
+        for _ in 0..3 {
+            assert_eq!(post(&client, addr, "k1", "{\"id\":1}").await.status(), 200);
+        }
+        assert_eq!(s.lock().copies.len(), 3);
+        stop.cancel();
+    }
+}

@@ -1,0 +1,185 @@
+//! HTTP: an endpoint drill hosts itself, `destination: { kind: http, topic: /records, dedupe:
+//! true }` — the receiving side is the oracle.
+//!
+//! - **The endpoint** ([`endpoint`]): `POST {topic}` (the path; default `/drill`) with a JSON or
+//!   NDJSON body, each line stored as one copy with the instant it arrived; `HEAD {topic}` is
+//!   the data-free probe. Its sockets set `TCP_NODELAY`. With `dedupe: true` it stores a write
+//!   key once and answers a repeat `200` without storing it.
+//! - **Write key**: the request header `key_header` (default `Idempotency-Key`, DESIGN.md §1.3).
+//!   A user's engine names the header it uses with `system.write_key: { http_header: NAME }`.
+//! - **Promise**: `effectively_once` only with `dedupe: true`; an endpoint that stores every
+//!   copy keeps `at_least_once`, and declaring more is an invalid scenario.
+//! - **Destination faults** (`target: destination`, [`crate::dest::AnswerFault`]): `answer:
+//!   503` (any 4xx or 5xx, with `retry_after`) for a window, nothing stored; `answer_after:
+//!   30s`, stored at once and answered late. Poison records (`workload.poison`) are answered
+//!   `422` while every other write is taken: a real refusal.
+//! - **Links**: one plain TCP link named `http` in front of the endpoint, as for every kind.
+//! - **Runtimes**: the endpoint runs inside drill (`auto`, `process` and `embedded` all mean
+//!   that); a container or a user's endpoint is not this kind's: the oracle must be drill's.
+
+pub mod endpoint;
+pub mod sink;
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::{
+    Common, DestError, Destination, Entry, Kind, Provision, Provisioned, RawDestination, ReadBack,
+    ReaderSpec, Running, Runtime, Shape,
+};
+use crate::located::{Located, at};
+use crate::promise::Promise;
+use crate::verify::WriteKeyPlace;
+
+/// The header the built-in engine puts each record's write key in, unless `key_header` says
+/// another.
+pub const KEY_HEADER: &str = "Idempotency-Key";
+
+/// The kind's registration.
+pub static ENTRY: Entry = Entry {
+    name: "http",
+    sink: &sink::HttpSink,
+    fields: &["dedupe", "key_header"],
+    external_field: ("address", "api.site.local:8443"),
+    sasl_mechanisms: &[],
+    write_key_field: ("http_header", "string"),
+    embedded: true,
+    validate,
+    bench: None,
+    taps: None,
+};
+
+/// An HTTP destination: where the endpoint listens and whether it recognises a repeat.
+#[derive(Debug, Clone)]
+pub struct Http {
+    /// The path writes are POSTed to (the scenario's `topic`, with a leading `/`).
+    pub path: String,
+    pub dedupe: bool,
+    /// The header the endpoint reads the write key from (lower case, as HTTP/1.1 compares it).
+    pub key_header: String,
+}
+
+/// The path the scenario's `topic` names.
+pub fn path_of(topic: &str) -> String {
+    if topic.starts_with('/') {
+        topic.to_string()
+    } else {
+        format!("/{topic}")
+    }
+}
+
+fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination>, Located> {
+    if common.runtime == Runtime::External || common.runtime == Runtime::Container {
+        return Err(at(
+            &raw.kind.referenced,
+            "field `destination.runtime`: drill hosts the HTTP endpoint itself (it is the oracle: what it stored is what arrived); leave `runtime` out".to_string(),
+        ));
+    }
+    let key_header = match &raw.key_header {
+        None => KEY_HEADER.to_string(),
+        Some(h) => {
+            let name = h.value.trim();
+            let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+            if name.is_empty() || !name.chars().all(token) {
+                return Err(at(
+                    &h.referenced,
+                    format!(
+                        "field `destination.key_header`: `{}` is not an HTTP header name (letters, digits and -, e.g. Idempotency-Key)",
+                        h.value
+                    ),
+                ));
+            }
+            name.to_string()
+        }
+    };
+    let topic = raw.topic.as_deref().unwrap_or("drill");
+    if topic.contains(['?', '#', ' ']) {
+        return Err(at(
+            &raw.kind.referenced,
+            format!(
+                "field `destination.topic`: `{topic}` is not a path (no query, fragment or space)"
+            ),
+        ));
+    }
+    Ok(Arc::new(Http {
+        path: path_of(topic),
+        dedupe: raw.dedupe.as_ref().is_some_and(|d| d.value),
+        key_header: key_header.to_ascii_lowercase(),
+    }))
+}
+
+impl Destination for Http {
+    fn kind(&self) -> Kind {
+        Kind::Http
+    }
+
+    fn builtin_promise(&self) -> Promise {
+        self.promise_bound()
+            .map_or(Promise::EffectivelyOnce, |(p, _)| p)
+    }
+
+    fn promise_bound(&self) -> Option<(Promise, &'static str)> {
+        (!self.dedupe).then_some((
+            Promise::AtLeastOnce,
+            "an HTTP endpoint without `dedupe: true` stores every copy (a lost answer means a resend it cannot recognise), so it keeps `at_least_once`",
+        ))
+    }
+
+    fn refuses_one_write(&self) -> Result<(), &'static str> {
+        Ok(())
+    }
+
+    fn scripted_answers(&self) -> bool {
+        true
+    }
+
+    /// One request at a time: requests in flight together travel on separate connections and
+    /// land in any order (see [`sink`]).
+    fn default_window(&self) -> usize {
+        1
+    }
+
+    fn settle(&self, _shape: &Shape) -> Arc<dyn Destination> {
+        Arc::new(self.clone())
+    }
+
+    fn builtin_write_key(&self) -> WriteKeyPlace {
+        WriteKeyPlace::Meta(self.key_header.clone())
+    }
+
+    fn write_key_place(&self, value: &serde_json::Value) -> Result<WriteKeyPlace, String> {
+        match value.as_str().map(str::trim).filter(|s| !s.is_empty()) {
+            Some(name) => Ok(WriteKeyPlace::Meta(name.to_ascii_lowercase())),
+            None => Err("the request header, e.g. http_header: Idempotency-Key".to_string()),
+        }
+    }
+
+    fn output_options(&self, cfg: &mut crate::engine::OutputConfig) {
+        cfg.topic = self.path.clone();
+        if self.key_header != KEY_HEADER.to_ascii_lowercase() {
+            cfg.key_header = Some(self.key_header.clone());
+        }
+    }
+
+    fn provision<'a>(&'a self, p: Provision<'a>) -> BoxFuture<'a, Result<Provisioned, DestError>> {
+        endpoint::provision(Arc::new(self.clone()), self, p).boxed()
+    }
+
+    fn reader<'a>(
+        &'a self,
+        at: &'a Running,
+        r: ReaderSpec,
+    ) -> BoxFuture<'a, Result<Box<dyn ReadBack>, DestError>> {
+        async move {
+            let Some(store) = endpoint::store_of(at) else {
+                return Err(DestError::Reader(
+                    "the HTTP endpoint is not running".to_string(),
+                ));
+            };
+            Ok(Box::new(endpoint::Reader::new(store, r)) as Box<dyn ReadBack>)
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,225 @@
+//! The HTTP destination end to end, through the real binary: drill's own endpoint (the oracle),
+//! the real proxy in front of it, the engine as a child process. A 503 window is an outage, not
+//! a refusal: the correct engine passes it with nothing failed, and an engine that counts the
+//! 503s as refusals (the mutant `outage-status-spends-attempts`) fails it with its records in
+//! Failed messages. Late answers make `possibly_sent` resends that an endpoint with `dedupe`
+//! recognises (effectively once: no extra copy stored) and one without stores again (at least
+//! once: copies within the promise).
+
+mod common;
+
+use common::run::{Ran, drill, run_drill, run_drill_with, scenario, show};
+
+fn number(r: &serde_json::Value, path: &[&str]) -> u64 {
+    let mut v = r;
+    for p in path {
+        v = &v[*p];
+    }
+    v.as_u64()
+        .unwrap_or_else(|| panic!("{} is not a number: {r:#}", path.join(".")))
+}
+
+fn catalogue(name: &str) -> String {
+    format!("{}/scenarios/{name}.yaml", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn say(what: &str, ran: &Ran) {
+    let r = &ran.report;
+    println!(
+        "{what}: exit {:?}; {}; ledger {}; attempts {}",
+        ran.output.status.code(),
+        r["headline"],
+        r["ledger"],
+        r["attempts"]
+    );
+}
+
+/// Runs a catalogue drill with the built-in engine and asserts it passed and proved something.
+fn passes(name: &str) -> Ran {
+    let ran = run_drill(&catalogue(name), name, &[]);
+    say(name, &ran);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+    assert_eq!(r["inconclusive"], serde_json::json!([]), "{r:#}");
+    ran
+}
+
+/// 15 s of 503 with Retry-After: every record held and delivered once, none failed, and the
+/// outage met the traffic (attempts ended possibly_sent, none refused).
+#[test]
+fn a_503_window_is_an_outage_the_correct_engine_sits_out() {
+    let ran = passes("http-503");
+    let r = &ran.report;
+    assert_eq!(number(r, &["ledger", "failed"]), 0);
+    assert_eq!(number(r, &["ledger", "lost"]), 0);
+    assert_eq!(number(r, &["ledger", "duplicates"]), 0);
+    assert_eq!(
+        number(r, &["attempts", "refused"]),
+        0,
+        "{:#}",
+        r["attempts"]
+    );
+    assert!(
+        number(r, &["attempts", "possibly_sent"]) > 0,
+        "{:#}",
+        r["attempts"]
+    );
+    assert_eq!(r["headline"], "Nothing lost.");
+}
+
+/// The same drill against an engine that counts each 503 as a refusal: records end in Failed
+/// messages and the drill fails on exactly that.
+#[cfg(feature = "mutants")]
+#[test]
+fn an_engine_that_counts_503_as_a_refusal_fails_with_records_failed() {
+    let ran = run_drill_with(
+        &catalogue("http-503"),
+        "http-503",
+        &[],
+        &[("DRILL_MUTANT", "outage-status-spends-attempts")],
+    );
+    say("http-503 (mutant outage-status-spends-attempts)", &ran);
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(1), "{}\n{r:#}", show(o));
+    let failed = number(r, &["ledger", "failed"]);
+    assert!(failed > 0, "{:#}", r["ledger"]);
+    assert!(
+        number(r, &["attempts", "refused"]) >= 3 * failed,
+        "{:#}",
+        r["attempts"]
+    );
+    let broken: Vec<&str> = r["expectations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ok"] == false)
+        .filter_map(|e| e["check"].as_str())
+        .collect();
+    assert_eq!(broken, ["failed"], "{:#}", r["expectations"]);
+}
+
+/// Late answers past the answer timeout: resends with the same Idempotency-Key. With dedupe the
+/// endpoint stores each record once (no duplicate at all); without, the copies are stored and
+/// each is within at_least_once.
+#[test]
+fn late_answers_make_resends_that_dedupe_recognises_and_at_least_once_allows() {
+    let ran = passes("http-slow-answer");
+    let r = &ran.report;
+    assert!(
+        number(r, &["attempts", "possibly_sent"]) > 0,
+        "{:#}",
+        r["attempts"]
+    );
+    assert_eq!(number(r, &["ledger", "duplicates"]), 0, "{:#}", r["ledger"]);
+    let ran = passes("http-slow-answer-no-dedupe");
+    let r = &ran.report;
+    let copies = number(r, &["ledger", "duplicates"]);
+    assert!(copies > 0, "{:#}", r["ledger"]);
+    assert_eq!(number(r, &["ledger", "duplicates_beyond_promise"]), 0);
+    assert_eq!(number(r, &["ledger", "duplicates_same_key"]), copies);
+}
+
+/// A 422 for one record while the rest are taken: a real refusal, set aside in Failed
+/// messages after its counted refusals.
+#[test]
+fn a_record_the_endpoint_rejects_is_set_aside() {
+    let ran = passes("http-poison");
+    let r = &ran.report;
+    assert_eq!(number(r, &["ledger", "failed"]), 1);
+    assert_eq!(
+        number(r, &["attempts", "refused"]),
+        5,
+        "{:#}",
+        r["attempts"]
+    );
+}
+
+/// What an HTTP destination cannot honour, and destination faults where they mean nothing:
+/// exit 2, one line, located.
+#[test]
+fn what_an_http_destination_cannot_honour_exits_2_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let fault =
+        |f: &str| format!("destination: {{ kind: http, dedupe: true }}\nfaults:\n  - {f}\n");
+    let cases = [
+        (
+            "effectively-once-without-dedupe",
+            "destination: { kind: http }\nsystem: { builtin: { promise: effectively_once } }\n".to_string(),
+            "declare at_least_once or less",
+            "effectively_once",
+        ),
+        (
+            "unknown-status",
+            fault("{ at: 1s, target: destination, answer: 599, for: 2s }"),
+            "not a known HTTP error status",
+            "599",
+        ),
+        (
+            "success-status",
+            fault("{ at: 1s, target: destination, answer: 200, for: 2s }"),
+            "not a known HTTP error status",
+            "200",
+        ),
+        (
+            "answer-after-longer-than-the-drill",
+            fault("{ at: 1s, target: destination, answer_after: 10m, for: 2s }"),
+            "not within the drill's workload",
+            "10m",
+        ),
+        (
+            "retry-after-on-500",
+            fault("{ at: 1s, target: destination, answer: 500, retry_after: 1s, for: 2s }"),
+            "429",
+            "{ at: 1s",
+        ),
+        (
+            "no-window",
+            fault("{ at: 1s, target: destination, answer: 503 }"),
+            "field `faults[0].for`",
+            "{ at: 1s",
+        ),
+        (
+            "destination-fault-on-mqtt",
+            "destination: { kind: mqtt }\nfaults:\n  - { at: 1s, target: destination, answer: 503, for: 2s }\n".to_string(),
+            "need a destination drill hosts",
+            "{ at: 1s",
+        ),
+        (
+            "answer-on-a-link-fault",
+            fault("{ at: 1s, link: http, fault: refuse, answer: 503, for: 2s }"),
+            "field `faults[0].answer`: only destination faults",
+            "{ at: 1s",
+        ),
+        (
+            "container",
+            "destination: { kind: http, runtime: container }\n".to_string(),
+            "drill hosts the HTTP endpoint itself",
+            "http",
+        ),
+        (
+            "bad-header",
+            "destination: { kind: http, key_header: \"Idem Key\" }\n".to_string(),
+            "not an HTTP header name",
+            "\"Idem Key\"",
+        ),
+    ];
+    for (name, body, says, points_at) in cases {
+        let text = format!("name: {name}\n{body}workload: {{ rate: 10/s, duration: 5s }}\n");
+        let file = scenario(dir.path(), name, &text);
+        let (line, column) = text
+            .lines()
+            .enumerate()
+            .find_map(|(i, l)| l.find(points_at).map(|c| (i + 1, c + 1)))
+            .unwrap();
+        let o = drill(&["check", &file]);
+        let said = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+        println!("{name}: {}", said.trim());
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", show(&o));
+        assert!(said.contains(says), "{name}: {said}");
+        assert!(
+            said.contains(&format!("{name}.yaml:{line}:{column}")),
+            "{name}: expected {line}:{column} in {said}"
+        );
+        assert_eq!(said.trim().lines().count(), 1, "{name}: one line: {said}");
+    }
+}
