@@ -98,10 +98,11 @@ fi
 # syslog-ng (a log shipper drilled as a user's engine, scenarios/examples/syslog-ng-disk-buffer.yaml):
 # Debian's syslog-ng-core conflicts with rsyslog as a package, so it is unpacked too.
 syslogng_root="$HOME/.cache/drill/syslog-ng"
+# With its http() destination (syslog-ng-mod-http, scenarios/examples/syslog-ng-http.yaml).
 if ! command -v syslog-ng >/dev/null 2>&1 && [ ! -x /usr/sbin/syslog-ng ] \
-  && [ ! -f "$syslogng_root/usr/lib/syslog-ng/3.38/libdisk-buffer.so" ]; then
-  unpack "$syslogng_root" "syslog-ng-core" \
-    "libcap2 libglib2.0-0 libivykis0 libjson-c5 libnet1 libpcre3 libssl3 libsystemd0 libwrap0"
+  && [ ! -f "$syslogng_root/usr/lib/syslog-ng/3.38/libhttp.so" ]; then
+  unpack "$syslogng_root" "syslog-ng-core syslog-ng-mod-http" \
+    "libcap2 libglib2.0-0 libivykis0 libjson-c5 libnet1 libpcre3 libssl3 libsystemd0 libwrap0 libcurl4"
 fi
 
 echo "ci/setup.sh: mosquitto: $( (mosquitto -h 2>/dev/null || /usr/sbin/mosquitto -h 2>/dev/null || true) | head -n1)"
