@@ -8,59 +8,29 @@
 
 mod common;
 
-use common::run::{Ran, drill, run_drill, run_drill_with, scenario, show};
-
-fn number(r: &serde_json::Value, path: &[&str]) -> u64 {
-    let mut v = r;
-    for p in path {
-        v = &v[*p];
-    }
-    v.as_u64()
-        .unwrap_or_else(|| panic!("{} is not a number: {r:#}", path.join(".")))
-}
+use common::run::{catalogue_drill_passes, drill, run_drill_with, scenario, show};
 
 fn catalogue(name: &str) -> String {
     format!("{}/scenarios/{name}.yaml", env!("CARGO_MANIFEST_DIR"))
-}
-
-fn say(what: &str, ran: &Ran) {
-    let r = &ran.report;
-    println!(
-        "{what}: exit {:?}; {}; ledger {}; attempts {}",
-        ran.output.status.code(),
-        r["headline"],
-        r["ledger"],
-        r["attempts"]
-    );
-}
-
-/// Runs a catalogue drill with the built-in engine and asserts it passed and proved something.
-fn passes(name: &str) -> Ran {
-    let ran = run_drill(&catalogue(name), name, &[]);
-    say(name, &ran);
-    let (o, r) = (&ran.output, &ran.report);
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
-    assert_eq!(r["inconclusive"], serde_json::json!([]), "{r:#}");
-    ran
 }
 
 /// 15 s of 503 with Retry-After: every record held and delivered once, none failed, and the
 /// outage met the traffic (attempts ended possibly_sent, none refused).
 #[test]
 fn a_503_window_is_an_outage_the_correct_engine_sits_out() {
-    let ran = passes("http-503");
+    let ran = catalogue_drill_passes("http-503");
     let r = &ran.report;
-    assert_eq!(number(r, &["ledger", "failed"]), 0);
-    assert_eq!(number(r, &["ledger", "lost"]), 0);
-    assert_eq!(number(r, &["ledger", "duplicates"]), 0);
+    assert_eq!(ran.number(&["ledger", "failed"]), 0);
+    assert_eq!(ran.number(&["ledger", "lost"]), 0);
+    assert_eq!(ran.number(&["ledger", "duplicates"]), 0);
     assert_eq!(
-        number(r, &["attempts", "refused"]),
+        ran.number(&["attempts", "refused"]),
         0,
         "{:#}",
         r["attempts"]
     );
     assert!(
-        number(r, &["attempts", "possibly_sent"]) > 0,
+        ran.number(&["attempts", "possibly_sent"]) > 0,
         "{:#}",
         r["attempts"]
     );
@@ -78,13 +48,13 @@ fn an_engine_that_counts_503_as_a_refusal_fails_with_records_failed() {
         &[],
         &[("DRILL_MUTANT", "outage-status-spends-attempts")],
     );
-    say("http-503 (mutant outage-status-spends-attempts)", &ran);
+    ran.say("http-503 (mutant outage-status-spends-attempts)");
     let (o, r) = (&ran.output, &ran.report);
     assert_eq!(o.status.code(), Some(1), "{}\n{r:#}", show(o));
-    let failed = number(r, &["ledger", "failed"]);
+    let failed = ran.number(&["ledger", "failed"]);
     assert!(failed > 0, "{:#}", r["ledger"]);
     assert!(
-        number(r, &["attempts", "refused"]) >= 3 * failed,
+        ran.number(&["attempts", "refused"]) >= 3 * failed,
         "{:#}",
         r["attempts"]
     );
@@ -103,31 +73,36 @@ fn an_engine_that_counts_503_as_a_refusal_fails_with_records_failed() {
 /// each is within at_least_once.
 #[test]
 fn late_answers_make_resends_that_dedupe_recognises_and_at_least_once_allows() {
-    let ran = passes("http-slow-answer");
+    let ran = catalogue_drill_passes("http-slow-answer");
     let r = &ran.report;
     assert!(
-        number(r, &["attempts", "possibly_sent"]) > 0,
+        ran.number(&["attempts", "possibly_sent"]) > 0,
         "{:#}",
         r["attempts"]
     );
-    assert_eq!(number(r, &["ledger", "duplicates"]), 0, "{:#}", r["ledger"]);
-    let ran = passes("http-slow-answer-no-dedupe");
+    assert_eq!(
+        ran.number(&["ledger", "duplicates"]),
+        0,
+        "{:#}",
+        r["ledger"]
+    );
+    let ran = catalogue_drill_passes("http-slow-answer-no-dedupe");
     let r = &ran.report;
-    let copies = number(r, &["ledger", "duplicates"]);
+    let copies = ran.number(&["ledger", "duplicates"]);
     assert!(copies > 0, "{:#}", r["ledger"]);
-    assert_eq!(number(r, &["ledger", "duplicates_beyond_promise"]), 0);
-    assert_eq!(number(r, &["ledger", "duplicates_same_key"]), copies);
+    assert_eq!(ran.number(&["ledger", "duplicates_beyond_promise"]), 0);
+    assert_eq!(ran.number(&["ledger", "duplicates_same_key"]), copies);
 }
 
 /// A 422 for one record while the rest are taken: a real refusal, set aside in Failed
 /// messages after its counted refusals.
 #[test]
 fn a_record_the_endpoint_rejects_is_set_aside() {
-    let ran = passes("http-poison");
+    let ran = catalogue_drill_passes("http-poison");
     let r = &ran.report;
-    assert_eq!(number(r, &["ledger", "failed"]), 1);
+    assert_eq!(ran.number(&["ledger", "failed"]), 1);
     assert_eq!(
-        number(r, &["attempts", "refused"]),
+        ran.number(&["attempts", "refused"]),
         5,
         "{:#}",
         r["attempts"]

@@ -9,40 +9,9 @@
 mod common;
 
 use common::run::{
-    Ran, drill, have_local_image, have_rsyslogd, run_drill, run_drill_with, scenario, show,
+    catalogue_drill_passes, drill, have_local_image, have_rsyslogd, run_drill, run_drill_with,
+    scenario, show,
 };
-
-fn number(r: &serde_json::Value, path: &[&str]) -> u64 {
-    let mut v = r;
-    for p in path {
-        v = &v[*p];
-    }
-    v.as_u64()
-        .unwrap_or_else(|| panic!("{} is not a number: {r:#}", path.join(".")))
-}
-
-/// Runs the catalogue's `scenarios/NAME.yaml` with the built-in engine, says what it found, and
-/// asserts the drill passed (exit 0) and proved something (no inconclusive reason).
-fn catalogue_drill_passes(name: &str) -> Ran {
-    let file = format!("{}/scenarios/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
-    let ran = run_drill(&file, name, &[]);
-    say(name, &ran);
-    let (o, r) = (&ran.output, &ran.report);
-    assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
-    assert_eq!(r["inconclusive"], serde_json::json!([]), "{r:#}");
-    ran
-}
-
-fn say(what: &str, ran: &Ran) {
-    let r = &ran.report;
-    println!(
-        "{what}: exit {:?}; {}; ledger {}; attempts {}",
-        ran.output.status.code(),
-        r["headline"],
-        r["ledger"],
-        r["attempts"]
-    );
-}
 
 /// RELP, half-open for 15 s: the frames reach rsyslog, the answers are lost. Each unanswered
 /// attempt ends `possibly_sent` and is resent once after the heal with its write key: nothing
@@ -54,8 +23,8 @@ fn the_relp_half_open_drill_passes_with_its_copies_within_the_promise() {
     }
     let ran = catalogue_drill_passes("syslog-relp-half-open");
     let r = &ran.report;
-    assert_eq!(number(r, &["ledger", "lost"]), 0);
-    assert_eq!(number(r, &["ledger", "duplicates_beyond_promise"]), 0);
+    assert_eq!(ran.number(&["ledger", "lost"]), 0);
+    assert_eq!(ran.number(&["ledger", "duplicates_beyond_promise"]), 0);
     assert_eq!(r["closes"], true);
     assert!(
         r["ledger"].get("sent_unconfirmed_missing").is_none(),
@@ -64,11 +33,11 @@ fn the_relp_half_open_drill_passes_with_its_copies_within_the_promise() {
     assert_eq!(r["headline"], "Nothing lost.");
     // The swallow met the traffic: answers discarded, attempts left unanswered.
     assert!(
-        number(r, &["link", "bytes_swallowed_downstream"]) > 0,
+        ran.number(&["link", "bytes_swallowed_downstream"]) > 0,
         "{r:#}"
     );
-    assert!(number(r, &["attempts", "possibly_sent"]) > 0, "{r:#}");
-    assert_eq!(number(r, &["attempts", "sent_unconfirmed"]), 0);
+    assert!(ran.number(&["attempts", "possibly_sent"]) > 0, "{r:#}");
+    assert_eq!(ran.number(&["attempts", "sent_unconfirmed"]), 0);
     assert!(
         r["versions"]["broker"]
             .as_str()
@@ -98,18 +67,18 @@ fn the_tcp_half_open_drill_counts_what_was_sent_unconfirmed_apart_from_lost() {
     );
     let l = &r["ledger"];
     let (held, delivered, unconfirmed) = (
-        number(r, &["ledger", "held"]),
-        number(r, &["ledger", "delivered"]),
-        number(r, &["ledger", "sent_unconfirmed_missing"]),
+        ran.number(&["ledger", "held"]),
+        ran.number(&["ledger", "delivered"]),
+        ran.number(&["ledger", "sent_unconfirmed_missing"]),
     );
-    assert_eq!(number(r, &["ledger", "lost"]), 0, "{l}");
+    assert_eq!(ran.number(&["ledger", "lost"]), 0, "{l}");
     // 15 s at 100 records/s went into the void, give or take what was in flight at the edges.
     assert!((1000..=2000).contains(&unconfirmed), "{l}");
     assert_eq!(held, delivered + unconfirmed, "{l}");
     assert!(headline.contains(&format!("{unconfirmed} sent but not confirmed and missing")));
     assert_eq!(r["promise"], "at_most_once");
-    assert!(number(r, &["attempts", "sent_unconfirmed"]) >= held);
-    assert_eq!(number(r, &["attempts", "delivered"]), 0);
+    assert!(ran.number(&["attempts", "sent_unconfirmed"]) >= held);
+    assert_eq!(ran.number(&["attempts", "delivered"]), 0);
     assert!(
         ran.markdown.contains("lost before sending"),
         "{}",
@@ -132,12 +101,12 @@ fn the_udp_drill_counts_the_dropped_datagrams_as_sent_unconfirmed() {
         headline.starts_with("None lost before sending"),
         "{headline}"
     );
-    let unconfirmed = number(r, &["ledger", "sent_unconfirmed_missing"]);
+    let unconfirmed = ran.number(&["ledger", "sent_unconfirmed_missing"]);
     assert!((650..=950).contains(&unconfirmed), "{:#}", r["ledger"]);
-    assert_eq!(number(r, &["ledger", "lost"]), 0);
+    assert_eq!(ran.number(&["ledger", "lost"]), 0);
     assert_eq!(
-        number(r, &["ledger", "held"]),
-        number(r, &["ledger", "delivered"]) + unconfirmed
+        ran.number(&["ledger", "held"]),
+        ran.number(&["ledger", "delivered"]) + unconfirmed
     );
     let datagrams = &r["link"]["datagrams"];
     assert!(
@@ -157,8 +126,13 @@ fn an_engine_killed_while_it_sends_over_tcp_sends_nothing_twice() {
     }
     let ran = catalogue_drill_passes("syslog-tcp-kill");
     let r = &ran.report;
-    assert_eq!(number(r, &["ledger", "duplicates"]), 0, "{:#}", r["ledger"]);
-    assert_eq!(number(r, &["ledger", "lost"]), 0);
+    assert_eq!(
+        ran.number(&["ledger", "duplicates"]),
+        0,
+        "{:#}",
+        r["ledger"]
+    );
+    assert_eq!(ran.number(&["ledger", "lost"]), 0);
 }
 
 /// The receiving side in a container (`drill-local/rsyslog`, built by `ci/images.sh` from the
@@ -174,16 +148,16 @@ fn the_relp_and_udp_drills_run_against_rsyslog_in_a_container() {
     for name in ["syslog-relp-half-open", "syslog-udp-loss"] {
         let file = format!("{}/scenarios/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
         let ran = run_drill_with(&file, name, &["--runtime", "container"], &env);
-        say(name, &ran);
+        ran.say(name);
         let (o, r) = (&ran.output, &ran.report);
         assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
         assert_eq!(r["inconclusive"], serde_json::json!([]), "{r:#}");
         assert_eq!(r["runtime"], "container", "{r:#}");
         let broker = r["versions"]["broker"].as_str().unwrap_or("");
         assert!(broker.contains("drill-local/rsyslog (image "), "{broker}");
-        assert_eq!(number(r, &["ledger", "lost"]), 0, "{:#}", r["ledger"]);
+        assert_eq!(ran.number(&["ledger", "lost"]), 0, "{:#}", r["ledger"]);
         if name == "syslog-udp-loss" {
-            let unconfirmed = number(r, &["ledger", "sent_unconfirmed_missing"]);
+            let unconfirmed = ran.number(&["ledger", "sent_unconfirmed_missing"]);
             assert!((650..=950).contains(&unconfirmed), "{:#}", r["ledger"]);
         } else {
             assert_eq!(r["headline"], "Nothing lost.");
@@ -235,7 +209,7 @@ fn a_udp_receiver_the_user_runs_is_drilled_through_a_datagram_link() {
     let ran = run_drill(&path, "udp-external", &[]);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let got = receiver.join().unwrap();
-    say("udp-external", &ran);
+    ran.say("udp-external");
     let (o, r) = (&ran.output, &ran.report);
     assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
     assert_eq!(r["runtime"], "external", "{r:#}");
@@ -245,10 +219,10 @@ fn a_udp_receiver_the_user_runs_is_drilled_through_a_datagram_link() {
         "{}",
         ran.markdown
     );
-    let unconfirmed = number(r, &["ledger", "sent_unconfirmed_missing"]);
+    let unconfirmed = ran.number(&["ledger", "sent_unconfirmed_missing"]);
     let (held, delivered) = (
-        number(r, &["ledger", "held"]),
-        number(r, &["ledger", "delivered"]),
+        ran.number(&["ledger", "held"]),
+        ran.number(&["ledger", "delivered"]),
     );
     assert_eq!(delivered, got, "the receiver's count is what was read back");
     assert_eq!(held, delivered + unconfirmed, "{:#}", r["ledger"]);
@@ -280,12 +254,12 @@ fn an_engine_that_drops_what_waited_fails_on_both_transports_with_its_losses_cou
             ),
         );
         let ran = run_drill_with(&file, &name, &[], &[("DRILL_MUTANT", "expire-by-age")]);
-        say(&format!("expire-by-age over {transport}"), &ran);
+        ran.say(&format!("expire-by-age over {transport}"));
         let (o, r) = (&ran.output, &ran.report);
         assert_eq!(o.status.code(), Some(1), "{}\n{r:#}", show(o));
-        let held = number(r, &["ledger", "held"]);
-        let delivered = number(r, &["ledger", "delivered"]);
-        let lost = number(r, &["ledger", "lost"]);
+        let held = ran.number(&["ledger", "held"]);
+        let delivered = ran.number(&["ledger", "delivered"]);
+        let lost = ran.number(&["ledger", "lost"]);
         assert_eq!(held, 1200, "{r:#}");
         // Records accepted more than 5 s into an 8 s refusal are dropped: about 300.
         assert!(lost >= 100, "{r:#}");

@@ -422,28 +422,15 @@ fn link_fault(
             ),
         ));
     }
-    let of_a_destination_fault = first_given([
-        ("answer", f.answer.is_some()),
-        ("answer_after", f.answer_after.is_some()),
-        ("retry_after", f.retry_after.is_some()),
-    ]);
-    if let Some(name) = of_a_destination_fault {
-        return Err(entry.field(
-            name,
-            "only destination faults (`target: destination`) take it",
-        ));
-    }
-    let of_a_process_fault = first_given([
-        ("action", f.action.is_some()),
-        ("restart_after", f.restart_after.is_some()),
-        ("wipe_data", f.wipe_data.is_some()),
-        ("down_for", f.down_for.is_some()),
-        ("torn", f.torn.is_some()),
-        ("crash_at", f.crash_at.is_some()),
-    ]);
-    if let Some(name) = of_a_process_fault {
-        return Err(entry.field(name, "only process faults (`target:`) take it"));
-    }
+    refuse_fields(
+        entry,
+        destination_fields(f),
+        "only destination faults (`target: destination`) take it",
+    )?;
+    let process = process_fields(f)
+        .into_iter()
+        .filter(|(name, _)| *name != "node");
+    refuse_fields(entry, process, "only process faults (`target:`) take it")?;
     let datagrams = destination.imp.datagram_links();
     let fault = f.fault.ok_or_else(|| {
         entry.field(
@@ -659,34 +646,19 @@ fn process_fault(
 ) -> Result<ScheduledFault, Located> {
     let f = entry.raw;
     let fills_disk = f.action == Some(ProcessAction::FillDisk);
-    let of_a_link_fault = first_given([
-        ("fault", f.fault.is_some()),
-        ("direction", f.direction.is_some()),
-        ("for", f.for_.is_some() && !fills_disk),
-        ("latency", f.latency.is_some()),
-        ("jitter", f.jitter.is_some()),
-        ("bytes_per_s", f.bytes_per_s.is_some()),
-        ("loss", f.loss.is_some()),
-        ("repeat", f.repeat.is_some()),
-        ("every", f.every.is_some()),
-    ]);
-    if let Some(name) = of_a_link_fault {
-        return Err(entry.field(
-            name,
-            "only link faults (`link:`) take it; a process fault uses `action`",
-        ));
-    }
-    let of_a_destination_fault = first_given([
-        ("answer", f.answer.is_some()),
-        ("answer_after", f.answer_after.is_some()),
-        ("retry_after", f.retry_after.is_some()),
-    ]);
-    if let Some(name) = of_a_destination_fault {
-        return Err(entry.field(
-            name,
-            "only destination faults (`target: destination`) take it",
-        ));
-    }
+    let link = link_fields(f)
+        .into_iter()
+        .chain([("for", f.for_.is_some() && !fills_disk)]);
+    refuse_fields(
+        entry,
+        link,
+        "only link faults (`link:`) take it; a process fault uses `action`",
+    )?;
+    refuse_fields(
+        entry,
+        destination_fields(f),
+        "only destination faults (`target: destination`) take it",
+    )?;
     let action = f
         .action
         .ok_or_else(|| {
@@ -890,28 +862,15 @@ fn destination_fault(
             ),
         ));
     }
-    let other = first_given([
-        ("link", f.link.is_some()),
-        ("fault", f.fault.is_some()),
-        ("direction", f.direction.is_some()),
-        ("action", f.action.is_some()),
-        ("restart_after", f.restart_after.is_some()),
-        ("latency", f.latency.is_some()),
-        ("jitter", f.jitter.is_some()),
-        ("bytes_per_s", f.bytes_per_s.is_some()),
-        ("loss", f.loss.is_some()),
-        ("repeat", f.repeat.is_some()),
-        ("every", f.every.is_some()),
-        ("node", f.node.is_some()),
-        ("wipe_data", f.wipe_data.is_some()),
-        ("down_for", f.down_for.is_some()),
-    ]);
-    if let Some(name) = other {
-        return Err(entry.field(
-            name,
-            "a destination fault takes `answer` (with `retry_after`) or `answer_after`, and `for`",
-        ));
-    }
+    let other = link_fields(f)
+        .into_iter()
+        .chain(process_fields(f))
+        .chain([("link", f.link.is_some())]);
+    refuse_fields(
+        entry,
+        other,
+        "a destination fault takes `answer` (with `retry_after`) or `answer_after`, and `for`",
+    )?;
     let lasts = f
         .for_
         .map(|d| d.0)
@@ -1046,6 +1005,55 @@ pub const MAX_WORKLOAD_BYTES: u64 = 4 << 30;
 pub const MAX_FAULTS: usize = 10_000;
 
 /// The first of `fields` (name, given) the scenario gives, in the order listed.
+/// The fields only a link fault takes (`for` apart: a full disk and a destination fault take
+/// it too).
+fn link_fields(f: &RawFault) -> [(&'static str, bool); 8] {
+    [
+        ("fault", f.fault.is_some()),
+        ("direction", f.direction.is_some()),
+        ("latency", f.latency.is_some()),
+        ("jitter", f.jitter.is_some()),
+        ("bytes_per_s", f.bytes_per_s.is_some()),
+        ("loss", f.loss.is_some()),
+        ("repeat", f.repeat.is_some()),
+        ("every", f.every.is_some()),
+    ]
+}
+
+/// The fields only a process fault (engine, broker, proxy) takes.
+fn process_fields(f: &RawFault) -> [(&'static str, bool); 7] {
+    [
+        ("action", f.action.is_some()),
+        ("restart_after", f.restart_after.is_some()),
+        ("wipe_data", f.wipe_data.is_some()),
+        ("down_for", f.down_for.is_some()),
+        ("torn", f.torn.is_some()),
+        ("crash_at", f.crash_at.is_some()),
+        ("node", f.node.is_some()),
+    ]
+}
+
+/// The fields only a destination fault takes.
+fn destination_fields(f: &RawFault) -> [(&'static str, bool); 3] {
+    [
+        ("answer", f.answer.is_some()),
+        ("answer_after", f.answer_after.is_some()),
+        ("retry_after", f.retry_after.is_some()),
+    ]
+}
+
+/// An error for the first given of `fields` that the entry's kind of fault does not take.
+fn refuse_fields(
+    entry: &FaultEntry,
+    fields: impl IntoIterator<Item = (&'static str, bool)>,
+    why: &str,
+) -> Result<(), Located> {
+    match fields.into_iter().find(|(_, given)| *given) {
+        Some((name, _)) => Err(entry.field(name, why)),
+        None => Ok(()),
+    }
+}
+
 fn first_given<const N: usize>(fields: [(&'static str, bool); N]) -> Option<&'static str> {
     fields
         .into_iter()

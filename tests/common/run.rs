@@ -38,6 +38,47 @@ pub struct Ran {
     pub markdown: String,
 }
 
+impl Ran {
+    /// A count of the JSON report at `path` (`["ledger", "lost"]`).
+    pub fn number(&self, path: &[&str]) -> u64 {
+        let mut v = &self.report;
+        for p in path {
+            v = &v[*p];
+        }
+        v.as_u64()
+            .unwrap_or_else(|| panic!("{} is not a number: {:#}", path.join("."), self.report))
+    }
+
+    /// One line of what the drill found: exit, headline, ledger, attempts.
+    pub fn say(&self, what: &str) {
+        let r = &self.report;
+        println!(
+            "{what}: exit {:?}; {}; ledger {}; attempts {}",
+            self.output.status.code(),
+            r["headline"],
+            r["ledger"],
+            r["attempts"]
+        );
+    }
+
+    /// Asserts the drill passed (exit 0) and proved something (no inconclusive reason).
+    pub fn assert_passed(&self) {
+        let (o, r) = (&self.output, &self.report);
+        assert_eq!(o.status.code(), Some(0), "{}\n{r:#}", show(o));
+        assert_eq!(r["inconclusive"], serde_json::json!([]), "{r:#}");
+    }
+}
+
+/// Runs the catalogue's `scenarios/NAME.yaml` with the built-in engine, says what it found, and
+/// asserts it passed and proved something.
+pub fn catalogue_drill_passes(name: &str) -> Ran {
+    let file = format!("{}/scenarios/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    let ran = run_drill(&file, name, &[]);
+    ran.say(name);
+    ran.assert_passed();
+    ran
+}
+
 /// Runs `drill run FILE --out <temp> EXTRA...` and reads back scenario `name`'s reports.
 pub fn run_drill(file: &str, name: &str, extra: &[&str]) -> Ran {
     run_drill_with(file, name, extra, &[])
