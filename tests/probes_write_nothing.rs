@@ -249,3 +249,33 @@ async fn http_probes_write_nothing() {
     assert_eq!((copies, distinct), (150, 150));
     stop.cancel();
 }
+
+/// PostgreSQL: the probe is `SELECT 1` on a new connection; it inserts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_probes_write_nothing() {
+    use drill::dest::postgres::broker;
+    let dir = tempfile::tempdir().unwrap();
+    let server = broker::start()
+        .await
+        .expect("PostgreSQL is installed (ci/setup.sh)");
+    broker::create_table(server.addr, "probe", None)
+        .await
+        .unwrap();
+    let link = link_to(server.addr).await;
+    let answered = probes_during_an_outage(
+        dir.path(),
+        &link,
+        OutputConfig::new("postgres", "postgres", link.listen_addr(), "probe"),
+    )
+    .await;
+    let client = broker::connect(server.addr, drill::dest::postgres::DATABASE)
+        .await
+        .unwrap();
+    let rows = client.query("SELECT id FROM probe", &[]).await.unwrap();
+    let (copies, distinct) = exactly_once(rows.iter().map(|r| r.get::<_, Option<String>>(0)));
+    println!(
+        "postgres: {answered} probes answered during the outage; {copies} rows of {distinct} records stored"
+    );
+    assert_eq!(answered, 30);
+    assert_eq!((copies, distinct), (150, 150));
+}

@@ -41,6 +41,7 @@ pub mod http;
 pub mod kafka;
 pub mod mqtt;
 pub mod nats;
+pub mod postgres;
 mod running;
 mod spec;
 pub mod syslog;
@@ -74,16 +75,18 @@ pub enum Kind {
     Nats,
     Syslog,
     Http,
+    Postgres,
 }
 
 impl Kind {
     /// Every kind this build has.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Mqtt,
         Kind::Nats,
         Kind::Kafka,
         Kind::Syslog,
         Kind::Http,
+        Kind::Postgres,
     ];
 
     /// The kind's implementation: the one place a kind is mapped to it.
@@ -94,6 +97,7 @@ impl Kind {
             Kind::Kafka => &kafka::ENTRY,
             Kind::Syslog => &syslog::ENTRY,
             Kind::Http => &http::ENTRY,
+            Kind::Postgres => &postgres::ENTRY,
         }
     }
 

@@ -158,3 +158,20 @@ pub fn have_local_image(image: &str) -> bool {
     }
     there
 }
+
+/// PostgreSQL's server binaries (Debian's `postgresql`, installed by `ci/setup.sh`).
+pub fn have_postgres() -> bool {
+    let found = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| e.path().join("bin/postgres").is_file());
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI=true and PostgreSQL is missing: ci/setup.sh installs it"
+        );
+        println!("skipped: PostgreSQL is not installed (run ci/setup.sh)");
+    }
+    found
+}
