@@ -91,13 +91,16 @@ unpack() {
   rm -rf "$debs"
 }
 
-# rsyslog (the syslog destination's receiving side, src/dest/syslog/): Debian's rsyslog and
-# rsyslog-relp unpacked into ~/.cache/drill/rsyslog, so the machine's logging is left alone.
+# rsyslog (the syslog destination's receiving side, src/dest/syslog/): Debian's rsyslog,
+# rsyslog-relp and rsyslog-pgsql unpacked into ~/.cache/drill/rsyslog, so the machine's logging
+# is left alone.
 rsyslog_root="$HOME/.cache/drill/rsyslog"
+# With ompgsql (rsyslog-pgsql, scenarios/examples/rsyslog-ompgsql.yaml).
 if ! command -v rsyslogd >/dev/null 2>&1 && [ ! -x /usr/sbin/rsyslogd ] \
-  && [ ! -f "$rsyslog_root/usr/lib/x86_64-linux-gnu/rsyslog/imrelp.so" ] \
-  && [ ! -f "$rsyslog_root/usr/lib/aarch64-linux-gnu/rsyslog/imrelp.so" ]; then
-  unpack "$rsyslog_root" "rsyslog rsyslog-relp" "libestr0 libfastjson4 liblognorm5 librelp0"
+  && [ ! -f "$rsyslog_root/usr/lib/x86_64-linux-gnu/rsyslog/ompgsql.so" ] \
+  && [ ! -f "$rsyslog_root/usr/lib/aarch64-linux-gnu/rsyslog/ompgsql.so" ]; then
+  unpack "$rsyslog_root" "rsyslog rsyslog-relp rsyslog-pgsql" \
+    "libestr0 libfastjson4 liblognorm5 librelp0 libpq5"
 fi
 
 # syslog-ng (a log shipper drilled as a user's engine, scenarios/examples/syslog-ng-disk-buffer.yaml):
