@@ -8,13 +8,18 @@ use std::time::Duration;
 use super::{RecoveryRecord, SeriesPoint};
 use crate::runner::Sample;
 use crate::runner::events::FaultRecord;
-use crate::verify::Received;
+use crate::verify::{Arrival, Received};
 use crate::workload::Sent;
 
 /// For each fault that ended: from the first fault-free instant after its heal to the first
-/// delivery, and to every record accepted before then having arrived.
+/// delivery (after a strand, of a record accepted from the strand on), and to every record
+/// accepted before then having arrived.
 pub fn recovery(faults: &[FaultRecord], sent: &Sent, received: &Received) -> Vec<RecoveryRecord> {
     let first_arrival = first_arrivals(received);
+    let accepted_at: HashMap<&str, Duration> = sent
+        .accepted()
+        .map(|(r, _, at)| (r.id.as_str(), at))
+        .collect();
     faults
         .iter()
         .filter(|f| f.no_target.is_none())
@@ -25,11 +30,22 @@ pub fn recovery(faults: &[FaultRecord], sent: &Sent, received: &Received) -> Vec
         })
         .map(|(f, heal)| {
             let heal_d = Duration::from_millis(heal);
+            // A strand is an instant: a record already past the link when it fell arrives a
+            // few ms later, which says nothing about the engine noticing. Only records the
+            // engine accepted from that instant on (all sent into the stranded connection or
+            // after it) show delivery coming back.
+            let met = |a: &Arrival| {
+                f.until_ms != Some(f.at_ms)
+                    || a.id
+                        .as_deref()
+                        .and_then(|id| accepted_at.get(id))
+                        .is_some_and(|at| *at >= Duration::from_millis(f.at_ms))
+            };
             let first = received
                 .arrivals
                 .iter()
+                .filter(|a| a.at >= heal_d && met(a))
                 .map(|a| a.at)
-                .filter(|at| *at >= heal_d)
                 .min();
             RecoveryRecord {
                 fault: f.label(),
@@ -105,7 +121,6 @@ mod tests {
     use super::*;
     use crate::proxy::{Direction, Fault, FaultSpec};
     use crate::runner::events::{FaultKind, FaultTarget};
-    use crate::verify::Arrival;
     use crate::workload::{Ingested, Record};
 
     fn sent(accepted_ms: &[u64]) -> Sent {
@@ -191,6 +206,23 @@ mod tests {
             Some(5000),
         );
         assert_eq!(recovery(&[cut_only], &s, &r)[0].drained_ms, None);
+    }
+
+    #[test]
+    fn after_a_strand_only_records_sent_into_it_show_recovery() {
+        // Stranded at 3 s: the record accepted at 2.99 s was past the link and arrives at
+        // 3.003 s; the one accepted at 3.1 s went into the dead connection and arrives only
+        // after the keepalive noticed, at 9 s.
+        let strand = fault(
+            FaultTarget::Link("mqtt".into()),
+            FaultKind::Link(FaultSpec::new(Fault::Strand, Direction::Both)),
+            3000,
+            Some(3000),
+        );
+        let s = sent(&[2990, 3100]);
+        let r = received(&[3003, 9000]);
+        let rec = recovery(&[strand], &s, &r);
+        assert_eq!(rec[0].first_delivery_ms, Some(9000));
     }
 
     #[test]
