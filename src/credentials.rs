@@ -12,6 +12,10 @@ pub struct Credentials {
     /// Kafka: the SASL mechanism (with username and password).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sasl_mechanism: Option<String>,
+    /// PostgreSQL: a connection string (`postgres://user:password@host:5432/db`), which
+    /// carries the user, password and database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsn_env: Option<String>,
 }
 
 /// Credentials read from the environment, for one connection.
@@ -20,6 +24,7 @@ pub struct Secrets {
     pub username: Option<String>,
     pub password: Option<String>,
     pub sasl_mechanism: Option<String>,
+    pub dsn: Option<String>,
 }
 
 impl Secrets {
@@ -41,15 +46,16 @@ impl Credentials {
                 None => Ok(None),
                 Some(n) => std::env::var(n).map(Some).map_err(|_| {
                     format!(
-                        "environment variable `{n}` (destination.credentials.{field}) is not set; export it before the drill"
+                        "environment variable `{n}` (destination.{field}) is not set; export it before the drill"
                     )
                 }),
             }
         };
         Ok(Secrets {
-            username: get("username_env", &self.username_env)?,
-            password: get("password_env", &self.password_env)?,
+            username: get("credentials.username_env", &self.username_env)?,
+            password: get("credentials.password_env", &self.password_env)?,
             sasl_mechanism: self.sasl_mechanism.clone(),
+            dsn: get("dsn_env", &self.dsn_env)?,
         })
     }
 }

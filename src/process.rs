@@ -102,23 +102,69 @@ impl LocalProcess {
 
     /// SIGKILL, or SIGTERM then SIGKILL after 5 s.
     pub async fn stop(&mut self, kill: bool) {
+        let how = if kill { Signals::KILL } else { Signals::TERM };
+        self.signal(how, Duration::from_secs(5)).await;
+    }
+
+    /// How it exited, if it has.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
+    /// SIGKILL to its process group (it leads one), without waiting: for `Drop`.
+    pub fn kill_group_now(&self) {
+        if let Some(pid) = self.child.as_ref().and_then(Child::id) {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
+    /// `how.signal` (to its whole process group with `how.group`), then SIGKILL to the same
+    /// if it has not exited within `grace`. Returns once it exited.
+    pub async fn signal(&mut self, how: Signals, grace: Duration) {
+        use nix::sys::signal::{Signal, kill, killpg};
         let Some(mut child) = self.child.take() else {
             return;
         };
-        if !kill && let Some(pid) = child.id() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            if tokio::time::timeout(Duration::from_secs(5), child.wait())
-                .await
-                .is_ok()
-            {
-                return;
-            }
+        let Some(pid) = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32)) else {
+            return;
+        };
+        let send = |sig: Signal| {
+            let _ = if how.group {
+                killpg(pid, sig)
+            } else {
+                kill(pid, sig)
+            };
+        };
+        send(how.signal);
+        if how.signal != Signal::SIGKILL && tokio::time::timeout(grace, child.wait()).await.is_ok()
+        {
+            return;
         }
-        let _ = child.kill().await;
+        send(Signal::SIGKILL);
+        let _ = child.wait().await;
     }
+}
+
+/// How a process is told to go: a signal, to the process or to its whole process group (a
+/// server whose children must go with it, as PostgreSQL's backends).
+#[derive(Debug, Clone, Copy)]
+pub struct Signals {
+    pub signal: nix::sys::signal::Signal,
+    pub group: bool,
+}
+
+impl Signals {
+    pub const KILL: Signals = Signals {
+        signal: nix::sys::signal::Signal::SIGKILL,
+        group: false,
+    };
+    pub const TERM: Signals = Signals {
+        signal: nix::sys::signal::Signal::SIGTERM,
+        group: false,
+    };
 }
 
 /// Starts a program that listens on 127.0.0.1: on `port` (one try) or a free port (up to five

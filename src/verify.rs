@@ -118,6 +118,12 @@ impl Decoder {
         }
     }
 
+    /// Whether an id of this drill's run is anywhere in `payload` (a row of a user's table
+    /// may belong to another run, or to no drill at all).
+    pub fn has_run_id(&self, payload: &[u8]) -> bool {
+        !self.run_ids(payload).is_empty()
+    }
+
     /// Every distinct harness id in `payload`, in order of appearance.
     pub fn ids(&self, payload: &[u8]) -> Vec<String> {
         self.ids_at(payload).into_iter().map(|(id, _)| id).collect()

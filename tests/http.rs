@@ -8,8 +8,11 @@
 
 mod common;
 
-use common::run::{catalogue_drill_passes, drill, run_drill_with, scenario, show};
+#[cfg(feature = "mutants")]
+use common::run::run_drill_with;
+use common::run::{catalogue_drill_passes, drill, scenario, show};
 
+#[cfg(feature = "mutants")]
 fn catalogue(name: &str) -> String {
     format!("{}/scenarios/{name}.yaml", env!("CARGO_MANIFEST_DIR"))
 }

@@ -258,7 +258,7 @@ async fn postgres_probes_write_nothing() {
     let server = broker::start()
         .await
         .expect("PostgreSQL is installed (ci/setup.sh)");
-    broker::create_table(server.addr, "probe", None)
+    broker::create_database(server.addr, Some("probe"), None)
         .await
         .unwrap();
     let link = link_to(server.addr).await;
@@ -268,7 +268,7 @@ async fn postgres_probes_write_nothing() {
         OutputConfig::new("postgres", "postgres", link.listen_addr(), "probe"),
     )
     .await;
-    let client = broker::connect(server.addr, drill::dest::postgres::DATABASE)
+    let client = broker::connect(server.addr, &drill::dest::postgres::Login::drill())
         .await
         .unwrap();
     let rows = client.query("SELECT id FROM probe", &[]).await.unwrap();

@@ -134,7 +134,12 @@ async fn one(
         Ok(f) => f,
         Err(e) => {
             eprintln!("drill: {}: {e}", plan.name);
-            return (INFRASTRUCTURE, None);
+            // Bad input only the destination could tell (a read-back query that fails).
+            let invalid = matches!(
+                e,
+                runner::RunError::Broker(crate::dest::DestError::Invalid(_))
+            );
+            return (if invalid { INVALID } else { INFRASTRUCTURE }, None);
         }
     };
     let report = report::judge(&facts);

@@ -260,6 +260,10 @@ pub enum DestError {
     /// The scenario asks something this runtime cannot do.
     #[error("{0}")]
     Unsupported(String),
+    /// The scenario is wrong in a way only the destination could tell (a read-back query that
+    /// fails, a table that exists): bad input, exit 2.
+    #[error("{0}")]
+    Invalid(String),
     #[error(transparent)]
     Start(#[from] crate::process::StartError),
     #[error("proxy: {0}")]

@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 
 use super::{DestError, Destination, ReadBack, ReaderSpec};
 use crate::container::ContainerBroker;
-use crate::process::LocalProcess;
+use crate::process::{LocalProcess, Signals};
 use crate::verify::Access;
 
 /// What a broker fault does to a broker.
@@ -24,6 +24,9 @@ pub enum Halt {
     Stop,
     /// Frozen (a container's `docker pause`) until resumed.
     Pause,
+    /// The broker's own way to crash: SIGKILL for most; PostgreSQL's immediate shutdown
+    /// (`pg_ctl stop -m immediate`: no checkpoint, crash recovery at the next start).
+    Crash,
 }
 
 /// Which broker node a fault hits.
@@ -43,6 +46,27 @@ pub struct LocalNode {
     /// Starts the node (again): the same program, arguments and log.
     pub spawn: Box<dyn Fn() -> BoxFuture<'static, Result<LocalProcess, DestError>> + Send + Sync>,
     pub process: Option<LocalProcess>,
+    /// How each halt reaches it.
+    pub halts: Halts,
+}
+
+/// The signals a node's kill, stop and crash send, and how long each may take before SIGKILL.
+#[derive(Debug, Clone, Copy)]
+pub struct Halts {
+    pub kill: Signals,
+    pub stop: Signals,
+    pub crash: Signals,
+}
+
+impl Default for Halts {
+    /// SIGKILL, SIGTERM, and a crash that is a SIGKILL.
+    fn default() -> Halts {
+        Halts {
+            kill: Signals::KILL,
+            stop: Signals::TERM,
+            crash: Signals::KILL,
+        }
+    }
 }
 
 /// Removes what drill created on the user's brokers (a topic, a stream).
@@ -126,7 +150,7 @@ impl Running {
         let hit = match &mut self.place {
             Place::Container(c) => {
                 match how {
-                    Halt::Kill => c.kill().await,
+                    Halt::Kill | Halt::Crash => c.kill().await,
                     Halt::Pause => c.pause().await,
                     Halt::Stop => c.stop().await,
                 }
@@ -137,8 +161,13 @@ impl Running {
                 let n = nodes
                     .get_mut(index)
                     .ok_or_else(|| format!("no node {} in a cluster of {size}", index + 1))?;
+                let signals = match how {
+                    Halt::Kill => n.halts.kill,
+                    Halt::Crash => n.halts.crash,
+                    Halt::Stop | Halt::Pause => n.halts.stop,
+                };
                 if let Some(mut p) = n.process.take() {
-                    p.stop(how == Halt::Kill).await;
+                    p.signal(signals, std::time::Duration::from_secs(10)).await;
                 }
                 n.name.clone()
             }
@@ -192,7 +221,8 @@ impl Running {
             Place::Nodes(nodes) => {
                 for n in nodes.iter_mut() {
                     if let Some(mut p) = n.process.take() {
-                        p.stop(false).await;
+                        p.signal(n.halts.stop, std::time::Duration::from_secs(5))
+                            .await;
                     }
                 }
             }

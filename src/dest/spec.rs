@@ -47,10 +47,12 @@ pub struct RawDestination {
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub transport: Option<Spanned<String>>,
-    /// `runtime: external`, syslog: the file the user's receiver writes every message to.
+    /// Where drill reads what arrived, when it is not drill's own: syslog (`runtime:
+    /// external`), the file the receiver writes every message to; postgres, the query that
+    /// reads the table a user's engine writes.
     #[serde(default)]
-    #[schemars(with = "Option<super::syslog::RawReadBack>")]
-    pub read_back: Option<Spanned<super::syslog::RawReadBack>>,
+    #[schemars(with = "Option<RawReadBack>")]
+    pub read_back: Option<Spanned<RawReadBack>>,
     /// HTTP: the endpoint stores a write key once and answers a repeat `200` (default false:
     /// it stores every copy). `effectively_once` needs it.
     #[serde(default)]
@@ -60,6 +62,11 @@ pub struct RawDestination {
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub key_header: Option<Spanned<String>>,
+    /// `runtime: external`, PostgreSQL: the NAME of the environment variable holding the
+    /// connection string (`postgres://user:password@host:5432/db`) — never the string itself.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub dsn_env: Option<Spanned<String>>,
     /// `runtime: external`, MQTT and syslog: the broker or receiver (`host:port`).
     #[serde(default)]
     #[schemars(with = "Option<String>")]
@@ -82,6 +89,21 @@ pub struct RawDestination {
     pub credentials: Option<Spanned<RawCredentials>>,
 }
 
+/// `read_back:`: one of the two, as the kind takes.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawReadBack {
+    /// Syslog: a file the receiver writes every message to, one per line, that drill can read
+    /// while the drill runs (drill follows it from its end at the start).
+    #[serde(default)]
+    pub file: Option<String>,
+    /// PostgreSQL: a query over the table a user's engine writes (`select * from readings`);
+    /// drill finds the ids in any text or JSON column of each row it returns, and times a row
+    /// by its `stored_at` column when it has one.
+    #[serde(default)]
+    pub sql: Option<String>,
+}
+
 /// Where an external broker's credentials are: environment variable names.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -97,7 +119,7 @@ pub struct RawCredentials {
 
 /// The fields of `destination:` that only some kinds take ([`Entry::fields`]), with where each
 /// was given.
-fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 10] {
+fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 11] {
     let kind = raw.kind.referenced;
     [
         (
@@ -109,6 +131,7 @@ fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 10] {
         ("bootstrap", raw.bootstrap.as_ref().map(|_| kind)),
         ("servers", raw.servers.as_ref().map(|_| kind)),
         ("address", raw.address.as_ref().map(|a| a.referenced)),
+        ("dsn_env", raw.dsn_env.as_ref().map(|a| a.referenced)),
         ("transport", raw.transport.as_ref().map(|t| t.referenced)),
         ("read_back", raw.read_back.as_ref().map(|r| r.referenced)),
         ("dedupe", raw.dedupe.as_ref().map(|d| d.referenced)),
@@ -261,8 +284,26 @@ fn external(
     let addresses: Vec<&Spanned<String>> = match wanted {
         "bootstrap" => raw.bootstrap.iter().flatten().collect(),
         "servers" => raw.servers.iter().flatten().collect(),
+        // The address is in the connection string, read from the environment by the kind.
+        "dsn_env" if raw.dsn_env.is_some() => {
+            return Ok(Some(External {
+                addresses: Vec::new(),
+                create: raw.create.unwrap_or(false),
+                keep: raw.keep.unwrap_or(false),
+                credentials: credentials(raw, entry)?,
+            }));
+        }
+        "dsn_env" => Vec::new(),
         _ => raw.address.iter().collect(),
     };
+    if addresses.is_empty() && wanted == "dsn_env" {
+        return Err(at(
+            &raw.kind.referenced,
+            format!(
+                "field `destination.dsn_env`: `runtime: external` needs the NAME of the environment variable holding the connection string, e.g. dsn_env: {example}"
+            ),
+        ));
+    }
     if addresses.is_empty() {
         return Err(at(
             &raw.kind.referenced,
@@ -338,5 +379,6 @@ fn credentials(raw: &RawDestination, entry: &Entry) -> Result<Credentials, Locat
             .sasl_mechanism
             .clone()
             .or_else(|| sasl.then(|| "PLAIN".to_string())),
+        dsn_env: None,
     })
 }

@@ -72,6 +72,8 @@ pub enum FaultKind {
     Pause,
     /// A broker's container frozen (`docker pause`) until resumed.
     Freeze,
+    /// A broker crashed in its own way (PostgreSQL: immediate shutdown).
+    Crash,
     /// SIGKILL, and every write not made durable thrown away — or, `torn`, landed but for the
     /// last write's final sector; at a crash point (`fdatasync #3 on *.log`) when it had one.
     PowerCut {
@@ -123,6 +125,7 @@ impl fmt::Display for FaultKind {
             FaultKind::Stop => f.write_str("stop (SIGTERM)"),
             FaultKind::Pause => f.write_str("pause (SIGSTOP)"),
             FaultKind::Freeze => f.write_str("pause"),
+            FaultKind::Crash => f.write_str("crash"),
             FaultKind::PowerCut {
                 writes,
                 bytes,

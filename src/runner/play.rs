@@ -297,7 +297,8 @@ impl<'a> Drill<'a> {
                 self.engine_paused = true;
                 FaultKind::Pause
             }
-            ProcessAction::Stop | ProcessAction::Restart => {
+            // Validation gives the engine neither (a broker or proxy action).
+            ProcessAction::Stop | ProcessAction::Restart | ProcessAction::Crash => {
                 self.system.stop(Duration::from_secs(10)).await;
                 self.crashes.push(now);
                 FaultKind::Stop
@@ -484,6 +485,7 @@ impl<'a> Drill<'a> {
         let (how, kind) = match action {
             ProcessAction::Kill => (Halt::Kill, FaultKind::Kill),
             ProcessAction::Pause => (Halt::Pause, FaultKind::Freeze),
+            ProcessAction::Crash => (Halt::Crash, FaultKind::Crash),
             _ => (Halt::Stop, FaultKind::Stop),
         };
         match self.rig.running.halt(node, how).await {

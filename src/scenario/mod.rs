@@ -52,6 +52,10 @@ pub enum ProcessAction {
     Kill,
     /// SIGTERM, then (with `restart_after`) start again.
     Stop,
+    /// A broker: crashed in its own way (PostgreSQL: immediate shutdown, as `pg_ctl stop -m
+    /// immediate` — no checkpoint, crash recovery at the next start; elsewhere SIGKILL), then
+    /// (with `restart_after`) started again on the same data.
+    Crash,
     /// The proxy: every connection dropped, the port refused for `down_for`, then listening
     /// again on the same port.
     Restart,
@@ -72,6 +76,7 @@ impl ProcessAction {
         match self {
             ProcessAction::Kill => "kill",
             ProcessAction::Stop => "stop",
+            ProcessAction::Crash => "crash",
             ProcessAction::Restart => "restart",
             ProcessAction::Pause => "pause",
             ProcessAction::PowerCut => "power_cut",

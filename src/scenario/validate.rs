@@ -720,7 +720,9 @@ fn engine_fault(
             ));
         }
         ProcessAction::Pause => {}
-        ProcessAction::Restart => return Err(cannot(entry, "engine", action)),
+        ProcessAction::Restart | ProcessAction::Crash => {
+            return Err(cannot(entry, "engine", action));
+        }
     }
     if f.down_for.is_some() {
         return Err(entry.field("down_for", "the engine uses `restart_after`"));
@@ -789,7 +791,8 @@ fn broker_fault(
 ) -> Result<FaultAction, Located> {
     let f = entry.raw;
     match action {
-        ProcessAction::Kill | ProcessAction::Stop | ProcessAction::Pause => {}
+        ProcessAction::Kill | ProcessAction::Stop | ProcessAction::Pause | ProcessAction::Crash => {
+        }
         ProcessAction::Restart | ProcessAction::PowerCut | ProcessAction::FillDisk => {
             return Err(cannot(entry, "broker", action));
         }
@@ -830,6 +833,7 @@ fn proxy_fault(entry: &FaultEntry, action: ProcessAction) -> Result<FaultAction,
         ProcessAction::Restart => {}
         ProcessAction::Kill
         | ProcessAction::Stop
+        | ProcessAction::Crash
         | ProcessAction::Pause
         | ProcessAction::PowerCut
         | ProcessAction::FillDisk => {

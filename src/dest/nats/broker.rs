@@ -155,6 +155,7 @@ pub async fn start_nats_cluster(
             addr,
             spawn: Box::new(move || spawner.clone().spawn().boxed()),
             process: None,
+            halts: Default::default(),
         });
     }
     for node in &mut nodes {

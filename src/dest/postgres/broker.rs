@@ -15,12 +15,15 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::process::{Child, Command};
+use futures::FutureExt;
+use nix::sys::signal::Signal;
+use tokio::process::Command;
 
-use super::{DATABASE, Postgres, ROLE, WRITE_KEY};
-use crate::dest::running::Place;
+use super::read::Source;
+use super::{DATABASE, ExternalDb, Login, Postgres, ROLE, WRITE_KEY};
+use crate::dest::running::{Halts, LocalNode, Place};
 use crate::dest::{DestError, Destination, Provision, Provisioned, Running};
-use crate::process::{StartError, dies_with_drill, free_port};
+use crate::process::{LocalProcess, Signals, StartError, dies_with_drill, free_port};
 use crate::proxy::Link;
 
 /// What to install when PostgreSQL is not found.
@@ -47,24 +50,78 @@ pub fn find_bin() -> Option<PathBuf> {
         .find(|dir| dir.join("initdb").is_file() && dir.join("postgres").is_file())
 }
 
-/// A running server; dropping it kills it and removes its folder.
+/// A cluster's folder and the server's user; dropping the last handle removes the folder.
+struct Cluster {
+    bin: PathBuf,
+    user: Option<nix::unistd::User>,
+    dir: PathBuf,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running server; dropping it kills it (with its backends) and removes its folder.
 pub struct Server {
     pub addr: SocketAddr,
     pub version: String,
-    child: Option<Child>,
-    dir: PathBuf,
+    process: Option<LocalProcess>,
+    cluster: Arc<Cluster>,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.start_kill();
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        if let Some(p) = &self.process {
+            p.kill_group_now();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The signals each broker fault sends. The server leads its own process group: a kill
+/// SIGKILLs it with every backend at once (no backend left holding the shared memory, so it
+/// starts again at once, with crash recovery); a stop is a fast shutdown (SIGINT); a crash is
+/// an immediate shutdown (SIGQUIT, as `pg_ctl stop -m immediate`: no checkpoint).
+pub const HALTS: Halts = Halts {
+    kill: Signals {
+        signal: Signal::SIGKILL,
+        group: true,
+    },
+    stop: Signals {
+        signal: Signal::SIGINT,
+        group: false,
+    },
+    crash: Signals {
+        signal: Signal::SIGQUIT,
+        group: false,
+    },
+};
+
+impl Server {
+    /// The server as a broker node the drill's broker faults can halt and start again: the
+    /// same folder, the same port.
+    fn into_node(mut self) -> LocalNode {
+        let cluster = self.cluster.clone();
+        let addr = self.addr;
+        LocalNode {
+            name: "postgres".to_string(),
+            addr,
+            spawn: Box::new(move || {
+                let cluster = cluster.clone();
+                async move {
+                    let (process, _) =
+                        run(&cluster, addr.port()).await.map_err(|why| StartError {
+                            what: format!("PostgreSQL ({}) again", cluster.bin.display()),
+                            why,
+                        })?;
+                    Ok(process)
+                }
+                .boxed()
+            }),
+            process: self.process.take(),
+            halts: HALTS,
+        }
     }
 }
 
@@ -93,16 +150,24 @@ pub(super) async fn provision(
     pg: &Postgres,
     p: Provision<'_>,
 ) -> Result<Provisioned, DestError> {
-    crate::dest::check_broker_faults(&p.needs, false, 1)?;
+    if p.needs.pauses {
+        return Err(DestError::ContainerUnavailable(
+            "a local PostgreSQL cannot be paused; kill, stop or crash it".to_string(),
+        ));
+    }
+    if let Some(ext) = &pg.external {
+        return provision_external(dest, pg, ext, p).await;
+    }
     let server = start().await?;
-    create_table(server.addr, &pg.table, p.needs.message_limit).await?;
+    let table = pg.query.is_none().then_some(pg.table.as_str());
+    create_database(server.addr, table, p.needs.message_limit).await?;
     let (addr, version) = (server.addr, server.version.clone());
     let running = Running::new(
         dest,
         vec![addr],
         "process",
         version,
-        Place::InProcess(Box::new(server)),
+        Place::Nodes(vec![server.into_node()]),
     );
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let link = Link::start(&p.spec.link_name(), any, addr, p.links.clone()).await?;
@@ -110,6 +175,101 @@ pub(super) async fn provision(
         links: vec![link],
         running,
         notes: Vec::new(),
+    })
+}
+
+/// The user's database: reached at the connection string's host:port and logged in to; then
+/// drill's table made there (only if none of that name exists: drill drops only what it
+/// made), or the user's read-back query checked; one link in front.
+async fn provision_external(
+    dest: Arc<dyn Destination>,
+    pg: &Postgres,
+    ext: &ExternalDb,
+    p: Provision<'_>,
+) -> Result<Provisioned, DestError> {
+    if p.needs.broker_faults {
+        return Err(DestError::Unsupported(
+            "broker faults on an external database: drill stops nothing it did not start; use the local process (leave `runtime` out)".to_string(),
+        ));
+    }
+    let server = crate::dest::reach(&ext.address, "destination.dsn_env")
+        .await
+        .map_err(DestError::External)?;
+    let login = &ext.login;
+    let client = connect(server, login).await.map_err(|e| {
+        DestError::External(format!(
+            "cannot log in to {} as `{}`, database `{}` (destination.dsn_env `{}`): {e}",
+            ext.address, login.user, login.dbname, ext.dsn_env
+        ))
+    })?;
+    let version = client
+        .query_one("SELECT version()", &[])
+        .await
+        .map(|row| row.get::<_, String>(0))
+        .unwrap_or_default();
+    let version = version
+        .split(" on ")
+        .next()
+        .unwrap_or("PostgreSQL")
+        .to_string();
+    let mut made: Option<crate::dest::running::Remove> = None;
+    let what = match &pg.query {
+        Some(sql) => {
+            super::read::statement(&client, &Source::Query(sql.clone()))
+                .await
+                .map_err(DestError::Invalid)?;
+            "drill reads your engine's table with destination.read_back.sql and creates nothing"
+                .to_string()
+        }
+        None => {
+            let table = &pg.table;
+            let exists: bool = client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[table])
+                .await
+                .map_err(|e| DestError::External(super::read::message(&e)))?
+                .get(0);
+            if exists {
+                return Err(DestError::Invalid(format!(
+                    "a table `{table}` exists in database `{}` at {}; drill creates a table of its own and drops only what it created — name another with destination.topic, or read your engine's table with read_back.sql",
+                    login.dbname, ext.address
+                )));
+            }
+            create_table(&client, table, p.needs.message_limit).await?;
+            if !p.spec.external.as_ref().is_some_and(|e| e.keep) {
+                let (login, table) = (login.clone(), table.clone());
+                made = Some(Box::new(move || {
+                    async move {
+                        let client = connect(server, &login).await?;
+                        client
+                            .batch_execute(&format!("DROP TABLE {table}"))
+                            .await
+                            .map_err(|e| super::read::message(&e))
+                    }
+                    .boxed()
+                }));
+            }
+            format!(
+                "table `{table}` {}",
+                crate::dest::external::made_or_found(true, made.is_none())
+            )
+        }
+    };
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let link = Link::start(&p.spec.link_name(), any, server, p.links.clone()).await?;
+    let running = Running::new(
+        dest,
+        vec![server],
+        "external",
+        format!("{version} (external, {})", ext.address),
+        Place::External { made },
+    );
+    Ok(Provisioned {
+        links: vec![link],
+        running,
+        notes: vec![format!(
+            "external PostgreSQL at {}, database `{}` as `{}`: drill started nothing; {what}",
+            ext.address, login.dbname, login.user
+        )],
     })
 }
 
@@ -121,11 +281,14 @@ pub async fn start() -> Result<Server, DestError> {
         what: format!("PostgreSQL ({})", bin.display()),
         why,
     };
-    let dir = tempdir_for(&user)?;
-    let cluster = dir.join("data");
+    let cluster = Arc::new(Cluster {
+        dir: tempdir_for(&user)?,
+        bin: bin.clone(),
+        user,
+    });
     let init = {
         let mut c = Command::new(bin.join("initdb"));
-        c.arg("-D").arg(&cluster);
+        c.arg("-D").arg(cluster.dir.join("data"));
         c.args([
             "-U",
             ROLE,
@@ -135,60 +298,70 @@ pub async fn start() -> Result<Server, DestError> {
             "--no-sync",
             "--no-instructions",
         ]);
-        as_user(&mut c, &user);
+        as_user(&mut c, &cluster.user);
         c.output().await.map_err(|e| fail(e.to_string()))?
     };
     if !init.status.success() {
-        let _ = std::fs::remove_dir_all(&dir);
         let said = String::from_utf8_lossy(&init.stderr);
         return Err(fail(format!("initdb failed: {}", said.trim())).into());
     }
     let mut last = String::new();
     for _ in 0..5 {
         let port = free_port()?;
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let log = std::fs::File::create(dir.join("postgres.log"))?;
-        let mut c = Command::new(bin.join("postgres"));
-        c.arg("-D").arg(&cluster).arg("-p").arg(port.to_string());
-        c.arg("-c").arg("listen_addresses=127.0.0.1");
-        c.arg("-c")
-            .arg(format!("unix_socket_directories={}", dir.display()));
-        c.args(["-c", "fsync=on", "-c", "max_connections=200"]);
-        as_user(&mut c, &user);
-        let child = dies_with_drill(&mut c)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| fail(e.to_string()))?;
-        let mut server = Server {
-            addr,
-            version: String::new(),
-            child: Some(child),
-            dir: dir.clone(),
-        };
-        match answers(addr, server.child.as_mut()).await {
-            Ok(version) => {
-                server.version = version;
-                return Ok(server);
+        match run(&cluster, port).await {
+            Ok((process, version)) => {
+                return Ok(Server {
+                    addr: ([127, 0, 0, 1], port).into(),
+                    version,
+                    process: Some(process),
+                    cluster,
+                });
             }
-            Err(e) => {
-                // Dropping the server would remove the folder: take the child out first.
-                if let Some(mut child) = server.child.take() {
-                    let _ = child.kill().await;
-                }
-                std::mem::forget(server);
-                let said = std::fs::read_to_string(dir.join("postgres.log")).unwrap_or_default();
-                last = match said.lines().rfind(|l| !l.trim().is_empty()) {
-                    Some(line) => format!("{e} (postgres said: {})", line.trim()),
-                    None => e,
-                };
-            }
+            Err(e) => last = e,
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Err(fail(last).into())
+}
+
+/// The server of `cluster` on `port`, in a process group of its own; once it answers, with
+/// its version. Its log is `postgres.log` in the cluster's folder (appended to: a crash and
+/// the recovery after it are both there).
+async fn run(cluster: &Cluster, port: u16) -> Result<(LocalProcess, String), String> {
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let log_path = cluster.dir.join("postgres.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| e.to_string())?;
+    let mut c = Command::new(cluster.bin.join("postgres"));
+    c.arg("-D").arg(cluster.dir.join("data"));
+    c.arg("-p").arg(port.to_string());
+    c.arg("-c").arg("listen_addresses=127.0.0.1");
+    c.arg("-c")
+        .arg(format!("unix_socket_directories={}", cluster.dir.display()));
+    c.args(["-c", "fsync=on", "-c", "max_connections=200"]);
+    c.process_group(0);
+    as_user(&mut c, &cluster.user);
+    let child = dies_with_drill(&mut c)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let mut process = LocalProcess::new(child);
+    match answers(addr, &mut process).await {
+        Ok(version) => Ok((process, version)),
+        Err(e) => {
+            process.signal(HALTS.kill, Duration::ZERO).await;
+            let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+            Err(match said.lines().rfind(|l| !l.trim().is_empty()) {
+                Some(line) => format!("{e} (postgres said: {})", line.trim()),
+                None => e,
+            })
+        }
+    }
 }
 
 /// A folder of its own for the cluster, owned by the server's user.
@@ -207,11 +380,12 @@ fn tempdir_for(user: &Option<nix::unistd::User>) -> Result<PathBuf, DestError> {
     Ok(dir)
 }
 
-/// Waits (at most 30 s) until the server answers `SELECT version()`.
-async fn answers(addr: SocketAddr, mut child: Option<&mut Child>) -> Result<String, String> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+/// Waits (at most 60 s: crash recovery replays the WAL first) until the server answers
+/// `SELECT version()`.
+async fn answers(addr: SocketAddr, process: &mut LocalProcess) -> Result<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match connect(addr, "postgres").await {
+        match connect(addr, &admin()).await {
             Ok(client) => {
                 let row = client
                     .query_one("SELECT version()", &[])
@@ -223,59 +397,89 @@ async fn answers(addr: SocketAddr, mut child: Option<&mut Child>) -> Result<Stri
                 return Ok(short);
             }
             Err(e) if Instant::now() > deadline => {
-                return Err(format!("no answer after 30 s: {e}"));
+                return Err(format!("no answer after 60 s: {e}"));
             }
             Err(_) => {}
         }
-        if let Some(c) = child.as_mut()
-            && let Ok(Some(status)) = c.try_wait()
-        {
+        if let Some(status) = process.exited() {
             return Err(format!("postgres exited with {status}"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// A client of database `db` as drill's role; the connection runs on its own task.
-pub async fn connect(addr: SocketAddr, db: &str) -> Result<tokio_postgres::Client, String> {
+/// A client logged in as `login`; the connection runs on its own task.
+pub async fn connect(addr: SocketAddr, login: &Login) -> Result<tokio_postgres::Client, String> {
     let mut config = tokio_postgres::Config::new();
     config
         .host(addr.ip().to_string())
         .port(addr.port())
-        .user(ROLE)
-        .dbname(db)
+        .user(&login.user)
+        .dbname(&login.dbname)
         .connect_timeout(Duration::from_secs(3));
+    if let Some(password) = &login.password {
+        config.password(password);
+    }
     let (client, connection) = config
         .connect(tokio_postgres::NoTls)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| super::read::message(&e))?;
     tokio::spawn(connection);
     Ok(client)
 }
 
-/// The drill's database and table (dropped first if a table of that name is there), with a
-/// CHECK on the payload's size when the drill has poison records.
-pub async fn create_table(
+/// drill's role on its own server's maintenance database.
+fn admin() -> Login {
+    Login {
+        dbname: "postgres".to_string(),
+        ..Login::drill()
+    }
+}
+
+/// drill's database on its own server, and in it the drill's table (dropped first if one of
+/// that name is there) — none when a user's engine writes its own (`table: None`).
+pub async fn create_database(
     addr: SocketAddr,
-    table: &str,
+    table: Option<&str>,
     message_limit: Option<usize>,
 ) -> Result<(), DestError> {
-    let fail = |e: String| DestError::Reader(format!("creating the table: {e}"));
-    let admin = connect(addr, "postgres").await.map_err(fail)?;
-    admin
+    let fail = |e: String| DestError::Reader(format!("creating the database: {e}"));
+    let client = connect(addr, &admin()).await.map_err(fail)?;
+    client
         .batch_execute(&format!("CREATE DATABASE {DATABASE}"))
         .await
         .map_err(|e| fail(e.to_string()))?;
-    let client = connect(addr, DATABASE).await.map_err(fail)?;
+    let Some(table) = table else {
+        return Ok(());
+    };
+    let client = connect(addr, &Login::drill()).await.map_err(fail)?;
+    client
+        .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    create_table(&client, table, message_limit).await
+}
+
+/// The drill's table: a key column, the record's fields, `stored_at`, and a CHECK on the
+/// payload's size when the drill has poison records.
+pub async fn create_table(
+    client: &tokio_postgres::Client,
+    table: &str,
+    message_limit: Option<usize>,
+) -> Result<(), DestError> {
     let check = message_limit.map_or(String::new(), |limit| {
         format!(", CHECK (octet_length(payload::text) <= {limit})")
     });
     client
         .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table};
-             CREATE TABLE {table} ({WRITE_KEY} text PRIMARY KEY, id text NOT NULL, key text,
+            "CREATE TABLE {table} ({WRITE_KEY} text PRIMARY KEY, id text NOT NULL, key text,
                seq bigint, payload jsonb, stored_at timestamptz DEFAULT clock_timestamp(){check})"
         ))
         .await
-        .map_err(|e| fail(e.to_string()))
+        .map_err(|e| {
+            DestError::Reader(format!(
+                "creating the table {table}: {}",
+                super::read::message(&e)
+            ))
+        })
 }

@@ -50,7 +50,7 @@ impl Sink for PostgresSink {
         let cfg = to.cfg;
         let limit = cfg.answer_timeout.0;
         let session = async {
-            let client = super::broker::connect(cfg.address, super::DATABASE).await?;
+            let client = super::broker::connect(cfg.address, &login(cfg)?).await?;
             client
                 .simple_query("SELECT 1")
                 .await
@@ -89,6 +89,23 @@ impl Sink for PostgresSink {
             queue,
             replies,
         })
+    }
+}
+
+/// Who the engine logs in as: the connection string's user and database when the output has
+/// one (read from the environment variable its config names), else drill's own role.
+fn login(cfg: &crate::engine::OutputConfig) -> Result<super::Login, String> {
+    let secrets = cfg.credentials.read()?;
+    match secrets.dsn {
+        Some(dsn) => super::Login::parse(&dsn)
+            .map(|(login, _)| login)
+            .map_err(|e| {
+                format!(
+                    "{}: {e}",
+                    cfg.credentials.dsn_env.as_deref().unwrap_or("dsn_env")
+                )
+            }),
+        None => Ok(super::Login::drill()),
     }
 }
 

@@ -28,7 +28,6 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde::Deserialize;
 
 use super::{
     Common, DestError, Destination, Entry, Kind, Provision, Provisioned, RawDestination, ReadBack,
@@ -104,15 +103,6 @@ pub static ENTRY: Entry = Entry {
     taps: None,
 };
 
-/// `read_back:` of an external syslog receiver.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RawReadBack {
-    /// A file the receiver writes every message to, one per line, that drill can read while
-    /// the drill runs (drill follows it from its end at the start).
-    pub file: String,
-}
-
 /// A syslog destination: its transport and, for a receiver the user runs, the file it writes.
 #[derive(Debug, Clone)]
 pub struct Syslog {
@@ -141,7 +131,15 @@ fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination
                 "field `destination.read_back`: goes with `runtime: external` (a receiver you run); drill reads its own rsyslog's file otherwise".to_string(),
             ));
         }
-        (Some(r), Some(_)) => Some(PathBuf::from(&r.value.file)),
+        (Some(r), Some(_)) => match (&r.value.file, &r.value.sql) {
+            (Some(file), None) => Some(PathBuf::from(file)),
+            _ => {
+                return Err(at(
+                    &r.referenced,
+                    "field `destination.read_back`: a syslog receiver is read from a file, e.g. read_back: { file: /var/log/drill/received.log }".to_string(),
+                ));
+            }
+        },
         (None, Some(_)) => {
             return Err(at(
                 &raw.kind.referenced,
