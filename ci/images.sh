@@ -5,8 +5,9 @@
 #   drill-local/nats        nats-server (a static binary)
 #   drill-local/kafka       tansu (the Kafka-protocol broker) and its shared libraries
 #   drill-local/rsyslog     rsyslogd, its modules (imrelp among them) and their libraries
+#   drill-local/postgres    Debian's PostgreSQL server, initdb, their modules and data files
 # Each is a minimal root filesystem imported with `docker import`. Users' machines pull the
-# official images instead (eclipse-mosquitto, nats, apache/kafka, rsyslog/rsyslog).
+# official images instead (eclipse-mosquitto, nats, apache/kafka, rsyslog/rsyslog, postgres).
 # Idempotent: an image that exists is kept (pass --force to rebuild). Needs ci/setup.sh first.
 set -euo pipefail
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -48,7 +49,8 @@ real_binary() {
 }
 
 # build TAG ENTRYPOINT [SOURCE DEST]...: each SOURCE (a binary or a module) with its shared
-# libraries, at DEST.
+# libraries, at DEST. With EXTRA_DIRS (folders copied as they are, at the same path) and
+# EXTRA_USER (NAME:UID, a user and group of that id) set for the call.
 build() {
   local tag=$1 entry=$2
   shift 2
@@ -66,6 +68,16 @@ build() {
     add_binary "$root" "$1" "$2"
     shift 2
   done
+  local dir
+  for dir in ${EXTRA_DIRS:-}; do
+    mkdir -p "$root$(dirname "$dir")"
+    cp -a "$dir" "$root$dir"
+  done
+  if [ -n "${EXTRA_USER:-}" ]; then
+    local name=${EXTRA_USER%%:*} id=${EXTRA_USER##*:}
+    echo "$name:x:$id:$id::/tmp:/bin/sh" >> "$root/etc/passwd"
+    echo "$name:x:$id:" >> "$root/etc/group"
+  fi
   tar -C "$root" -c . | docker import --change "ENTRYPOINT $entry" - "$tag" >/dev/null
   rm -rf "$root"
   echo "ci/images.sh: built $tag"
@@ -96,3 +108,20 @@ if [ ${#rsyslog_modules[@]} -eq 0 ]; then
   exit 1
 fi
 build drill-local/rsyslog '["/usr/sbin/rsyslogd"]' "$rsyslogd" /usr/sbin/rsyslogd "${rsyslog_modules[@]}"
+
+# PostgreSQL: Debian's server and initdb, the modules initdb loads (plpgsql, the snowball
+# dictionaries; not the LLVM JIT), its share/ folder and the time zones, /bin/sh for drill's
+# start line, and a postgres user with the official image's uid (999).
+pg_bin=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -1)
+if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/postgres" ]; then
+  echo "ci/images.sh: no PostgreSQL in /usr/lib/postgresql (run ci/setup.sh first)" >&2
+  exit 1
+fi
+pg_version=$(basename "$(dirname "$pg_bin")")
+pg_files=("$pg_bin/postgres" "$pg_bin/postgres" "$pg_bin/initdb" "$pg_bin/initdb" /bin/sh /bin/sh)
+for module in "/usr/lib/postgresql/$pg_version/lib"/*.so; do
+  case "$(basename "$module")" in llvmjit*) continue ;; esac
+  pg_files+=("$module" "$module")
+done
+EXTRA_DIRS="/usr/share/postgresql/$pg_version /usr/share/zoneinfo" EXTRA_USER=postgres:999 \
+  build drill-local/postgres '["/bin/sh"]' "${pg_files[@]}"

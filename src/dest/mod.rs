@@ -298,6 +298,11 @@ pub trait ReadBack: Send + Sync {
     /// progress line must never wait on a broker that is down.
     fn count(&self) -> BoxFuture<'_, Option<usize>>;
 
+    /// The broker's addresses now, after a step of the timeline (a restarted container may
+    /// have come back on another host port): a reader that connects anew for each count
+    /// follows them.
+    fn moved(&self, _addrs: &[SocketAddr]) {}
+
     /// Everything that arrived, reading from `addrs` (the broker's addresses now: a restarted
     /// container may have moved).
     fn finish(self: Box<Self>, addrs: Vec<SocketAddr>) -> BoxFuture<'static, Received>;

@@ -570,6 +570,7 @@ pub async fn play(
                 if let Some(restart) = drill.apply(step).await? {
                     schedule_restart(&mut steps, next, restart);
                 }
+                reader.moved(&drill.rig.running.addrs);
             }
             _ = async { if let Some(s) = &crash_signal { s.notified().await } }, if drill.armed.is_some() && crash_signal.is_some() => {
                 if let Some(restart) = drill.crashed().await? {

@@ -22,7 +22,7 @@ use tokio::process::Command;
 use super::read::Source;
 use super::{DATABASE, ExternalDb, Login, Postgres, ROLE, WRITE_KEY};
 use crate::dest::running::{Halts, LocalNode, Place};
-use crate::dest::{DestError, Destination, Provision, Provisioned, Running};
+use crate::dest::{DestError, Destination, Provision, Provisioned, Running, Runtime};
 use crate::process::{LocalProcess, Signals, StartError, dies_with_drill, free_port};
 use crate::proxy::Link;
 
@@ -150,16 +150,43 @@ pub(super) async fn provision(
     pg: &Postgres,
     p: Provision<'_>,
 ) -> Result<Provisioned, DestError> {
-    if p.needs.pauses {
-        return Err(DestError::ContainerUnavailable(
-            "a local PostgreSQL cannot be paused; kill, stop or crash it".to_string(),
-        ));
-    }
     if let Some(ext) = &pg.external {
         return provision_external(dest, pg, ext, p).await;
     }
-    let server = start().await?;
     let table = pg.query.is_none().then_some(pg.table.as_str());
+    let mut notes = Vec::new();
+    let runtime = match p.runtime {
+        Runtime::Auto if find_bin().is_some() => Runtime::Process,
+        other => other,
+    };
+    let local = "the local PostgreSQL";
+    if let Some(at) = crate::dest::place(IMAGE, local, runtime, &mut notes).await? {
+        let container =
+            crate::container::start(at, launch(), p.run_id, answers_in_container).await?;
+        let addr = container.addr;
+        create_database(addr, table, p.needs.message_limit).await?;
+        let version = version(addr).await;
+        let running = Running::new(
+            dest,
+            vec![addr],
+            "container",
+            format!("{version} in {}", container.describe()),
+            Place::Container(Box::new(container)),
+        );
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let link = Link::start(&p.spec.link_name(), any, addr, p.links.clone()).await?;
+        return Ok(Provisioned {
+            links: vec![link],
+            running,
+            notes,
+        });
+    }
+    if p.needs.pauses {
+        return Err(DestError::ContainerUnavailable(
+            "a local PostgreSQL cannot be paused (a container can: --runtime container); kill, stop or crash it".to_string(),
+        ));
+    }
+    let server = start().await?;
     create_database(server.addr, table, p.needs.message_limit).await?;
     let (addr, version) = (server.addr, server.version.clone());
     let running = Running::new(
@@ -174,8 +201,65 @@ pub(super) async fn provision(
     Ok(Provisioned {
         links: vec![link],
         running,
-        notes: Vec::new(),
+        notes,
     })
+}
+
+/// The image for `runtime: container`: the official one unless `DRILL_IMAGE_POSTGRES` names
+/// another (`ci/images.sh` builds `drill-local/postgres` from this machine's binaries).
+pub const IMAGE: (&str, &str) = ("DRILL_IMAGE_POSTGRES", "postgres:15");
+
+/// Inside the container: the cluster made on first start (not again after a restart: a crash
+/// leaves it for recovery) trusting drill's role from anywhere (the container's port is
+/// published on 127.0.0.1 only), the server on 5432, as the image's `postgres` user (uid 999 in the
+/// official image and in drill's). The image's own entrypoint is not used: drill's role and
+/// trust come from its own initdb, the same in both images.
+fn launch() -> crate::container::Launch {
+    let script = format!(
+        "D=/tmp/drill-pgdata; [ -s $D/PG_VERSION ] || {{ initdb -D $D -U {ROLE} --auth=trust -E UTF8 --no-sync --no-instructions >/dev/null && echo 'host all all all trust' >> $D/pg_hba.conf; }} && exec postgres -D $D -p 5432 -c listen_addresses='*' -c unix_socket_directories=/tmp -c fsync=on -c max_connections=200"
+    );
+    crate::container::Launch {
+        entrypoint: "/bin/sh".into(),
+        args: vec!["-c".into(), script],
+        env: vec![
+            (
+                "PATH".into(),
+                "/usr/lib/postgresql/17/bin:/usr/lib/postgresql/16/bin:/usr/lib/postgresql/15/bin:/usr/local/bin:/usr/bin:/bin".into(),
+            ),
+            ("TZ".into(), "UTC".into()),
+        ],
+        port: 5432,
+        user: Some("999:999".into()),
+        ..Default::default()
+    }
+}
+
+/// The container's readiness: the server answers a query.
+fn answers_in_container(
+    addr: SocketAddr,
+) -> futures::future::BoxFuture<'static, Result<(), String>> {
+    async move {
+        let client = connect(addr, &admin()).await?;
+        client
+            .simple_query("SELECT 1")
+            .await
+            .map(drop)
+            .map_err(|e| super::read::message(&e))
+    }
+    .boxed()
+}
+
+/// `PostgreSQL 15.18 (Debian 15.18-1.pgdg120+1)`, or what is known.
+async fn version(addr: SocketAddr) -> String {
+    let Ok(client) = connect(addr, &admin()).await else {
+        return "PostgreSQL".to_string();
+    };
+    client
+        .query_one("SELECT version()", &[])
+        .await
+        .map(|row| row.get::<_, String>(0))
+        .map(|full| full.split(" on ").next().unwrap_or(&full).to_string())
+        .unwrap_or_else(|_| "PostgreSQL".to_string())
 }
 
 /// The user's database: reached at the connection string's host:port and logged in to; then
@@ -202,16 +286,7 @@ async fn provision_external(
             ext.address, login.user, login.dbname, ext.dsn_env
         ))
     })?;
-    let version = client
-        .query_one("SELECT version()", &[])
-        .await
-        .map(|row| row.get::<_, String>(0))
-        .unwrap_or_default();
-    let version = version
-        .split(" on ")
-        .next()
-        .unwrap_or("PostgreSQL")
-        .to_string();
+    let version = version(server).await;
     let mut made: Option<crate::dest::running::Remove> = None;
     let what = match &pg.query {
         Some(sql) => {

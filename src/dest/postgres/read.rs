@@ -31,7 +31,8 @@ pub enum Source {
 }
 
 pub struct Reader {
-    addr: SocketAddr,
+    /// Where the server is now (a container restarted by a broker fault may have moved).
+    addr: std::sync::Mutex<SocketAddr>,
     login: Login,
     source: Source,
     decoder: Decoder,
@@ -42,7 +43,7 @@ pub struct Reader {
 impl Reader {
     pub fn new(addr: SocketAddr, login: Login, source: Source, r: ReaderSpec) -> Reader {
         Reader {
-            addr,
+            addr: std::sync::Mutex::new(addr),
             login,
             source,
             decoder: r.decoder,
@@ -129,8 +130,9 @@ impl ReadBack for Reader {
                 Source::Table(table) => format!("SELECT count(*) FROM {table}"),
                 Source::Query(sql) => format!("SELECT count(*) FROM ({sql}) q"),
             };
+            let addr = *self.addr.lock().unwrap_or_else(|e| e.into_inner());
             let query = async {
-                let client = super::broker::connect(self.addr, &self.login).await.ok()?;
+                let client = super::broker::connect(addr, &self.login).await.ok()?;
                 let row = client.query_one(&counted, &[]).await.ok()?;
                 usize::try_from(row.get::<_, i64>(0)).ok()
             };
@@ -142,9 +144,16 @@ impl ReadBack for Reader {
         .boxed()
     }
 
+    fn moved(&self, addrs: &[SocketAddr]) {
+        if let Some(now) = addrs.first() {
+            *self.addr.lock().unwrap_or_else(|e| e.into_inner()) = *now;
+        }
+    }
+
     fn finish(self: Box<Self>, addrs: Vec<SocketAddr>) -> BoxFuture<'static, Received> {
         async move {
-            let addr = addrs.first().copied().unwrap_or(self.addr);
+            let last = *self.addr.lock().unwrap_or_else(|e| e.into_inner());
+            let addr = addrs.first().copied().unwrap_or(last);
             let mut received = Received::default();
             let rows = async {
                 let client = super::broker::connect(addr, &self.login).await?;
