@@ -8,9 +8,9 @@
 
 mod common;
 
+use common::run::{catalogue_drill_passes, refused_at};
 #[cfg(feature = "mutants")]
-use common::run::run_drill_with;
-use common::run::{catalogue_drill_passes, drill, scenario, show};
+use common::run::{run_drill_with, show};
 
 #[cfg(feature = "mutants")]
 fn catalogue(name: &str) -> String {
@@ -183,21 +183,6 @@ fn what_an_http_destination_cannot_honour_exits_2_located() {
     ];
     for (name, body, says, points_at) in cases {
         let text = format!("name: {name}\n{body}workload: {{ rate: 10/s, duration: 5s }}\n");
-        let file = scenario(dir.path(), name, &text);
-        let (line, column) = text
-            .lines()
-            .enumerate()
-            .find_map(|(i, l)| l.find(points_at).map(|c| (i + 1, c + 1)))
-            .unwrap();
-        let o = drill(&["check", &file]);
-        let said = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
-        println!("{name}: {}", said.trim());
-        assert_eq!(o.status.code(), Some(2), "{name}: {}", show(&o));
-        assert!(said.contains(says), "{name}: {said}");
-        assert!(
-            said.contains(&format!("{name}.yaml:{line}:{column}")),
-            "{name}: expected {line}:{column} in {said}"
-        );
-        assert_eq!(said.trim().lines().count(), 1, "{name}: one line: {said}");
+        refused_at(dir.path(), name, &text, says, points_at, &[]);
     }
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use common::run::{
-    catalogue_drill_passes, drill_with, have_postgres, run_drill_with, scenario, show,
+    catalogue_drill_passes, drill_with, have_postgres, refused_at, run_drill_with, scenario, show,
 };
 
 /// Half-open for 15 s: the inserts land and commit, their answers are lost. Each unanswered
@@ -170,30 +170,16 @@ fn what_a_postgres_destination_cannot_honour_exits_2_located() {
             "{ postgres_column",
         ),
     ];
+    let env = [
+        ("DRILL_TEST_BAD_DSN", "not a connection string"),
+        (
+            "DRILL_TEST_TLS_DSN",
+            "postgres://u:p@db.site.local:5432/plant?sslmode=require",
+        ),
+    ];
     for (name, body, says, points_at) in cases {
         let text = format!("name: {name}\n{body}workload: {{ rate: 10/s, duration: 5s }}\n");
-        let file = scenario(dir.path(), name, &text);
-        let (line, column) = text
-            .lines()
-            .enumerate()
-            .find_map(|(i, l)| l.find(points_at).map(|c| (i + 1, c + 1)))
-            .unwrap();
-        let env = [
-            ("DRILL_TEST_BAD_DSN", "not a connection string"),
-            (
-                "DRILL_TEST_TLS_DSN",
-                "postgres://u:p@db.site.local:5432/plant?sslmode=require",
-            ),
-        ];
-        let o = drill_with(&["check", &file], &env);
-        let said = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
-        println!("{name}: {}", said.trim());
-        assert_eq!(o.status.code(), Some(2), "{name}: {}", show(&o));
-        assert!(said.contains(says), "{name}: {said}");
-        assert!(
-            said.contains(&format!("{name}.yaml:{line}:{column}")),
-            "{name}: expected {line}:{column} in {said}"
-        );
+        refused_at(dir.path(), name, &text, says, points_at, &env);
     }
 }
 

@@ -9,7 +9,7 @@
 mod common;
 
 use common::run::{
-    catalogue_drill_passes, drill, have_local_image, have_rsyslogd, run_drill, run_drill_with,
+    catalogue_drill_passes, have_local_image, have_rsyslogd, refused_at, run_drill, run_drill_with,
     scenario, show,
 };
 
@@ -350,21 +350,6 @@ fn what_a_syslog_destination_cannot_honour_exits_2_located() {
         if !body.contains("workload") {
             text.push_str("workload: { rate: 10/s, duration: 5s }\n");
         }
-        let file = scenario(dir.path(), name, &text);
-        let (line, column) = text
-            .lines()
-            .enumerate()
-            .find_map(|(i, l)| l.find(points_at).map(|c| (i + 1, c + 1)))
-            .unwrap();
-        let o = drill(&["check", &file]);
-        let said = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
-        println!("{name}: {}", said.trim());
-        assert_eq!(o.status.code(), Some(2), "{name}: {}", show(&o));
-        assert!(
-            said.contains(&format!("{file}:{line}:{column}:")),
-            "{name}: expected {line}:{column}: {said}"
-        );
-        assert!(said.contains(says), "{name}: {said}");
-        assert_eq!(said.trim().lines().count(), 1, "{name}: {said}");
+        refused_at(dir.path(), name, &text, says, points_at, &[]);
     }
 }

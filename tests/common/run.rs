@@ -175,3 +175,31 @@ pub fn have_postgres() -> bool {
     }
     found
 }
+
+/// `drill check` on the scenario `text` (written as `dir/NAME.yaml`) refuses it: exit 2, one
+/// line, saying `says`, located at the first place `points_at` is written (line:column).
+pub fn refused_at(
+    dir: &Path,
+    name: &str,
+    text: &str,
+    says: &str,
+    points_at: &str,
+    env: &[(&str, &str)],
+) {
+    let file = scenario(dir, name, text);
+    let (line, column) = text
+        .lines()
+        .enumerate()
+        .find_map(|(i, l)| l.find(points_at).map(|c| (i + 1, c + 1)))
+        .unwrap_or_else(|| panic!("{name}: `{points_at}` is not in the scenario"));
+    let o = drill_with(&["check", &file], env);
+    let said = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+    println!("{name}: {}", said.trim());
+    assert_eq!(o.status.code(), Some(2), "{name}: {}", show(&o));
+    assert!(said.contains(says), "{name}: {said}");
+    assert!(
+        said.contains(&format!("{file}:{line}:{column}:")),
+        "{name}: expected {line}:{column} in {said}"
+    );
+    assert_eq!(said.trim().lines().count(), 1, "{name}: one line: {said}");
+}
