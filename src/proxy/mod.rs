@@ -132,6 +132,13 @@ impl Fault {
     pub fn instantaneous(self) -> bool {
         matches!(self, Fault::Strand)
     }
+
+    /// Conditions that shape what passes without cutting it: any number of them stack on one
+    /// stream link (delays add up, the slowest rate and the smallest byte budget hold), beside
+    /// at most one cut ([`Link::set_stack`]).
+    pub fn shapes(self) -> bool {
+        matches!(self, Fault::Delay | Fault::Throttle | Fault::LimitData)
+    }
 }
 
 /// Which way a fault acts: `upstream` is client → broker, `downstream` broker → client.
@@ -178,18 +185,43 @@ pub(crate) enum Flow {
     Pass,
     Swallow,
     Hang,
-    Delay {
-        latency: Duration,
-        jitter: Duration,
-    },
-    Throttle {
-        bytes_per_s: u64,
-    },
-    Limit {
-        bytes: u64,
-    },
+    /// Passed, shaped by every condition in force on this side.
+    Shaped(Shape),
     /// Reset the connection (`refuse` and `reset` both cut existing connections).
     Cut,
+}
+
+/// The conditions in force on one side of a connection, folded into one: each chunk read is
+/// due `latency ± jitter` late, chunks leave no faster than `bytes_per_s`, and the connection
+/// is reset once `limit` bytes have passed. Zero means "no such condition".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Shape {
+    pub(crate) latency: Duration,
+    pub(crate) jitter: Duration,
+    pub(crate) bytes_per_s: u64,
+    pub(crate) limit: u64,
+}
+
+impl Shape {
+    /// Adds one condition: delays add up (as Toxiproxy's chained latency toxics do), the
+    /// slowest rate and the smallest byte budget win.
+    fn add(&mut self, spec: &FaultSpec) {
+        let least = |a: u64, b: u64| if a == 0 { b } else { a.min(b) };
+        match spec.fault {
+            Fault::Delay => {
+                self.latency += spec.latency;
+                self.jitter += spec.jitter;
+            }
+            Fault::Throttle => self.bytes_per_s = least(self.bytes_per_s, spec.bytes_per_s),
+            Fault::LimitData => self.limit = least(self.limit, spec.limit_bytes),
+            _ => {}
+        }
+    }
+
+    /// Whether chunks wait (a delay or a rate), rather than leave as they are read.
+    pub(crate) fn holds(&self) -> bool {
+        !self.latency.is_zero() || !self.jitter.is_zero() || self.bytes_per_s > 0
+    }
 }
 
 /// A fault with its parameters, as the control plane and scenarios give it.
@@ -272,6 +304,25 @@ impl FaultSpec {
         }
     }
 
+    /// One line for a status or a report: the fault, its parameters, its direction.
+    pub fn describe(&self) -> String {
+        let what = match self.fault {
+            Fault::Delay if self.jitter.is_zero() => {
+                format!("delay {} ms", self.latency.as_millis())
+            }
+            Fault::Delay => format!(
+                "delay {} ms ±{} ms",
+                self.latency.as_millis(),
+                self.jitter.as_millis()
+            ),
+            Fault::Throttle => format!("throttle {} B/s", self.bytes_per_s),
+            Fault::LimitData => format!("limit_data {} bytes", self.limit_bytes),
+            Fault::Loss => format!("loss {}", self.loss),
+            f => f.name().to_string(),
+        };
+        format!("{what} {}", self.direction.name())
+    }
+
     /// Checks the parameters a fault needs; the message says what to send instead.
     pub fn validate(&self) -> Result<(), String> {
         if self.fault.whole_connection() && self.direction != Direction::Both {
@@ -303,46 +354,46 @@ impl FaultSpec {
 /// The link's condition, published to every task of the link.
 #[derive(Debug, Clone)]
 pub(crate) struct Condition {
+    /// The one fault in force (a cut, or a single shaping condition as scenarios give it).
     pub(crate) active: Option<FaultSpec>,
+    /// Shaping conditions stacked beside it ([`Fault::shapes`]; stream links only).
+    pub(crate) stacked: Vec<FaultSpec>,
     pub(crate) since: Instant,
     pub(crate) epoch: u64,
     /// How many `strand`s the link has had: a connection opened when this was lower is
     /// stranded.
     pub(crate) strands: u64,
+    /// The epoch the byte budgets (`limit_data`) in force began at: each connection counts
+    /// its bytes from there, whatever else changed since.
+    pub(crate) budget_epoch: u64,
 }
 
 impl Condition {
     pub(crate) fn flow(&self, side: Side) -> Flow {
-        let Some(spec) = self.active else {
-            return Flow::Pass;
-        };
-        if matches!(spec.fault, Fault::Refuse | Fault::Reset) {
-            return Flow::Cut;
+        if let Some(spec) = self.active {
+            if matches!(spec.fault, Fault::Refuse | Fault::Reset) {
+                return Flow::Cut;
+            }
+            if spec.direction.covers(side) {
+                match spec.fault {
+                    Fault::Swallow => return Flow::Swallow,
+                    Fault::Hang => return Flow::Hang,
+                    _ => {}
+                }
+            }
         }
-        if !spec.direction.covers(side) {
-            return Flow::Pass;
+        // What is left shapes the flow: the active fault if it is a condition, and every
+        // stacked one. (`strand` acts at its instant; `loss` and `blackhole` are refused on a
+        // stream link before they are in force.)
+        let mut shape = Shape::default();
+        let conditions = self.active.iter().chain(&self.stacked);
+        for spec in conditions.filter(|s| s.fault.shapes() && s.direction.covers(side)) {
+            shape.add(spec);
         }
-        match spec.fault {
-            Fault::Swallow => Flow::Swallow,
-            Fault::Hang => Flow::Hang,
-            Fault::Delay => Flow::Delay {
-                latency: spec.latency,
-                jitter: spec.jitter,
-            },
-            Fault::Throttle => Flow::Throttle {
-                bytes_per_s: spec.bytes_per_s,
-            },
-            Fault::LimitData => Flow::Limit {
-                bytes: spec.limit_bytes,
-            },
-            // Handled above (`refuse`, `reset`), at its instant (`strand`), or refused on a
-            // stream link before it is in force (`loss`, `blackhole`).
-            Fault::Refuse
-            | Fault::Reset
-            | Fault::Strand
-            | Fault::Loss
-            | Fault::Blackhole
-            | Fault::Heal => Flow::Pass,
+        if shape == Shape::default() {
+            Flow::Pass
+        } else {
+            Flow::Shaped(shape)
         }
     }
 
@@ -398,6 +449,10 @@ pub struct LinkStatus {
     /// `loss`: the fraction of datagrams dropped, when in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<f64>,
+    /// Shaping conditions stacked beside `fault` (`delay 80 ms downstream`, `throttle 100000
+    /// B/s upstream`, `limit_data 10 bytes upstream`), set through the Toxiproxy-shaped API.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacked: Vec<String>,
     /// How long the current condition has been in force.
     pub since_ms: u64,
     pub connections_accepted: u64,
@@ -494,9 +549,11 @@ impl LinkShared {
     ) -> Arc<LinkShared> {
         let (condition, _) = watch::channel(Condition {
             active: None,
+            stacked: Vec::new(),
             since: Instant::now(),
             epoch: 0,
             strands: 0,
+            budget_epoch: 0,
         });
         let (settled, _) = watch::channel(0);
         Arc::new(LinkShared {
@@ -631,6 +688,11 @@ impl Link {
     /// Whether the link carries datagrams (UDP) rather than byte streams.
     pub fn carries_datagrams(&self) -> bool {
         self.shared.datagrams.is_some()
+    }
+
+    /// Whether conditions stack on this link ([`Link::set_stack`]): a plain stream link.
+    pub fn stacks(&self) -> bool {
+        !self.carries_datagrams() && !self.is_kafka_aware()
     }
 
     /// Whether `spec`'s fault means something for what this link carries. (Its parameters are
@@ -800,11 +862,79 @@ impl Link {
                 c.since = Instant::now();
             }
             c.active = active;
+            c.budget_epoch = c.epoch;
+            if spec.fault == Fault::Heal {
+                c.stacked.clear();
+            }
         });
         if let Some(f) = self.family() {
             f.set_group(active);
         }
         epoch
+    }
+
+    /// Puts a whole stack in force at once: at most one `cut` (`refuse`, `reset`, `swallow`,
+    /// `hang`; `None`: none) and any number of shaping conditions ([`Fault::shapes`]), each in
+    /// its own direction — Toxiproxy's toxics on one proxy. Only plain stream links stack; a
+    /// datagram or Kafka-aware link takes one fault at a time ([`Link::apply_spec`]). Waits for
+    /// the listener as [`Link::apply_spec_settled`] does.
+    pub async fn set_stack(
+        &self,
+        cut: Option<FaultSpec>,
+        stacked: Vec<FaultSpec>,
+    ) -> Result<(), ProxyError> {
+        let refused = |why: String| ProxyError::FaultRefused {
+            name: self.shared.name.clone(),
+            why,
+        };
+        if !stacked.is_empty() && !self.stacks() {
+            return Err(refused(
+                "only a plain stream (TCP) link stacks conditions; this one takes one fault at a time"
+                    .to_string(),
+            ));
+        }
+        if let Some(c) = cut.filter(|c| c.fault.shapes() || c.fault.instantaneous()) {
+            return Err(refused(format!("`{}` is not a cut", c.fault.name())));
+        }
+        if let Some(s) = stacked.iter().find(|s| !s.fault.shapes()) {
+            return Err(refused(format!(
+                "`{}` does not stack: a link holds at most one cut (refuse, reset, swallow, hang)",
+                s.fault.name()
+            )));
+        }
+        for spec in cut.iter().chain(&stacked) {
+            self.check(spec)?;
+            spec.validate().map_err(refused)?;
+        }
+        let was_refusing = self.shared.condition.borrow().refuses();
+        let refusing = cut.is_some_and(|c| c.fault == Fault::Refuse);
+        let budgets = |specs: &[FaultSpec]| -> Vec<FaultSpec> {
+            specs
+                .iter()
+                .filter(|s| s.fault == Fault::LimitData)
+                .copied()
+                .collect()
+        };
+        let mut epoch = 0;
+        self.shared.condition.send_modify(|c| {
+            c.epoch += 1;
+            epoch = c.epoch;
+            if c.active != cut || c.stacked != stacked {
+                c.since = Instant::now();
+            }
+            if budgets(&c.stacked) != budgets(&stacked) {
+                c.budget_epoch = c.epoch;
+            }
+            c.active = cut;
+            c.stacked = stacked;
+        });
+        if let Some(f) = self.family() {
+            f.set_group(cut);
+        }
+        if was_refusing || refusing {
+            self.settled(epoch, Duration::from_secs(2)).await;
+        }
+        Ok(())
     }
 
     /// Seeds the link's randomness (jitter, a datagram link's losses), so a drill with the
@@ -907,6 +1037,7 @@ impl Link {
                 .filter(|a| a.fault == Fault::Throttle)
                 .map(|a| a.bytes_per_s),
             loss: c.active.filter(|a| a.fault == Fault::Loss).map(|a| a.loss),
+            stacked: c.stacked.iter().map(FaultSpec::describe).collect(),
             since_ms: c.since.elapsed().as_millis() as u64,
             connections_accepted: get(&n.accepted),
             connections_reset: get(&n.reset),

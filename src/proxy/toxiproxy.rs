@@ -11,10 +11,13 @@
 //! | `reset_peer {timeout: T}` | `reset` (after T ms when T > 0) |
 //! | `limit_data {bytes}` | reset each connection once `bytes` have passed in the toxic's stream |
 //!
-//! Differences, on purpose: a drill link holds one condition at a time, so a second toxic on
-//! a proxy is refused with 409 (remove the first); `toxicity` below 1 is refused (drill's
-//! faults are exact, never probabilistic); `slicer` and `slow_close` have no drill fault and
-//! are refused with 400. Removing a `timeout` toxic that swallowed bytes resets the connections
+//! Toxics stack as in Toxiproxy: any number of `latency`, `bandwidth` and `limit_data` toxics
+//! on one proxy, each in its own stream (delays add up, the slowest rate and the smallest
+//! budget hold), beside at most one cut (`timeout` or `reset_peer`): a second cut is refused
+//! with 409 (remove the first). A datagram link takes one toxic at a time.
+//!
+//! Differences, on purpose: `toxicity` below 1 is refused (drill's faults are exact, never
+//! probabilistic); `slicer` and `slow_close` have no drill fault yet and are refused with 400. Removing a `timeout` toxic that swallowed bytes resets the connections
 //! that lost bytes — their byte stream has a hole (DESIGN.md §3) — where Toxiproxy would
 //! let them carry on with data missing. On a datagram (UDP) link, made by `drill proxy --link
 //! NAME=udp:…`, a toxic that needs a stream (`bandwidth`, `reset_peer`, `limit_data`, a
@@ -52,7 +55,8 @@ pub struct Toxic {
 #[derive(Debug, Clone, Default)]
 struct Entry {
     enabled: bool,
-    toxic: Option<Toxic>,
+    /// In the order they were added.
+    toxics: Vec<Toxic>,
     /// Bumped on every change, so a delayed step (timeout, reset_peer) knows it is stale.
     generation: u64,
 }
@@ -116,7 +120,7 @@ fn proxy_json(link: &Link, entry: &Entry) -> Value {
         "listen": link.listen_addr().to_string(),
         "upstream": link.upstream_addr().to_string(),
         "enabled": entry.enabled,
-        "toxics": entry.toxic.iter().collect::<Vec<_>>(),
+        "toxics": entry.toxics,
     })
 }
 
@@ -132,6 +136,13 @@ fn attribute(t: &Toxic, key: &str) -> u64 {
 struct Plan {
     now: FaultSpec,
     later: Option<(Duration, FaultSpec)>,
+}
+
+impl Plan {
+    /// A cut (`timeout`, `reset_peer`): a link holds at most one; every other toxic shapes.
+    fn cuts(&self) -> bool {
+        !self.now.fault.shapes()
+    }
 }
 
 fn plan(t: &Toxic) -> Result<Plan, String> {
@@ -194,27 +205,47 @@ fn fits(link: &Link, toxic: &Toxic) -> Result<(), Problem> {
     Ok(())
 }
 
-/// Puts the link into the condition its Toxiproxy state describes.
+/// Puts the link into the condition its Toxiproxy state describes: `enabled: false` refuses;
+/// otherwise the cut toxic, if any, and every shaping toxic stacked beside it.
 async fn sync(shared: &Shared, link: &Link, generation: u64) {
     let entry = shared.entry(link.name());
-    if !entry.enabled {
-        link.apply_spec_settled(FaultSpec::new(Fault::Refuse, Direction::Both))
-            .await;
+    let mut cut = (!entry.enabled).then(|| FaultSpec::new(Fault::Refuse, Direction::Both));
+    let mut stacked = Vec::new();
+    let mut later = None;
+    for plan in entry.toxics.iter().filter_map(|t| plan(t).ok()) {
+        if plan.now.fault.shapes() {
+            stacked.push(plan.now);
+        } else if plan.now.fault != Fault::Heal {
+            cut = cut.or(Some(plan.now));
+        }
+        later = later.or(plan.later);
+    }
+    let applied = if link.stacks() {
+        link.set_stack(cut, stacked.clone()).await
+    } else {
+        // One condition at a time (create_toxic refuses a second).
+        let one = cut.or(stacked.first().copied());
+        let heal = FaultSpec::new(Fault::Heal, Direction::Both);
+        link.try_apply_spec_settled(one.unwrap_or(heal)).await
+    };
+    if let Err(e) = applied {
+        eprintln!("drill: {e}");
         return;
     }
-    let Some(toxic) = entry.toxic.as_ref() else {
-        link.apply_spec_settled(FaultSpec::new(Fault::Heal, Direction::Both))
-            .await;
-        return;
-    };
-    let Ok(plan) = plan(toxic) else { return };
-    link.apply_spec_settled(plan.now).await;
-    if let Some((after, spec)) = plan.later {
+    if let Some((after, spec)) = later.filter(|_| entry.enabled) {
         let (shared, link) = (shared.clone(), link.clone());
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
-            if shared.entry(link.name()).generation == generation {
-                link.apply_spec_settled(spec).await;
+            if shared.entry(link.name()).generation != generation {
+                return;
+            }
+            let applied = if link.stacks() {
+                link.set_stack(Some(spec), stacked).await
+            } else {
+                link.try_apply_spec_settled(spec).await
+            };
+            if let Err(e) = applied {
+                eprintln!("drill: {e}");
             }
         });
     }
@@ -399,7 +430,7 @@ async fn delete_proxy(State(shared): State<Shared>, Path(name): Path<String>) ->
 
 async fn list_toxics(State(shared): State<Shared>, Path(name): Path<String>) -> Response {
     match find(&shared, &name) {
-        Ok(_) => Json(shared.entry(&name).toxic.into_iter().collect::<Vec<_>>()).into_response(),
+        Ok(_) => Json(shared.entry(&name).toxics).into_response(),
         Err(p) => p.into_response(),
     }
 }
@@ -422,22 +453,43 @@ async fn create_toxic(
         attributes: request.attributes,
     };
     let mut entry = shared.entry(&name);
-    if let Some(existing) = &entry.toxic {
-        let message = if existing.name == toxic.name {
-            "toxic already exists".to_string()
-        } else {
-            format!(
-                "a drill link holds one fault at a time and `{}` is in force; remove it first",
-                existing.name
-            )
-        };
+    if let Some(message) = conflict(&link, &entry.toxics, &toxic) {
         return Err(Problem(StatusCode::CONFLICT, message));
     }
     fits(&link, &toxic)?;
-    entry.toxic = Some(toxic.clone());
+    entry.toxics.push(toxic.clone());
     let generation = shared.store(&name, entry);
     sync(&shared, &link, generation).await;
     Ok(Json(toxic).into_response())
+}
+
+/// Why `toxic` cannot join `toxics` on `link`, if it cannot: its name is taken, it is a second
+/// cut, or the link takes one condition at a time.
+fn conflict(link: &Link, toxics: &[Toxic], toxic: &Toxic) -> Option<String> {
+    if toxics.iter().any(|t| t.name == toxic.name) {
+        return Some("toxic already exists".to_string());
+    }
+    if let Some(first) = toxics.first().filter(|_| !link.stacks()) {
+        return Some(format!(
+            "this link ({}) takes one condition at a time and `{}` is in force; remove it first",
+            if link.carries_datagrams() {
+                "datagrams"
+            } else {
+                "Kafka-aware"
+            },
+            first.name
+        ));
+    }
+    let cuts = |t: &Toxic| plan(t).is_ok_and(|p| p.cuts());
+    if cuts(toxic)
+        && let Some(other) = toxics.iter().find(|t| cuts(t))
+    {
+        return Some(format!(
+            "a drill link holds at most one cut (timeout, reset_peer) and `{}` is in force; remove it first (latency, bandwidth and limit_data stack)",
+            other.name
+        ));
+    }
+    None
 }
 
 async fn get_toxic(
@@ -445,7 +497,12 @@ async fn get_toxic(
     Path((name, toxic)): Path<(String, String)>,
 ) -> Answer {
     find(&shared, &name)?;
-    match shared.entry(&name).toxic.filter(|t| t.name == toxic) {
+    match shared
+        .entry(&name)
+        .toxics
+        .into_iter()
+        .find(|t| t.name == toxic)
+    {
         Some(t) => Ok(Json(t).into_response()),
         None => Err(Problem(StatusCode::NOT_FOUND, "toxic not found".into())),
     }
@@ -459,15 +516,16 @@ async fn update_toxic(
     let link = find(&shared, &name)?;
     let request: UpdateToxic = parse(&body)?;
     let mut entry = shared.entry(&name);
-    let Some(mut current) = entry.toxic.clone().filter(|t| t.name == toxic) else {
+    let Some(slot) = entry.toxics.iter().position(|t| t.name == toxic) else {
         return Err(Problem(StatusCode::NOT_FOUND, "toxic not found".into()));
     };
+    let mut current = entry.toxics[slot].clone();
     current.attributes.extend(request.attributes);
     if let Some(t) = request.toxicity {
         current.toxicity = t;
     }
     fits(&link, &current)?;
-    entry.toxic = Some(current.clone());
+    entry.toxics[slot] = current.clone();
     let generation = shared.store(&name, entry);
     sync(&shared, &link, generation).await;
     Ok(Json(current).into_response())
@@ -479,10 +537,10 @@ async fn delete_toxic(
 ) -> Answer {
     let link = find(&shared, &name)?;
     let mut entry = shared.entry(&name);
-    if entry.toxic.as_ref().is_none_or(|t| t.name != toxic) {
+    let Some(slot) = entry.toxics.iter().position(|t| t.name == toxic) else {
         return Err(Problem(StatusCode::NOT_FOUND, "toxic not found".into()));
-    }
-    entry.toxic = None;
+    };
+    entry.toxics.remove(slot);
     let generation = shared.store(&name, entry);
     sync(&shared, &link, generation).await;
     Ok(StatusCode::NO_CONTENT.into_response())

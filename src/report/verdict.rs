@@ -461,6 +461,7 @@ pub(crate) mod tests {
             latency_ms: None,
             jitter_ms: None,
             bytes_per_s: None,
+            stacked: Vec::new(),
             since_ms: 0,
             connections_accepted: 0,
             connections_reset: 0,
