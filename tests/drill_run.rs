@@ -575,3 +575,33 @@ fn a_stranded_kafka_connection_is_noticed_within_the_answer_timeout() {
     let ran = run_drill(file.to_str().unwrap(), "kafka-strand", &[]);
     assert_clean_pass(&ran);
 }
+
+/// Faults that overlap on one link stack (DESIGN.md §3): a swallow and a rate in the middle of a
+/// delay, each ending on its own — the delay holds until its own end, and the drill says so at
+/// each heal. Before, the second fault replaced the first and the first heal ended both.
+#[test]
+fn overlapping_faults_on_one_link_stack_and_end_one_by_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "stacked",
+        "name: stacked\nseed: 3\ndestination: { kind: mqtt, runtime: auto, topic: drill/stacked }\n\
+         workload: { rate: 50/s, duration: 16s, keys: 4 }\n\
+         faults:\n\
+         \x20 - { at: 3s, link: mqtt, fault: delay, latency: 150ms, for: 10s }\n\
+         \x20 - { at: 4s, link: mqtt, fault: throttle, direction: upstream, bytes_per_s: 20000, for: 6s }\n\
+         \x20 - { at: 5s, link: mqtt, fault: swallow, direction: downstream, for: 3s }\n\
+         expect: { lost: 0, ledger: closes }\n",
+    );
+    let ran = run_drill(&file, "stacked", &[]);
+    ran.say("stacked");
+    let said = String::from_utf8_lossy(&ran.output.stdout);
+    for line in [
+        "heal: link mqtt (delay 150 ms both, throttle 20000 B/s upstream still in force)",
+        "heal: link mqtt (delay 150 ms both still in force)",
+    ] {
+        assert!(said.contains(line), "no `{line}` in\n{said}");
+    }
+    assert_eq!(said.matches("heal: link mqtt").count(), 3, "{said}");
+    ran.assert_passed();
+}

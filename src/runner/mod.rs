@@ -12,6 +12,7 @@ mod facts;
 mod play;
 pub mod progress;
 mod provision;
+mod stack;
 mod system;
 mod timeline;
 

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::events::{FaultKind, FaultRecord, FaultTarget, describe};
 use super::provision::Rig;
+use super::stack::Stacks;
 use super::timeline::Step;
 use super::{RunError, ms, say};
 use crate::dest::{AnswerFault, Halt, Node, ReadBack};
@@ -43,6 +44,8 @@ pub struct Drill<'a> {
     disk: Option<&'a PowerFs>,
     /// A power cut armed at a crash point, waiting for its operation.
     armed: Option<Armed>,
+    /// What the scenario's overlapping faults hold on each link.
+    stacks: Stacks,
 }
 
 /// A `power_cut` with `crash_at`, armed and not yet fired.
@@ -80,6 +83,7 @@ impl<'a> Drill<'a> {
             notes: Vec::new(),
             engine_paused: false,
             armed: None,
+            stacks: Stacks::default(),
         }
     }
 
@@ -167,7 +171,15 @@ impl<'a> Drill<'a> {
                 // link, on any of its broker links).
                 bit = Some(l.family_status().connections_open > 0);
             }
-            l.apply_spec_settled(*spec).await;
+            if l.stacks() && !spec.fault.instantaneous() {
+                // Beside what the link already holds (DESIGN.md §3: conditions stack, one cut).
+                let (cut, conditions) = self.stacks.start(name, index, *spec).specs();
+                if let Err(e) = l.set_stack(cut, conditions).await {
+                    self.notes.push(format!("fault {index}: {e}"));
+                }
+            } else {
+                l.apply_spec_settled(*spec).await;
+            }
         } else {
             // A broker link of a Kafka-aware link (`kafka-2`), now or from its creation on.
             if spec.fault.instantaneous() {
@@ -248,13 +260,29 @@ impl<'a> Drill<'a> {
         name: &str,
         now: Duration,
     ) -> Result<(), RunError> {
+        let mut still = String::new();
         for l in self
             .rig
             .links
             .iter()
             .filter(|l| name == "proxy" || l.name() == name)
         {
-            l.apply_settled(Fault::Heal, Direction::Both).await;
+            // The end of one fault leaves the others on the link in force; the end of a proxy
+            // restart brings back what the link held before it.
+            let held = if name == "proxy" {
+                self.stacks.held(l.name())
+            } else {
+                self.stacks.end(l.name(), index)
+            };
+            if held.is_empty() {
+                l.apply_settled(Fault::Heal, Direction::Both).await;
+            } else {
+                let (cut, conditions) = held.specs();
+                if let Err(e) = l.set_stack(cut, conditions).await {
+                    self.notes.push(format!("heal of {name}: {e}"));
+                }
+                still = format!(" ({} still in force)", held.describe());
+            }
             l.listening()?;
         }
         if !self.rig.links.iter().any(|l| l.name() == name) {
@@ -263,7 +291,10 @@ impl<'a> Drill<'a> {
                 .apply_member(name, FaultSpec::new(Fault::Heal, Direction::Both))
                 .await;
         }
-        say(&format!("  {:>4}s  heal: link {name}", now.as_secs()));
+        say(&format!(
+            "  {:>4}s  heal: link {name}{still}",
+            now.as_secs()
+        ));
         let target = if name == "proxy" {
             FaultTarget::Proxy
         } else {
