@@ -260,6 +260,61 @@ async fn a_toxiproxy_client_drives_drill_links() {
         "no byte past the limit"
     );
 
+    // slicer: the answer comes back in pieces of 10 bytes, each on its own, 20 ms apart.
+    let (status, _) = api.call("POST", "/reset", None).await;
+    assert_eq!(status, 204);
+    let mut c = TcpStream::connect(listen).await.unwrap();
+    ping(&mut c).await;
+    let (status, err) = api
+        .call("POST", "/proxies/echo/toxics", Some(json!({"type": "slicer", "attributes": {"average_size": 10, "size_variation": 0, "delay": 20000}})))
+        .await;
+    assert_eq!(status, 200, "{err}");
+    let started = Instant::now();
+    c.write_all(&[9u8; 50]).await.unwrap();
+    let mut pieces = Vec::new();
+    let mut buf = [0u8; 64];
+    while pieces.iter().sum::<usize>() < 50 {
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+            .await
+            .expect("a piece")
+            .unwrap();
+        assert!(n > 0, "closed after {pieces:?}");
+        pieces.push(n);
+    }
+    let took = started.elapsed();
+    println!("slicer 10 bytes / 20 ms: pieces {pieces:?} in {took:?}");
+    assert_eq!(pieces, vec![10; 5], "pieces of 10 bytes, read one by one");
+    assert!(
+        took >= Duration::from_millis(80),
+        "4 gaps of 20 ms: {took:?}"
+    );
+    api.call("DELETE", "/proxies/echo/toxics/slicer_downstream", None)
+        .await;
+
+    // slow_close: the broker's end of the stream reaches the client 300 ms late.
+    let (status, _) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "slow_close", "attributes": {"delay": 300}})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    ping(&mut c).await;
+    let started = Instant::now();
+    c.shutdown().await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf))
+        .await
+        .expect("the end of the stream")
+        .unwrap();
+    let took = started.elapsed();
+    println!("slow_close 300 ms: end of stream after {took:?}");
+    assert_eq!(n, 0);
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_millis(1000),
+        "{took:?}"
+    );
+
     // What drill cannot do exactly is refused, with a reason.
     let (status, _) = api.call("POST", "/reset", None).await;
     assert_eq!(status, 204);
@@ -278,7 +333,7 @@ async fn a_toxiproxy_client_drives_drill_links() {
             Some(json!({"type": "slicer"})),
         )
         .await;
-    assert_eq!(status, 400, "{err}");
+    assert_eq!(status, 400, "a slicer needs its average_size: {err}");
     let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
     assert_eq!(toxics, json!([]));
     let (status, _) = api.call("DELETE", "/proxies/echo", None).await;

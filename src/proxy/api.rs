@@ -46,8 +46,8 @@ impl FaultRequest {
             latency: Duration::from_millis(self.latency_ms),
             jitter: Duration::from_millis(self.jitter_ms),
             bytes_per_s: self.bytes_per_s,
-            limit_bytes: 0,
             loss: self.loss,
+            ..FaultSpec::new(self.fault, self.direction)
         }
     }
 }

@@ -414,6 +414,16 @@ impl Pump {
                 return self.write(&bytes).await;
             }
         } else if self.at_eof {
+            // `slow_close`: the end of the stream is passed on late.
+            if !shape.close_delay.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(shape.close_delay) => {}
+                    _ = self.conn.abort.cancelled() => {
+                        self.reset();
+                        return false;
+                    }
+                }
+            }
             if let Some(w) = self.to.as_mut() {
                 let _ = w.shutdown().await;
             }
@@ -494,9 +504,20 @@ impl Pump {
                 return false;
             }
         } else {
-            let due = self.due(shape, bytes.len());
-            self.held.push_back((due, Bytes::copy_from_slice(bytes)));
-            self.held_bytes += bytes.len();
+            // Each piece of a `slicer` is held, and written, on its own.
+            let mut rest = bytes;
+            while !rest.is_empty() {
+                let n = if shape.slices() {
+                    self.piece(shape).min(rest.len())
+                } else {
+                    rest.len()
+                };
+                let due = self.due(shape, n);
+                self.held
+                    .push_back((due, Bytes::copy_from_slice(&rest[..n])));
+                self.held_bytes += n;
+                rest = &rest[n..];
+            }
         }
         if shape.limit > 0 && self.limited.1 >= shape.limit && self.held.is_empty() {
             self.reset();
@@ -535,7 +556,27 @@ impl Pump {
         } else {
             at
         };
+        if shape.slices() {
+            self.last_due += shape.slice.2;
+        }
         at
+    }
+
+    /// The size of a `slicer`'s next piece: the average ± a seeded draw of the variation,
+    /// never below one byte.
+    fn piece(&mut self, shape: Shape) -> usize {
+        let (average, variation, _) = shape.slice;
+        let v = variation.min(average.saturating_sub(1));
+        let draw = if v == 0 {
+            0
+        } else {
+            self.shared
+                .rng
+                .lock()
+                .map(|mut r| r.below(2 * v + 1))
+                .unwrap_or(v)
+        };
+        (average + draw).saturating_sub(v).max(1) as usize
     }
 
     async fn write(&mut self, bytes: &[u8]) -> bool {

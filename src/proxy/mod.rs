@@ -53,6 +53,15 @@ pub enum Fault {
     /// `direction` since the fault began. Only reachable through the Toxiproxy-shaped API.
     #[serde(skip)]
     LimitData,
+    /// Toxiproxy's `slicer`: what passes in `direction` is cut into pieces of `slice_bytes` ±
+    /// `slice_variation` bytes (seeded), each written on its own, `slice_delay` apart. Only
+    /// reachable through the Toxiproxy-shaped API.
+    #[serde(skip)]
+    Slicer,
+    /// Toxiproxy's `slow_close`: the end of a stream in `direction` is passed on `close_delay`
+    /// late. Only reachable through the Toxiproxy-shaped API.
+    #[serde(skip)]
+    SlowClose,
     /// Instantaneous: every connection open at that instant goes silent for good in both
     /// directions (bytes read and dropped, no FIN, no RST, not even later), while new
     /// connections pass. A NAT or firewall entry lost. The link's condition is unchanged.
@@ -78,6 +87,8 @@ impl Fault {
             Fault::Delay => "delay",
             Fault::Throttle => "throttle",
             Fault::LimitData => "limit_data",
+            Fault::Slicer => "slicer",
+            Fault::SlowClose => "slow_close",
             Fault::Strand => "strand",
             Fault::Loss => "loss",
             Fault::Blackhole => "blackhole",
@@ -105,6 +116,8 @@ impl Fault {
             | Fault::Delay
             | Fault::Throttle
             | Fault::LimitData
+            | Fault::Slicer
+            | Fault::SlowClose
             | Fault::Strand
             | Fault::Heal => true,
             Fault::Loss | Fault::Blackhole => false,
@@ -122,9 +135,13 @@ impl Fault {
             | Fault::Loss
             | Fault::Blackhole
             | Fault::Heal => true,
-            Fault::Reset | Fault::Hang | Fault::Throttle | Fault::LimitData | Fault::Strand => {
-                false
-            }
+            Fault::Reset
+            | Fault::Hang
+            | Fault::Throttle
+            | Fault::LimitData
+            | Fault::Slicer
+            | Fault::SlowClose
+            | Fault::Strand => false,
         }
     }
 
@@ -137,7 +154,10 @@ impl Fault {
     /// stream link (delays add up, the slowest rate and the smallest byte budget hold), beside
     /// at most one cut ([`Link::set_stack`]).
     pub fn shapes(self) -> bool {
-        matches!(self, Fault::Delay | Fault::Throttle | Fault::LimitData)
+        matches!(
+            self,
+            Fault::Delay | Fault::Throttle | Fault::LimitData | Fault::Slicer | Fault::SlowClose
+        )
     }
 }
 
@@ -200,6 +220,10 @@ pub(crate) struct Shape {
     pub(crate) jitter: Duration,
     pub(crate) bytes_per_s: u64,
     pub(crate) limit: u64,
+    /// `slicer`: pieces of `slice.0` ± `slice.1` bytes, `slice.2` apart (`slice.0` 0: none).
+    pub(crate) slice: (u64, u64, Duration),
+    /// `slow_close`: how late the end of the stream is passed on.
+    pub(crate) close_delay: Duration,
 }
 
 impl Shape {
@@ -214,13 +238,21 @@ impl Shape {
             }
             Fault::Throttle => self.bytes_per_s = least(self.bytes_per_s, spec.bytes_per_s),
             Fault::LimitData => self.limit = least(self.limit, spec.limit_bytes),
+            Fault::Slicer if self.slice.0 == 0 || spec.slice_bytes < self.slice.0 => {
+                self.slice = (spec.slice_bytes, spec.slice_variation, spec.slice_delay);
+            }
+            Fault::SlowClose => self.close_delay += spec.close_delay,
             _ => {}
         }
     }
 
     /// Whether chunks wait (a delay or a rate), rather than leave as they are read.
     pub(crate) fn holds(&self) -> bool {
-        !self.latency.is_zero() || !self.jitter.is_zero() || self.bytes_per_s > 0
+        !self.latency.is_zero() || !self.jitter.is_zero() || self.bytes_per_s > 0 || self.slices()
+    }
+
+    pub(crate) fn slices(&self) -> bool {
+        self.slice.0 > 0
     }
 }
 
@@ -244,6 +276,16 @@ pub struct FaultSpec {
     /// `loss`: the fraction of datagrams dropped, above 0 and at most 1.
     #[serde(skip_serializing_if = "is_nothing")]
     pub loss: f64,
+    /// `slicer`: the average piece, its variation (bytes), and the time between pieces.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub slice_bytes: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub slice_variation: u64,
+    #[serde(skip_serializing_if = "Duration::is_zero", with = "millis")]
+    pub slice_delay: Duration,
+    /// `slow_close`: how late the end of the stream is passed on.
+    #[serde(skip_serializing_if = "Duration::is_zero", with = "millis")]
+    pub close_delay: Duration,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -271,6 +313,28 @@ impl FaultSpec {
             bytes_per_s: 0,
             limit_bytes: 0,
             loss: 0.0,
+            slice_bytes: 0,
+            slice_variation: 0,
+            slice_delay: Duration::ZERO,
+            close_delay: Duration::ZERO,
+        }
+    }
+
+    /// Toxiproxy's `slicer`: pieces of `bytes` ± `variation`, `delay` apart, in `direction`.
+    pub fn slicer(direction: Direction, bytes: u64, variation: u64, delay: Duration) -> FaultSpec {
+        FaultSpec {
+            slice_bytes: bytes,
+            slice_variation: variation,
+            slice_delay: delay,
+            ..FaultSpec::new(Fault::Slicer, direction)
+        }
+    }
+
+    /// Toxiproxy's `slow_close`: the end of the stream in `direction` passed on `delay` late.
+    pub fn slow_close(direction: Direction, delay: Duration) -> FaultSpec {
+        FaultSpec {
+            close_delay: delay,
+            ..FaultSpec::new(Fault::SlowClose, direction)
         }
     }
 
@@ -317,6 +381,13 @@ impl FaultSpec {
             ),
             Fault::Throttle => format!("throttle {} B/s", self.bytes_per_s),
             Fault::LimitData => format!("limit_data {} bytes", self.limit_bytes),
+            Fault::Slicer => format!(
+                "slicer {}±{} bytes every {} µs",
+                self.slice_bytes,
+                self.slice_variation,
+                self.slice_delay.as_micros()
+            ),
+            Fault::SlowClose => format!("slow_close {} ms", self.close_delay.as_millis()),
             Fault::Loss => format!("loss {}", self.loss),
             f => f.name().to_string(),
         };
@@ -337,6 +408,9 @@ impl FaultSpec {
             }
             Fault::Throttle if self.bytes_per_s == 0 => {
                 Err("`throttle` needs bytes_per_s greater than zero".to_string())
+            }
+            Fault::Slicer if self.slice_bytes == 0 => {
+                Err("`slicer` needs an average_size greater than zero".to_string())
             }
             Fault::Loss if !(self.loss > 0.0 && self.loss <= 1.0) => Err(format!(
                 "`loss` needs a fraction above 0 and at most 1 (e.g. loss: 0.3), not {}",

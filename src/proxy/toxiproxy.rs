@@ -10,14 +10,17 @@
 //! | `timeout {timeout: T}` | `swallow`, then after T ms `reset` until the toxic is removed |
 //! | `reset_peer {timeout: T}` | `reset` (after T ms when T > 0) |
 //! | `limit_data {bytes}` | reset each connection once `bytes` have passed in the toxic's stream |
+//! | `slicer {average_size, size_variation, delay}` (µs) | each piece written on its own, `delay` apart |
+//! | `slow_close {delay}` (ms) | the end of the stream passed on `delay` late |
 //!
-//! Toxics stack as in Toxiproxy: any number of `latency`, `bandwidth` and `limit_data` toxics
+//! Toxics stack as in Toxiproxy: any number of `latency`, `bandwidth`, `slicer`, `slow_close`
+//! and `limit_data` toxics
 //! on one proxy, each in its own stream (delays add up, the slowest rate and the smallest
 //! budget hold), beside at most one cut (`timeout` or `reset_peer`): a second cut is refused
 //! with 409 (remove the first). A datagram link takes one toxic at a time.
 //!
 //! Differences, on purpose: `toxicity` below 1 is refused (drill's faults are exact, never
-//! probabilistic); `slicer` and `slow_close` have no drill fault yet and are refused with 400. Removing a `timeout` toxic that swallowed bytes resets the connections
+//! probabilistic). Removing a `timeout` toxic that swallowed bytes resets the connections
 //! that lost bytes — their byte stream has a hole (DESIGN.md §3) — where Toxiproxy would
 //! let them carry on with data missing. On a datagram (UDP) link, made by `drill proxy --link
 //! NAME=udp:…`, a toxic that needs a stream (`bandwidth`, `reset_peer`, `limit_data`, a
@@ -184,9 +187,22 @@ fn plan(t: &Toxic) -> Result<Plan, String> {
             now: FaultSpec::limit(direction, attribute(t, "bytes")),
             later: None,
         },
+        "slicer" => Plan {
+            now: FaultSpec::slicer(
+                direction,
+                attribute(t, "average_size"),
+                attribute(t, "size_variation"),
+                Duration::from_micros(attribute(t, "delay")),
+            ),
+            later: None,
+        },
+        "slow_close" => Plan {
+            now: FaultSpec::slow_close(direction, ms("delay")),
+            later: None,
+        },
         other => {
             return Err(format!(
-                "toxic type `{other}` has no drill fault; supported: latency, bandwidth, timeout, reset_peer, limit_data"
+                "toxic type `{other}` has no drill fault; supported: latency, bandwidth, slicer, slow_close, limit_data, timeout, reset_peer"
             ));
         }
     };
@@ -485,7 +501,7 @@ fn conflict(link: &Link, toxics: &[Toxic], toxic: &Toxic) -> Option<String> {
         && let Some(other) = toxics.iter().find(|t| cuts(t))
     {
         return Some(format!(
-            "a drill link holds at most one cut (timeout, reset_peer) and `{}` is in force; remove it first (latency, bandwidth and limit_data stack)",
+            "a drill link holds at most one cut (timeout, reset_peer) and `{}` is in force; remove it first (latency, bandwidth, slicer, slow_close and limit_data stack)",
             other.name
         ));
     }

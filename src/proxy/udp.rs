@@ -170,6 +170,8 @@ fn fate(shared: &LinkShared, condition: &Condition, side: Side) -> Fate {
         | Fault::Hang
         | Fault::Throttle
         | Fault::LimitData
+        | Fault::Slicer
+        | Fault::SlowClose
         | Fault::Strand
         | Fault::Heal => Fate::Pass,
     }

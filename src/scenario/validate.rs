@@ -456,8 +456,8 @@ fn link_fault(
         latency: f.latency.map(|d| d.0).unwrap_or_default(),
         jitter: f.jitter.map(|d| d.0).unwrap_or_default(),
         bytes_per_s: f.bytes_per_s.unwrap_or(0),
-        limit_bytes: 0,
         loss: f.loss.unwrap_or(0.0),
+        ..FaultSpec::new(fault, Direction::Both)
     };
     spec.validate().map_err(|m| entry.whole(m))?;
     let link = link.to_string();
@@ -562,8 +562,8 @@ impl LinkSetting {
             Fault::Heal => &[],
             // At an instant: the connections open then go silent for good.
             Fault::Strand => &[],
-            // Only the Toxiproxy-shaped API sets it; a scenario cannot write it.
-            Fault::LimitData => &[],
+            // Only the Toxiproxy-shaped API sets them; a scenario cannot write them.
+            Fault::LimitData | Fault::Slicer | Fault::SlowClose => &[],
         }
     }
 
