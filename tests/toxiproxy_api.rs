@@ -318,14 +318,40 @@ async fn a_toxiproxy_client_drives_drill_links() {
     // What drill cannot do exactly is refused, with a reason.
     let (status, _) = api.call("POST", "/reset", None).await;
     assert_eq!(status, 204);
+    // toxicity 0.5: the latency holds on about half of the connections, each one all the way
+    // (drawn once per connection, from the link's seed).
     let (status, err) = api
         .call(
             "POST",
             "/proxies/echo/toxics",
-            Some(json!({"type": "latency", "toxicity": 0.5, "attributes": {"latency": 10}})),
+            Some(json!({"name": "some", "type": "latency", "toxicity": 0.5, "attributes": {"latency": 60}})),
         )
         .await;
-    assert_eq!(status, 400, "{err}");
+    assert_eq!(status, 200, "{err}");
+    let mut slow = 0;
+    for _ in 0..40 {
+        let mut c = TcpStream::connect(listen).await.unwrap();
+        let rtt = median_rtt(&mut c, 3).await;
+        let again = median_rtt(&mut c, 3).await;
+        let late = |d: Duration| d >= Duration::from_millis(60);
+        assert_eq!(
+            late(rtt),
+            late(again),
+            "one draw per connection: {rtt:?} then {again:?}"
+        );
+        slow += usize::from(late(rtt));
+    }
+    println!("toxicity 0.5: the latency held on {slow} of 40 connections");
+    assert!((10..=30).contains(&slow), "{slow} of 40");
+    api.call("DELETE", "/proxies/echo/toxics/some", None).await;
+    let (status, err) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "timeout", "toxicity": 0.5, "attributes": {"timeout": 0}})),
+        )
+        .await;
+    assert_eq!(status, 400, "a cut holds on every connection: {err}");
     let (status, err) = api
         .call(
             "POST",

@@ -48,6 +48,8 @@ struct Conn {
     counted_strand: AtomicBool,
     /// The link's protocol tap, when it has one: reads what this connection carries.
     tap: Option<ConnTap>,
+    /// Which connection of the link this is (a condition's toxicity is drawn per connection).
+    serial: u64,
 }
 
 fn rst(socket: &TcpStream) {
@@ -60,7 +62,7 @@ pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: Can
     // A fault in force at the instant of accept applies to this connection too.
     let born = {
         let condition = shared.condition.borrow();
-        if condition.flow(Side::Up) == Flow::Cut {
+        if condition.flow(Side::Up, 0) == Flow::Cut {
             drop(condition);
             rst(&client);
             add(&shared.counters.reset, 1);
@@ -80,6 +82,7 @@ pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: Can
         born,
         counted_strand: AtomicBool::new(false),
         tap,
+        serial: shared.counters.served.fetch_add(1, Ordering::Relaxed),
     });
     add(&shared.counters.active, 1);
     let (client_read, client_write) = client.into_split();
@@ -257,7 +260,7 @@ impl Pump {
             if condition.strands > self.conn.born {
                 return self.strand(&mut buf).await;
             }
-            let flow = condition.flow(self.side);
+            let flow = condition.flow(self.side, self.conn.serial);
             // DESIGN.md §3: after a swallow, a connection that lost bytes is reset at the heal.
             let healed_with_hole = self.conn.lost.load(Ordering::SeqCst) && !condition.swallows();
             if flow == Flow::Cut || healed_with_hole || self.conn.abort.is_cancelled() {
@@ -617,7 +620,7 @@ async fn write_following(
             done = &mut write => return done.map_err(|_| ()),
             changed = rx.changed() => {
                 let now = rx.borrow();
-                if changed.is_err() || now.flow(side) == Flow::Cut || now.strands > conn.born {
+                if changed.is_err() || now.flow(side, conn.serial) == Flow::Cut || now.strands > conn.born {
                     return Err(());
                 }
             }

@@ -286,6 +286,18 @@ pub struct FaultSpec {
     /// `slow_close`: how late the end of the stream is passed on.
     #[serde(skip_serializing_if = "Duration::is_zero", with = "millis")]
     pub close_delay: Duration,
+    /// Toxiproxy's `toxicity`, for a shaping condition: the chance that it holds on a given
+    /// connection, drawn once per connection from the link's seed and `salt` (1: every
+    /// connection). A cut always holds on every connection.
+    #[serde(skip_serializing_if = "is_whole")]
+    pub toxicity: f64,
+    /// Tells apart the draws of two conditions on one link (a toxic's name, hashed).
+    #[serde(skip)]
+    pub salt: u64,
+}
+
+fn is_whole(f: &f64) -> bool {
+    *f == 1.0
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -317,7 +329,19 @@ impl FaultSpec {
             slice_variation: 0,
             slice_delay: Duration::ZERO,
             close_delay: Duration::ZERO,
+            toxicity: 1.0,
+            salt: 0,
         }
+    }
+
+    /// Whether this condition holds on connection `serial` of a link seeded `seed`.
+    fn holds_on(&self, seed: u64, serial: u64) -> bool {
+        if self.toxicity >= 1.0 {
+            return true;
+        }
+        let mix = seed ^ serial.wrapping_mul(0xA24B_AED4_963E_E407) ^ self.salt.rotate_left(29);
+        let draw = crate::seed::Seeded::new(mix).next_u64();
+        ((draw >> 11) as f64 / (1u64 << 53) as f64) < self.toxicity
     }
 
     /// Toxiproxy's `slicer`: pieces of `bytes` ± `variation`, `delay` apart, in `direction`.
@@ -420,6 +444,14 @@ impl FaultSpec {
                 "only `loss` takes a fraction; `{}` does not",
                 f.name()
             )),
+            _ if !(0.0..=1.0).contains(&self.toxicity) => Err(format!(
+                "toxicity is a chance between 0 and 1, not {}",
+                self.toxicity
+            )),
+            f if self.toxicity < 1.0 && !f.shapes() => Err(format!(
+                "`{}` holds on every connection (toxicity 1): a cut with a chance would be a different fault on each connection",
+                f.name()
+            )),
             _ => Ok(()),
         }
     }
@@ -440,10 +472,13 @@ pub(crate) struct Condition {
     /// The epoch the byte budgets (`limit_data`) in force began at: each connection counts
     /// its bytes from there, whatever else changed since.
     pub(crate) budget_epoch: u64,
+    /// The link's seed: which connections a condition with a toxicity below 1 holds on.
+    pub(crate) seed: u64,
 }
 
 impl Condition {
-    pub(crate) fn flow(&self, side: Side) -> Flow {
+    /// What `side` of connection `serial` does now.
+    pub(crate) fn flow(&self, side: Side, serial: u64) -> Flow {
         if let Some(spec) = self.active {
             if matches!(spec.fault, Fault::Refuse | Fault::Reset) {
                 return Flow::Cut;
@@ -461,7 +496,10 @@ impl Condition {
         // stream link before they are in force.)
         let mut shape = Shape::default();
         let conditions = self.active.iter().chain(&self.stacked);
-        for spec in conditions.filter(|s| s.fault.shapes() && s.direction.covers(side)) {
+        let holds = |s: &&FaultSpec| {
+            s.fault.shapes() && s.direction.covers(side) && s.holds_on(self.seed, serial)
+        };
+        for spec in conditions.filter(holds) {
             shape.add(spec);
         }
         if shape == Shape::default() {
@@ -498,6 +536,8 @@ pub(crate) struct Counters {
     pub(crate) dropped_down: AtomicU64,
     /// Datagrams a `delay` holds now (both directions).
     pub(crate) held: AtomicU64,
+    /// Connections served so far: each one's serial number.
+    pub(crate) served: AtomicU64,
 }
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
@@ -628,6 +668,7 @@ impl LinkShared {
             epoch: 0,
             strands: 0,
             budget_epoch: 0,
+            seed: 0,
         });
         let (settled, _) = watch::channel(0);
         Arc::new(LinkShared {
@@ -782,6 +823,11 @@ impl Link {
                 "`{}` has no meaning on a datagram (UDP) link; it knows refuse, swallow, delay, loss, blackhole and heal",
                 fault.name()
             )));
+        }
+        if self.carries_datagrams() && spec.toxicity < 1.0 {
+            return Err(refused(
+                "a datagram (UDP) link has no connections to draw a toxicity for; use toxicity 1 (or `loss` for a share of the datagrams)".to_string(),
+            ));
         }
         if !self.carries_datagrams() && !fault.on_streams() {
             return Err(refused(format!(
@@ -1017,6 +1063,7 @@ impl Link {
         if let Ok(mut rng) = self.shared.rng.lock() {
             *rng = crate::seed::Seeded::new(seed);
         }
+        self.shared.condition.send_modify(|c| c.seed = seed);
         if let Some(d) = &self.shared.datagrams {
             d.seed(seed);
         }
@@ -1426,5 +1473,31 @@ impl Proxy {
         for link in self.own_links() {
             link.shutdown().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_toxicity_holds_on_its_share_of_connections_the_same_for_the_same_seed() {
+        let mut spec = FaultSpec::delay(Direction::Both, Duration::from_millis(5), Duration::ZERO);
+        spec.toxicity = 0.3;
+        spec.salt = 42;
+        let share =
+            |spec: &FaultSpec, seed| (0..10_000).filter(|&n| spec.holds_on(seed, n)).count();
+        for seed in [0, 7, 1 << 40] {
+            let held = share(&spec, seed);
+            assert!(
+                (2_800..=3_200).contains(&held),
+                "seed {seed}: {held} of 10000"
+            );
+            assert_eq!(held, share(&spec, seed));
+        }
+        spec.toxicity = 0.0;
+        assert_eq!(share(&spec, 0), 0);
+        spec.toxicity = 1.0;
+        assert_eq!(share(&spec, 0), 10_000);
     }
 }

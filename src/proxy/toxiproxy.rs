@@ -19,8 +19,11 @@
 //! budget hold), beside at most one cut (`timeout` or `reset_peer`): a second cut is refused
 //! with 409 (remove the first). A datagram link takes one toxic at a time.
 //!
-//! Differences, on purpose: `toxicity` below 1 is refused (drill's faults are exact, never
-//! probabilistic). Removing a `timeout` toxic that swallowed bytes resets the connections
+//! `toxicity` below 1 holds a condition on that share of the connections, drawn once per
+//! connection from the link's seed (the same connections for the same seed and order); a cut
+//! (`timeout`, `reset_peer`) with a toxicity below 1 is refused with 400.
+//!
+//! Differences, on purpose: removing a `timeout` toxic that swallowed bytes resets the connections
 //! that lost bytes — their byte stream has a hole (DESIGN.md §3) — where Toxiproxy would
 //! let them carry on with data missing. On a datagram (UDP) link, made by `drill proxy --link
 //! NAME=udp:…`, a toxic that needs a stream (`bandwidth`, `reset_peer`, `limit_data`, a
@@ -149,12 +152,6 @@ impl Plan {
 }
 
 fn plan(t: &Toxic) -> Result<Plan, String> {
-    if (t.toxicity - 1.0).abs() > f64::EPSILON {
-        return Err(format!(
-            "toxicity {} is not supported: drill's faults are exact; use toxicity 1",
-            t.toxicity
-        ));
-    }
     let direction = match t.stream.as_str() {
         "upstream" => Direction::Upstream,
         "downstream" => Direction::Downstream,
@@ -206,6 +203,13 @@ fn plan(t: &Toxic) -> Result<Plan, String> {
             ));
         }
     };
+    // The chance the toxic holds on a connection, drawn per connection (seeded; the toxic's
+    // name keeps its draws apart from another's).
+    let mut plan = plan;
+    plan.now.toxicity = t.toxicity;
+    plan.now.salt = t.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     plan.now.validate()?;
     Ok(plan)
 }
