@@ -8,7 +8,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::{
-    drill_proxy, echo, is_reset, lands_without_answer, median_rtt, read_within, wait_for,
+    Echo, ProxyProcess, drill_proxy, echo, is_reset, lands_without_answer, median_rtt, read_within,
+    wait_for,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -111,61 +112,6 @@ async fn a_toxiproxy_client_drives_drill_links() {
         rtt >= Duration::from_millis(80) && rtt < Duration::from_millis(130),
         "{rtt:?}"
     );
-    // Toxics stack as Toxiproxy users write them ("a slow mobile link"): bandwidth beside the
-    // latency, the same stream. Both hold: small pings still take the latency, a bulk
-    // transfer comes back at the rate (the latency once on top).
-    let (status, toxic) = api
-        .call("POST", "/proxies/echo/toxics", Some(json!({"name": "slow", "type": "bandwidth", "stream": "downstream", "attributes": {"rate": 100}})))
-        .await;
-    assert_eq!(status, 200, "{toxic}");
-    let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
-    assert_eq!(toxics.as_array().map(Vec::len), Some(2), "{toxics}");
-    let rtt = median_rtt(&mut c, 9).await;
-    assert!(
-        rtt >= Duration::from_millis(80) && rtt < Duration::from_millis(130),
-        "stacked: {rtt:?}"
-    );
-    let (rate, c2) = echo_rate(c, 300_000).await;
-    c = c2;
-    let expected = 300_000.0 / (3.0 + 0.08);
-    println!("stacked latency 80 ms + bandwidth 100 KB/s: rtt {rtt:?}, rate {rate:.0} B/s");
-    assert!(
-        (rate - expected).abs() <= 0.1 * expected,
-        "{rate:.0} B/s for rate 100 KB/s after 80 ms"
-    );
-    // At most one cut: a timeout stacks beside them, a second cut is refused with the reason.
-    let (status, _) = api
-        .call("POST", "/proxies/echo/toxics", Some(json!({"name": "cut", "type": "timeout", "stream": "upstream", "attributes": {"timeout": 0}})))
-        .await;
-    assert_eq!(status, 200);
-    let (status, err) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"type": "reset_peer"})),
-        )
-        .await;
-    assert_eq!(status, 409, "{err}");
-    assert!(err["error"].as_str().unwrap().contains("`cut`"), "{err}");
-    let (status, err) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"name": "slow", "type": "latency"})),
-        )
-        .await;
-    assert_eq!(status, 409, "{err}");
-    api.call("DELETE", "/proxies/echo/toxics/cut", None).await;
-    let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
-    assert_eq!(toxics.as_array().map(Vec::len), Some(2), "{toxics}");
-    for name in ["latency_downstream", "slow"] {
-        let (status, _) = api
-            .call("DELETE", &format!("/proxies/echo/toxics/{name}"), None)
-            .await;
-        assert_eq!(status, 204);
-    }
-    assert!(median_rtt(&mut c, 9).await < Duration::from_millis(20));
-
     // bandwidth (KB/s) → throttle, within 10 %.
     let (status, _) = api
         .call("POST", "/proxies/echo/toxics", Some(json!({"name": "slow", "type": "bandwidth", "stream": "upstream", "attributes": {"rate": 100}})))
@@ -260,11 +206,120 @@ async fn a_toxiproxy_client_drives_drill_links() {
         "no byte past the limit"
     );
 
-    // slicer: the answer comes back in pieces of 10 bytes, each on its own, 20 ms apart.
+    // What drill cannot do exactly is refused, with a reason.
     let (status, _) = api.call("POST", "/reset", None).await;
     assert_eq!(status, 204);
-    let mut c = TcpStream::connect(listen).await.unwrap();
+    let (status, err) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "slicer"})),
+        )
+        .await;
+    assert_eq!(status, 400, "a slicer needs its average_size: {err}");
+    let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
+    assert_eq!(toxics, json!([]));
+    let (status, _) = api.call("DELETE", "/proxies/echo", None).await;
+    assert_eq!(status, 204);
+    assert_eq!(
+        TcpStream::connect(listen).await.unwrap_err().kind(),
+        ErrorKind::ConnectionRefused
+    );
+}
+
+/// An echo server behind a Toxiproxy proxy `echo` made through drill's Toxiproxy-shaped API,
+/// and a connection through it that has had its first answer.
+async fn echo_behind_proxy() -> (Echo, ProxyProcess, Api, TcpStream) {
+    let up = echo().await;
+    let proxy = drill_proxy(None).await;
+    let api = Api {
+        http: reqwest::Client::new(),
+        base: format!("http://{}", proxy.api),
+    };
+    let (status, created) = api
+        .call(
+            "POST",
+            "/proxies",
+            Some(json!({"name": "echo", "listen": proxy.listen.to_string(), "upstream": up.addr.to_string()})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let mut c = TcpStream::connect(proxy.listen).await.unwrap();
     ping(&mut c).await;
+    (up, proxy, api, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toxics_stack_as_toxiproxy_users_write_them() {
+    let (_up, _proxy, api, mut c) = echo_behind_proxy().await;
+    let (status, _) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "latency", "attributes": {"latency": 80}})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    // Toxics stack as Toxiproxy users write them ("a slow mobile link"): bandwidth beside the
+    // latency, the same stream. Both hold: small pings still take the latency, a bulk
+    // transfer comes back at the rate (the latency once on top).
+    let (status, toxic) = api
+        .call("POST", "/proxies/echo/toxics", Some(json!({"name": "slow", "type": "bandwidth", "stream": "downstream", "attributes": {"rate": 100}})))
+        .await;
+    assert_eq!(status, 200, "{toxic}");
+    let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
+    assert_eq!(toxics.as_array().map(Vec::len), Some(2), "{toxics}");
+    let rtt = median_rtt(&mut c, 9).await;
+    assert!(
+        rtt >= Duration::from_millis(80) && rtt < Duration::from_millis(130),
+        "stacked: {rtt:?}"
+    );
+    let (rate, c2) = echo_rate(c, 300_000).await;
+    c = c2;
+    let expected = 300_000.0 / (3.0 + 0.08);
+    println!("stacked latency 80 ms + bandwidth 100 KB/s: rtt {rtt:?}, rate {rate:.0} B/s");
+    assert!(
+        (rate - expected).abs() <= 0.1 * expected,
+        "{rate:.0} B/s for rate 100 KB/s after 80 ms"
+    );
+    // At most one cut: a timeout stacks beside them, a second cut is refused with the reason.
+    let (status, _) = api
+        .call("POST", "/proxies/echo/toxics", Some(json!({"name": "cut", "type": "timeout", "stream": "upstream", "attributes": {"timeout": 0}})))
+        .await;
+    assert_eq!(status, 200);
+    let (status, err) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"type": "reset_peer"})),
+        )
+        .await;
+    assert_eq!(status, 409, "{err}");
+    assert!(err["error"].as_str().unwrap().contains("`cut`"), "{err}");
+    let (status, err) = api
+        .call(
+            "POST",
+            "/proxies/echo/toxics",
+            Some(json!({"name": "slow", "type": "latency"})),
+        )
+        .await;
+    assert_eq!(status, 409, "{err}");
+    api.call("DELETE", "/proxies/echo/toxics/cut", None).await;
+    let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
+    assert_eq!(toxics.as_array().map(Vec::len), Some(2), "{toxics}");
+    for name in ["latency_downstream", "slow"] {
+        let (status, _) = api
+            .call("DELETE", &format!("/proxies/echo/toxics/{name}"), None)
+            .await;
+        assert_eq!(status, 204);
+    }
+    assert!(median_rtt(&mut c, 9).await < Duration::from_millis(20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slicer_and_slow_close_shape_what_passes() {
+    let (_up, _proxy, api, mut c) = echo_behind_proxy().await;
+    // slicer: the answer comes back in pieces of 10 bytes, each on its own, 20 ms apart.
     let (status, err) = api
         .call("POST", "/proxies/echo/toxics", Some(json!({"type": "slicer", "attributes": {"average_size": 10, "size_variation": 0, "delay": 20000}})))
         .await;
@@ -314,10 +369,12 @@ async fn a_toxiproxy_client_drives_drill_links() {
         took >= Duration::from_millis(300) && took < Duration::from_millis(1000),
         "{took:?}"
     );
+}
 
-    // What drill cannot do exactly is refused, with a reason.
-    let (status, _) = api.call("POST", "/reset", None).await;
-    assert_eq!(status, 204);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_toxicity_holds_on_its_share_of_connections() {
+    let (_up, proxy, api, _c) = echo_behind_proxy().await;
+    let listen = proxy.listen;
     // toxicity 0.5: the latency holds on about half of the connections, each one all the way
     // (drawn once per connection, from the link's seed).
     let (status, err) = api
@@ -352,20 +409,4 @@ async fn a_toxiproxy_client_drives_drill_links() {
         )
         .await;
     assert_eq!(status, 400, "a cut holds on every connection: {err}");
-    let (status, err) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"type": "slicer"})),
-        )
-        .await;
-    assert_eq!(status, 400, "a slicer needs its average_size: {err}");
-    let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
-    assert_eq!(toxics, json!([]));
-    let (status, _) = api.call("DELETE", "/proxies/echo", None).await;
-    assert_eq!(status, 204);
-    assert_eq!(
-        TcpStream::connect(listen).await.unwrap_err().kind(),
-        ErrorKind::ConnectionRefused
-    );
 }

@@ -8,6 +8,7 @@ mod common;
 
 use std::process::Command;
 
+use common::run::required;
 use common::{drill_proxy, echo};
 use serde_json::Value;
 
@@ -21,21 +22,13 @@ fn fixtures() -> String {
     format!("{}/fixtures", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Whether python3 can import `module` (ci/setup.sh installs it); under CI=true its absence
-/// fails the test instead of skipping it.
+/// Whether python3 can import `module` (ci/setup.sh installs `package` from PyPI).
 fn python_has(module: &str, package: &str) -> bool {
     let found = Command::new("python3")
         .args(["-c", &format!("import {module}")])
         .status()
         .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI=true and {package} (PyPI) is missing: ci/setup.sh installs it"
-        );
-        println!("skipped: {package} is not installed (run ci/setup.sh)");
-    }
-    found
+    required(found, &format!("{package} (PyPI)"))
 }
 
 /// The probe's numbers against what the toxics ask for, within 10 %.
