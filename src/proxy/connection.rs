@@ -26,6 +26,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::kafka::{self, Family, Pending};
+use super::splice::Pipe;
 use super::tap::ConnTap;
 use super::{Condition, Flow, LinkShared, Shape, Side, add};
 
@@ -145,6 +146,10 @@ struct Pump {
     kafka: Option<Kafka>,
     /// Where a Kafka-aware link's answers are assembled (kept, so no read allocates).
     scratch: Vec<u8>,
+    /// The zero-copy path while the direction passes untouched (`None`: not made yet);
+    /// `splicing` false once it cannot serve (no pipe), for good.
+    pipe: Option<Pipe>,
+    splicing: bool,
 }
 
 /// Why a pump stopped waiting.
@@ -177,6 +182,8 @@ impl Pump {
             limited: (0, 0),
             kafka: None,
             scratch: Vec::new(),
+            pipe: None,
+            splicing: true,
         }
     }
 
@@ -329,7 +336,12 @@ impl Pump {
                             Err(()) => return self.reset(),
                         }
                     }
-                    if !self.forward(flow, &mut buf).await {
+                    let done = if flow == Flow::Pass && self.can_splice() {
+                        !self.splice_step().await
+                    } else {
+                        !self.forward(flow, &mut buf).await
+                    };
+                    if done {
                         return;
                     }
                 }
@@ -374,6 +386,72 @@ impl Pump {
         if let Some(w) = self.to.take() {
             w.forget();
         }
+    }
+
+    /// Whether this direction may take the zero-copy path now: it passes untouched, nothing is
+    /// held, nobody reads the bytes (no Kafka rewrite, no protocol tap), and both ends are there.
+    fn can_splice(&self) -> bool {
+        self.splicing
+            && self.kafka.is_none()
+            && self.conn.tap.is_none()
+            && self.held.is_empty()
+            && !self.at_eof
+            && self.from.is_some()
+            && self.to.is_some()
+    }
+
+    /// One step of the zero-copy path: what the socket received goes into the pipe, and from
+    /// the pipe to the other socket. Returns to the loop (true) at the end of the stream or
+    /// when the condition changes — with whatever the pipe still held moved, in order, into
+    /// `held` for the copying path — and false when this direction is over.
+    async fn splice_step(&mut self) -> bool {
+        let pipe = match self.pipe.take() {
+            Some(p) => Some(p),
+            None => Pipe::new(),
+        };
+        let Some(mut pipe) = pipe else {
+            self.splicing = false;
+            return true;
+        };
+        let (Some(from), Some(to)) = (self.from.as_ref(), self.to.as_ref()) else {
+            self.pipe = Some(pipe);
+            return true;
+        };
+        let spliced = splice_once(
+            &mut pipe,
+            from.as_ref(),
+            to.as_ref(),
+            &mut self.rx,
+            &self.conn.abort,
+        )
+        .await;
+        self.counted(true, spliced.moved);
+        add(&self.shared.counters.spliced, spliced.moved as u64);
+        let alive = match spliced.end {
+            SpliceEnd::Through => true,
+            SpliceEnd::Eof => {
+                self.at_eof = true;
+                true
+            }
+            // The condition changed with bytes in the pipe: they go first through the copying
+            // path, which follows the new condition.
+            SpliceEnd::Changed => match pipe.take() {
+                Ok(bytes) => {
+                    if !bytes.is_empty() {
+                        self.held_bytes += bytes.len();
+                        self.held.push_back((Instant::now(), bytes));
+                    }
+                    true
+                }
+                Err(_) => false,
+            },
+            SpliceEnd::Failed => false,
+        };
+        self.pipe = Some(pipe);
+        if !alive {
+            self.reset();
+        }
+        alive
     }
 
     /// Dials the broker for the client → broker pump and hands the read half over.
@@ -627,4 +705,69 @@ async fn write_following(
             _ = conn.abort.cancelled() => return Err(()),
         }
     }
+}
+
+/// How one zero-copy step ended, and how many bytes it moved through.
+struct Spliced {
+    moved: usize,
+    end: SpliceEnd,
+}
+
+enum SpliceEnd {
+    /// Everything read went through.
+    Through,
+    /// The sender ended its stream (nothing was read).
+    Eof,
+    /// The condition changed (or the connection is to be reset): the pipe may still hold bytes.
+    Changed,
+    /// A socket failed: the connection is reset.
+    Failed,
+}
+
+/// Reads what `from` has into `pipe` (waiting for it, unless the condition changes first) and
+/// splices all of it out to `to`.
+async fn splice_once(
+    pipe: &mut Pipe,
+    from: &TcpStream,
+    to: &TcpStream,
+    rx: &mut watch::Receiver<Condition>,
+    abort: &CancellationToken,
+) -> Spliced {
+    let end = |moved, end| Spliced { moved, end };
+    let filled = loop {
+        match pipe.fill(from) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return end(0, SpliceEnd::Failed),
+        }
+        tokio::select! {
+            ready = from.readable() => if ready.is_err() {
+                return end(0, SpliceEnd::Failed);
+            },
+            _ = rx.changed() => return end(0, SpliceEnd::Changed),
+            _ = abort.cancelled() => return end(0, SpliceEnd::Changed),
+        }
+    };
+    if filled == 0 {
+        return end(0, SpliceEnd::Eof);
+    }
+    let mut moved = 0;
+    while pipe.held > 0 {
+        match pipe.drain(to) {
+            Ok(n) => {
+                moved += n;
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return end(moved, SpliceEnd::Failed),
+        }
+        tokio::select! {
+            ready = to.writable() => if ready.is_err() {
+                return end(moved, SpliceEnd::Failed);
+            },
+            _ = rx.changed() => return end(moved, SpliceEnd::Changed),
+            _ = abort.cancelled() => return end(moved, SpliceEnd::Changed),
+        }
+    }
+    end(moved, SpliceEnd::Through)
 }

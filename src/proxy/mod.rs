@@ -17,6 +17,7 @@
 pub mod api;
 mod connection;
 pub mod kafka;
+mod splice;
 pub mod tap;
 pub mod toxiproxy;
 pub mod udp;
@@ -538,6 +539,8 @@ pub(crate) struct Counters {
     pub(crate) held: AtomicU64,
     /// Connections served so far: each one's serial number.
     pub(crate) served: AtomicU64,
+    /// Of the bytes forwarded (both ways), those that went zero-copy (`splice`).
+    pub(crate) spliced: AtomicU64,
 }
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
@@ -576,6 +579,10 @@ pub struct LinkStatus {
     pub bytes_downstream: u64,
     pub bytes_swallowed_upstream: u64,
     pub bytes_swallowed_downstream: u64,
+    /// Of `bytes_upstream` + `bytes_downstream`, those a healed link passed zero-copy
+    /// (`splice(2)`, Linux) instead of through its own buffers.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_spliced: u64,
     /// Connections a `strand` left silent (they stay open until their ends close them).
     #[serde(default)]
     pub connections_stranded: u64,
@@ -904,6 +911,7 @@ impl Link {
                 s.bytes_downstream += t.bytes_downstream;
                 s.bytes_swallowed_upstream += t.bytes_swallowed_upstream;
                 s.bytes_swallowed_downstream += t.bytes_swallowed_downstream;
+                s.bytes_spliced += t.bytes_spliced;
                 s.connections_stranded += t.connections_stranded;
                 s.broker_links
                     .push(format!("{} ({} → {})", t.name, t.listen, t.upstream));
@@ -1167,6 +1175,7 @@ impl Link {
             bytes_downstream: get(&n.bytes_down),
             bytes_swallowed_upstream: get(&n.swallowed_up),
             bytes_swallowed_downstream: get(&n.swallowed_down),
+            bytes_spliced: get(&n.spliced),
             connections_stranded: get(&n.stranded),
             broker_links: Vec::new(),
             answers_rewritten: 0,

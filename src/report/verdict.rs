@@ -470,6 +470,7 @@ pub(crate) mod tests {
             bytes_downstream: 0,
             bytes_swallowed_upstream: 0,
             bytes_swallowed_downstream: 0,
+            bytes_spliced: 0,
             broker_links: Vec::new(),
             answers_rewritten: 0,
             connections_stranded: 0,
