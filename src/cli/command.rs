@@ -135,6 +135,10 @@ enum Command {
         /// not a loopback address.
         #[arg(long)]
         token: Option<String>,
+        /// Forward healed links through drill's own buffers instead of zero-copy (splice):
+        /// what `drill bench proxy` compares the zero-copy path with.
+        #[arg(long)]
+        copy_only: bool,
     },
 }
 
@@ -276,7 +280,9 @@ async fn dispatch(command: Command) -> u8 {
             kafka_links,
             api,
             token,
+            copy_only,
         } => {
+            crate::proxy::zero_copy(!copy_only);
             let token = match crate::control::token_for(api, token) {
                 Ok(t) => t,
                 Err(e) => {

@@ -183,7 +183,7 @@ impl Pump {
             kafka: None,
             scratch: Vec::new(),
             pipe: None,
-            splicing: true,
+            splicing: super::zero_copy_on(),
         }
     }
 

@@ -34,6 +34,20 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// Whether healed links in this process forward zero-copy (default) or through drill's own
+/// buffers (`drill proxy --copy-only`, for `drill bench proxy`'s comparison).
+static ZERO_COPY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Sets whether healed links forward zero-copy (see [`splice`]); connections check it when
+/// they are accepted.
+pub fn zero_copy(on: bool) {
+    ZERO_COPY.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn zero_copy_on() -> bool {
+    ZERO_COPY.load(Ordering::Relaxed)
+}
+
 /// A network fault (DESIGN.md §3). `Heal` returns the link to pass-through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
