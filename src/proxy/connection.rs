@@ -34,6 +34,9 @@ use super::{Condition, Flow, LinkShared, Shape, Side, add};
 /// stream gets few syscalls per byte, and 1,000 idle or stalled connections stay cheap.
 const BUF: usize = 256 * 1024;
 const FIRST_BUF: usize = 16 * 1024;
+/// A read at least this large means bulk: the next ones go zero-copy (a pipe's two `splice`
+/// calls cost a small message more than a read and a write; a bulk stream, much less).
+const BULK: usize = 32 * 1024;
 /// What a delayed direction may hold before it stops reading (back-pressure).
 const HOLD_LIMIT: usize = 8 * 1024 * 1024;
 
@@ -150,6 +153,8 @@ struct Pump {
     /// `splicing` false once it cannot serve (no pipe), for good.
     pipe: Option<Pipe>,
     splicing: bool,
+    /// The last read was bulk ([`BULK`]): splice the next one.
+    bulk: bool,
 }
 
 /// Why a pump stopped waiting.
@@ -184,6 +189,7 @@ impl Pump {
             scratch: Vec::new(),
             pipe: None,
             splicing: super::zero_copy_on(),
+            bulk: false,
         }
     }
 
@@ -388,10 +394,12 @@ impl Pump {
         }
     }
 
-    /// Whether this direction may take the zero-copy path now: it passes untouched, nothing is
-    /// held, nobody reads the bytes (no Kafka rewrite, no protocol tap), and both ends are there.
+    /// Whether this direction may take the zero-copy path now: it carries bulk, passes
+    /// untouched, nothing is held, nobody reads the bytes (no Kafka rewrite, no protocol tap),
+    /// and both ends are there.
     fn can_splice(&self) -> bool {
         self.splicing
+            && self.bulk
             && self.kafka.is_none()
             && self.conn.tap.is_none()
             && self.held.is_empty()
@@ -427,6 +435,7 @@ impl Pump {
         .await;
         self.counted(true, spliced.moved);
         add(&self.shared.counters.spliced, spliced.moved as u64);
+        self.bulk = spliced.moved >= BULK;
         let alive = match spliced.end {
             SpliceEnd::Through => true,
             SpliceEnd::Eof => {
@@ -554,6 +563,7 @@ impl Pump {
                     if n == size && size < BUF {
                         buf.resize(size * 2, 0);
                     }
+                    self.bulk = n >= BULK;
                 }
                 Err(_) => {
                     self.reset();
