@@ -597,8 +597,8 @@ fn overlapping_faults_on_one_link_stack_and_end_one_by_one() {
     ran.say("stacked");
     let said = String::from_utf8_lossy(&ran.output.stdout);
     for line in [
-        "heal: link mqtt (delay 150 ms both, throttle 20000 B/s upstream still in force)",
-        "heal: link mqtt (delay 150 ms both still in force)",
+        "heal: link mqtt (delay 150ms both, throttle 20000 B/s upstream still in force)",
+        "heal: link mqtt (delay 150ms both still in force)",
     ] {
         assert!(said.contains(line), "no `{line}` in\n{said}");
     }

@@ -53,6 +53,11 @@ async fn echo_rate(c: TcpStream, total: usize) -> (f64, TcpStream) {
     (rate, r.reunite(writer.await.unwrap()).unwrap())
 }
 
+/// `POST /proxies/echo/toxics` with `body`: the status and the answer.
+async fn add_toxic(api: &Api, body: Value) -> (u16, Value) {
+    api.call("POST", "/proxies/echo/toxics", Some(body)).await
+}
+
 async fn ping(c: &mut TcpStream) {
     c.write_all(b"hi").await.unwrap();
     let mut b = [0u8; 2];
@@ -97,13 +102,11 @@ async fn a_toxiproxy_client_drives_drill_links() {
     ping(&mut c).await;
 
     // latency → delay.
-    let (status, toxic) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"type": "latency", "attributes": {"latency": 80}})),
-        )
-        .await;
+    let (status, toxic) = add_toxic(
+        &api,
+        json!({"type": "latency", "attributes": {"latency": 80}}),
+    )
+    .await;
     assert_eq!(status, 200, "{toxic}");
     assert_eq!(toxic["name"], "latency_downstream");
     assert_eq!(toxic["stream"], "downstream");
@@ -113,9 +116,7 @@ async fn a_toxiproxy_client_drives_drill_links() {
         "{rtt:?}"
     );
     // bandwidth (KB/s) → throttle, within 10 %.
-    let (status, _) = api
-        .call("POST", "/proxies/echo/toxics", Some(json!({"name": "slow", "type": "bandwidth", "stream": "upstream", "attributes": {"rate": 100}})))
-        .await;
+    let (status, _) = add_toxic(&api, json!({"name": "slow", "type": "bandwidth", "stream": "upstream", "attributes": {"rate": 100}})).await;
     assert_eq!(status, 200);
     let (rate, c2) = echo_rate(c, 300_000).await;
     let mut c = c2;
@@ -127,13 +128,11 @@ async fn a_toxiproxy_client_drives_drill_links() {
     ping(&mut c).await;
 
     // timeout 0 downstream → swallow: the request lands, no answer, the socket stays open.
-    let (status, _) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"type": "timeout", "attributes": {"timeout": 0}})),
-        )
-        .await;
+    let (status, _) = add_toxic(
+        &api,
+        json!({"type": "timeout", "attributes": {"timeout": 0}}),
+    )
+    .await;
     assert_eq!(status, 200);
     lands_without_answer(&mut c, &up, b"lost-answer", Duration::from_millis(300)).await;
     api.call("DELETE", "/proxies/echo/toxics/timeout_downstream", None)
@@ -144,12 +143,7 @@ async fn a_toxiproxy_client_drives_drill_links() {
     // reset_peer → reset.
     let mut c = TcpStream::connect(listen).await.unwrap();
     ping(&mut c).await;
-    api.call(
-        "POST",
-        "/proxies/echo/toxics",
-        Some(json!({"type": "reset_peer"})),
-    )
-    .await;
+    add_toxic(&api, json!({"type": "reset_peer"})).await;
     assert!(is_reset(&read_within(&mut c, Duration::from_secs(5)).await));
     api.call("DELETE", "/proxies/echo/toxics/reset_peer_downstream", None)
         .await;
@@ -173,13 +167,11 @@ async fn a_toxiproxy_client_drives_drill_links() {
 
     // limit_data upstream → exactly that many bytes pass, then the connection is reset.
     let before = up.received.load(Ordering::SeqCst);
-    let (status, _) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"type": "limit_data", "stream": "upstream", "attributes": {"bytes": 10}})),
-        )
-        .await;
+    let (status, _) = add_toxic(
+        &api,
+        json!({"type": "limit_data", "stream": "upstream", "attributes": {"bytes": 10}}),
+    )
+    .await;
     assert_eq!(status, 200);
     c.write_all(&[7u8; 25]).await.unwrap();
     wait_for("10 bytes to land", || {
@@ -209,13 +201,7 @@ async fn a_toxiproxy_client_drives_drill_links() {
     // What drill cannot do exactly is refused, with a reason.
     let (status, _) = api.call("POST", "/reset", None).await;
     assert_eq!(status, 204);
-    let (status, err) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"type": "slicer"})),
-        )
-        .await;
+    let (status, err) = add_toxic(&api, json!({"type": "slicer"})).await;
     assert_eq!(status, 400, "a slicer needs its average_size: {err}");
     let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
     assert_eq!(toxics, json!([]));
@@ -252,20 +238,16 @@ async fn echo_behind_proxy() -> (Echo, ProxyProcess, Api, TcpStream) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn toxics_stack_as_toxiproxy_users_write_them() {
     let (_up, _proxy, api, mut c) = echo_behind_proxy().await;
-    let (status, _) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"type": "latency", "attributes": {"latency": 80}})),
-        )
-        .await;
+    let (status, _) = add_toxic(
+        &api,
+        json!({"type": "latency", "attributes": {"latency": 80}}),
+    )
+    .await;
     assert_eq!(status, 200);
     // Toxics stack as Toxiproxy users write them ("a slow mobile link"): bandwidth beside the
     // latency, the same stream. Both hold: small pings still take the latency, a bulk
     // transfer comes back at the rate (the latency once on top).
-    let (status, toxic) = api
-        .call("POST", "/proxies/echo/toxics", Some(json!({"name": "slow", "type": "bandwidth", "stream": "downstream", "attributes": {"rate": 100}})))
-        .await;
+    let (status, toxic) = add_toxic(&api, json!({"name": "slow", "type": "bandwidth", "stream": "downstream", "attributes": {"rate": 100}})).await;
     assert_eq!(status, 200, "{toxic}");
     let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
     assert_eq!(toxics.as_array().map(Vec::len), Some(2), "{toxics}");
@@ -283,26 +265,12 @@ async fn toxics_stack_as_toxiproxy_users_write_them() {
         "{rate:.0} B/s for rate 100 KB/s after 80 ms"
     );
     // At most one cut: a timeout stacks beside them, a second cut is refused with the reason.
-    let (status, _) = api
-        .call("POST", "/proxies/echo/toxics", Some(json!({"name": "cut", "type": "timeout", "stream": "upstream", "attributes": {"timeout": 0}})))
-        .await;
+    let (status, _) = add_toxic(&api, json!({"name": "cut", "type": "timeout", "stream": "upstream", "attributes": {"timeout": 0}})).await;
     assert_eq!(status, 200);
-    let (status, err) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"type": "reset_peer"})),
-        )
-        .await;
+    let (status, err) = add_toxic(&api, json!({"type": "reset_peer"})).await;
     assert_eq!(status, 409, "{err}");
     assert!(err["error"].as_str().unwrap().contains("`cut`"), "{err}");
-    let (status, err) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"name": "slow", "type": "latency"})),
-        )
-        .await;
+    let (status, err) = add_toxic(&api, json!({"name": "slow", "type": "latency"})).await;
     assert_eq!(status, 409, "{err}");
     api.call("DELETE", "/proxies/echo/toxics/cut", None).await;
     let (_, toxics) = api.call("GET", "/proxies/echo/toxics", None).await;
@@ -320,9 +288,7 @@ async fn toxics_stack_as_toxiproxy_users_write_them() {
 async fn slicer_and_slow_close_shape_what_passes() {
     let (_up, _proxy, api, mut c) = echo_behind_proxy().await;
     // slicer: the answer comes back in pieces of 10 bytes, each on its own, 20 ms apart.
-    let (status, err) = api
-        .call("POST", "/proxies/echo/toxics", Some(json!({"type": "slicer", "attributes": {"average_size": 10, "size_variation": 0, "delay": 20000}})))
-        .await;
+    let (status, err) = add_toxic(&api, json!({"type": "slicer", "attributes": {"average_size": 10, "size_variation": 0, "delay": 20000}})).await;
     assert_eq!(status, 200, "{err}");
     let started = Instant::now();
     c.write_all(&[9u8; 50]).await.unwrap();
@@ -347,13 +313,11 @@ async fn slicer_and_slow_close_shape_what_passes() {
         .await;
 
     // slow_close: the broker's end of the stream reaches the client 300 ms late.
-    let (status, _) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"type": "slow_close", "attributes": {"delay": 300}})),
-        )
-        .await;
+    let (status, _) = add_toxic(
+        &api,
+        json!({"type": "slow_close", "attributes": {"delay": 300}}),
+    )
+    .await;
     assert_eq!(status, 200);
     ping(&mut c).await;
     let started = Instant::now();
@@ -377,13 +341,11 @@ async fn a_toxicity_holds_on_its_share_of_connections() {
     let listen = proxy.listen;
     // toxicity 0.5: the latency holds on about half of the connections, each one all the way
     // (drawn once per connection, from the link's seed).
-    let (status, err) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"name": "some", "type": "latency", "toxicity": 0.5, "attributes": {"latency": 60}})),
-        )
-        .await;
+    let (status, err) = add_toxic(
+        &api,
+        json!({"name": "some", "type": "latency", "toxicity": 0.5, "attributes": {"latency": 60}}),
+    )
+    .await;
     assert_eq!(status, 200, "{err}");
     let mut slow = 0;
     for _ in 0..40 {
@@ -401,12 +363,10 @@ async fn a_toxicity_holds_on_its_share_of_connections() {
     println!("toxicity 0.5: the latency held on {slow} of 40 connections");
     assert!((10..=30).contains(&slow), "{slow} of 40");
     api.call("DELETE", "/proxies/echo/toxics/some", None).await;
-    let (status, err) = api
-        .call(
-            "POST",
-            "/proxies/echo/toxics",
-            Some(json!({"type": "timeout", "toxicity": 0.5, "attributes": {"timeout": 0}})),
-        )
-        .await;
+    let (status, err) = add_toxic(
+        &api,
+        json!({"type": "timeout", "toxicity": 0.5, "attributes": {"timeout": 0}}),
+    )
+    .await;
     assert_eq!(status, 400, "a cut holds on every connection: {err}");
 }

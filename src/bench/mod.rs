@@ -206,6 +206,30 @@ fn haproxy_path() -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Starts `drill proxy EXTRA…` with a link to `sink` and one to `echo`; where they listen.
+fn drill_proxy(
+    drill_exe: &Path,
+    extra: &[&str],
+    sink: SocketAddr,
+    echo: SocketAddr,
+    children: &mut Guard,
+) -> Result<(SocketAddr, SocketAddr), BenchError> {
+    let (bulk, ping, api) = (free()?, free()?, free()?);
+    children.0.push(
+        Command::new(drill_exe)
+            .arg("proxy")
+            .args(extra)
+            .args(["--api", &api.to_string()])
+            .args(["--link", &format!("bulk={bulk},{sink}")])
+            .args(["--link", &format!("ping={ping},{echo}")])
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+    wait_listening("drill proxy", bulk)?;
+    wait_listening("drill proxy", ping)?;
+    Ok((bulk, ping))
+}
+
 /// Runs the proxy benchmark and returns the rendered table.
 pub fn proxy(drill_exe: &Path, o: Options) -> Result<String, BenchError> {
     let (sink, echo) = (sink()?, echo()?);
@@ -219,35 +243,11 @@ pub fn proxy(drill_exe: &Path, o: Options) -> Result<String, BenchError> {
     };
     let mut paths = vec![path("direct", sink, echo)];
 
-    let (bulk_listen, ping_listen, api) = (free()?, free()?, free()?);
-    children.0.push(
-        Command::new(drill_exe)
-            .args(["proxy", "--api", &api.to_string()])
-            .args(["--link", &format!("bulk={bulk_listen},{sink}")])
-            .args(["--link", &format!("ping={ping_listen},{echo}")])
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
-    wait_listening("drill proxy", bulk_listen)?;
-    wait_listening("drill proxy", ping_listen)?;
-    paths.push(path(
-        "drill link (healed, zero-copy)",
-        bulk_listen,
-        ping_listen,
-    ));
+    let (bulk, ping) = drill_proxy(drill_exe, &[], sink, echo, &mut children)?;
+    paths.push(path("drill link (healed, zero-copy)", bulk, ping));
     // The same link through drill's own buffers: what the zero-copy path saves.
-    let (bulk_copy, ping_copy, api_copy) = (free()?, free()?, free()?);
-    children.0.push(
-        Command::new(drill_exe)
-            .args(["proxy", "--copy-only", "--api", &api_copy.to_string()])
-            .args(["--link", &format!("bulk={bulk_copy},{sink}")])
-            .args(["--link", &format!("ping={ping_copy},{echo}")])
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
-    wait_listening("drill proxy --copy-only", bulk_copy)?;
-    wait_listening("drill proxy --copy-only", ping_copy)?;
-    let copying = path("drill link (healed, copying)", bulk_copy, ping_copy);
+    let (bulk, ping) = drill_proxy(drill_exe, &["--copy-only"], sink, echo, &mut children)?;
+    let copying = path("drill link (healed, copying)", bulk, ping);
 
     let mut note = None;
     let dir = tempfile_dir()?;

@@ -269,13 +269,22 @@ impl Pump {
     async fn run(mut self) {
         let mut buf = vec![0u8; FIRST_BUF];
         loop {
-            let condition = self.rx.borrow_and_update().clone();
-            if condition.strands > self.conn.born {
+            // Read under the borrow, not cloned: the condition holds a list (stacked
+            // conditions) and this runs for every chunk.
+            let (stranded, flow, swallows, budget_epoch) = {
+                let c = self.rx.borrow_and_update();
+                (
+                    c.strands > self.conn.born,
+                    c.flow(self.side, self.conn.serial),
+                    c.swallows(),
+                    c.budget_epoch,
+                )
+            };
+            if stranded {
                 return self.strand(&mut buf).await;
             }
-            let flow = condition.flow(self.side, self.conn.serial);
             // DESIGN.md §3: after a swallow, a connection that lost bytes is reset at the heal.
-            let healed_with_hole = self.conn.lost.load(Ordering::SeqCst) && !condition.swallows();
+            let healed_with_hole = self.conn.lost.load(Ordering::SeqCst) && !swallows;
             if flow == Flow::Cut || healed_with_hole || self.conn.abort.is_cancelled() {
                 return self.reset();
             }
@@ -333,8 +342,8 @@ impl Pump {
                     }
                 }
                 Flow::Pass | Flow::Shaped(_) => {
-                    if self.limited.0 != condition.budget_epoch {
-                        self.limited = (condition.budget_epoch, 0);
+                    if self.limited.0 != budget_epoch {
+                        self.limited = (budget_epoch, 0);
                     }
                     if self.to.is_none() {
                         match self.dial().await {

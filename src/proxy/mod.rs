@@ -407,30 +407,35 @@ impl FaultSpec {
         }
     }
 
-    /// One line for a status or a report: the fault, its parameters, its direction.
-    pub fn describe(&self) -> String {
-        let what = match self.fault {
+    /// The fault and its parameters in a few words, as the drill's output and reports say
+    /// them: `swallow`, `delay 100ms±10ms`, `throttle 50000 B/s`, `loss 30%`.
+    pub fn what(&self) -> String {
+        match self.fault {
             Fault::Delay if self.jitter.is_zero() => {
-                format!("delay {} ms", self.latency.as_millis())
+                format!("delay {}ms", self.latency.as_millis())
             }
             Fault::Delay => format!(
-                "delay {} ms ±{} ms",
+                "delay {}ms±{}ms",
                 self.latency.as_millis(),
                 self.jitter.as_millis()
             ),
             Fault::Throttle => format!("throttle {} B/s", self.bytes_per_s),
+            Fault::Loss => format!("loss {}%", self.loss * 100.0),
             Fault::LimitData => format!("limit_data {} bytes", self.limit_bytes),
             Fault::Slicer => format!(
-                "slicer {}±{} bytes every {} µs",
+                "slicer {}±{} bytes every {}µs",
                 self.slice_bytes,
                 self.slice_variation,
                 self.slice_delay.as_micros()
             ),
-            Fault::SlowClose => format!("slow_close {} ms", self.close_delay.as_millis()),
-            Fault::Loss => format!("loss {}", self.loss),
+            Fault::SlowClose => format!("slow_close {}ms", self.close_delay.as_millis()),
             f => f.name().to_string(),
-        };
-        format!("{what} {}", self.direction.name())
+        }
+    }
+
+    /// [`FaultSpec::what`] with its direction: `delay 80ms downstream`.
+    pub fn describe(&self) -> String {
+        format!("{} {}", self.what(), self.direction.name())
     }
 
     /// Checks the parameters a fault needs; the message says what to send instead.
@@ -580,8 +585,8 @@ pub struct LinkStatus {
     /// `loss`: the fraction of datagrams dropped, when in force.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<f64>,
-    /// Shaping conditions stacked beside `fault` (`delay 80 ms downstream`, `throttle 100000
-    /// B/s upstream`, `limit_data 10 bytes upstream`), set through the Toxiproxy-shaped API.
+    /// Shaping conditions stacked beside `fault` (`delay 80ms downstream`, `throttle 100000
+    /// B/s upstream`, `limit_data 10 bytes upstream`): [`FaultSpec::describe`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stacked: Vec<String>,
     /// How long the current condition has been in force.

@@ -8,16 +8,20 @@
 //! the copying path, in order.
 
 use std::io;
+#[cfg(target_os = "linux")]
 use std::os::fd::{AsFd, OwnedFd};
 
 use bytes::Bytes;
+#[cfg(target_os = "linux")]
 use nix::fcntl::{SpliceFFlags, splice};
 use tokio::net::TcpStream;
 
 /// What one `splice` moves at most: the pipe's size.
+#[cfg(target_os = "linux")]
 const PIPE_SIZE: usize = 1 << 20;
 
 /// A pipe between the two sockets of one direction.
+#[cfg(target_os = "linux")]
 pub(crate) struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
@@ -26,13 +30,11 @@ pub(crate) struct Pipe {
     size: usize,
 }
 
+#[cfg(target_os = "linux")]
 impl Pipe {
     /// A non-blocking pipe as large as the kernel lets it be (1 MiB asked); `None` where
     /// `splice` cannot serve.
     pub(crate) fn new() -> Option<Pipe> {
-        if !cfg!(target_os = "linux") {
-            return None;
-        }
         let (read, write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_NONBLOCK | nix::fcntl::OFlag::O_CLOEXEC)
                 .ok()?;
@@ -84,5 +86,30 @@ impl Pipe {
         out.truncate(got);
         self.held -= got;
         Ok(Bytes::from(out))
+    }
+}
+
+/// Where there is no `splice(2)`: no pipe is ever made, so the copying path serves.
+#[cfg(not(target_os = "linux"))]
+pub(crate) struct Pipe {
+    pub(crate) held: usize,
+}
+
+#[cfg(not(target_os = "linux"))]
+impl Pipe {
+    pub(crate) fn new() -> Option<Pipe> {
+        None
+    }
+
+    pub(crate) fn fill(&mut self, _from: &TcpStream) -> io::Result<usize> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    pub(crate) fn drain(&mut self, _to: &TcpStream) -> io::Result<usize> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+
+    pub(crate) fn take(&mut self) -> io::Result<Bytes> {
+        Ok(Bytes::new())
     }
 }

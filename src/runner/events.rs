@@ -119,7 +119,7 @@ impl FaultKind {
 impl fmt::Display for FaultKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            FaultKind::Link(spec) => f.write_str(&describe(spec)),
+            FaultKind::Link(spec) => f.write_str(&spec.what()),
             FaultKind::ProxyRestart => f.write_str("restart"),
             FaultKind::Kill => f.write_str("kill (SIGKILL)"),
             FaultKind::Stop => f.write_str("stop (SIGTERM)"),
@@ -152,21 +152,6 @@ impl fmt::Display for FaultKind {
             FaultKind::DiskFull => f.write_str("disk full (data directory)"),
             FaultKind::Answer(fault) => f.write_str(&fault.describe()),
         }
-    }
-}
-
-/// A link fault in a few words: `swallow`, `delay 100ms±10ms`, `throttle 50000 B/s`,
-/// `loss 30%`.
-pub fn describe(spec: &FaultSpec) -> String {
-    match spec.fault {
-        Fault::Delay => format!(
-            "delay {}ms±{}ms",
-            spec.latency.as_millis(),
-            spec.jitter.as_millis()
-        ),
-        Fault::Throttle => format!("throttle {} B/s", spec.bytes_per_s),
-        Fault::Loss => format!("loss {}%", spec.loss * 100.0),
-        f => f.name().to_string(),
     }
 }
 

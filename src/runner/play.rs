@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::events::{FaultKind, FaultRecord, FaultTarget, describe};
+use super::events::{FaultKind, FaultRecord, FaultTarget};
 use super::provision::Rig;
 use super::stack::Stacks;
 use super::timeline::Step;
@@ -193,7 +193,7 @@ impl<'a> Drill<'a> {
             }
             self.rig.link.apply_member(name, *spec).await;
         }
-        let what = describe(spec);
+        let what = spec.what();
         say(&format!(
             "  {:>4}s  fault: link {name} {what} {}",
             now.as_secs(),
@@ -653,7 +653,7 @@ fn schedule_restart(steps: &mut Vec<(Duration, Step)>, next: usize, restart: Dur
 /// A step in a few words, for the progress bar's countdown.
 fn describe_step(step: &Step) -> String {
     match step {
-        Step::Link { link, spec, .. } => format!("link {link} {}", describe(spec)),
+        Step::Link { link, spec, .. } => format!("link {link} {}", spec.what()),
         Step::ProxyDown { .. } => "proxy restart".to_string(),
         Step::Heal { link, .. } => format!("heal link {link}"),
         Step::Engine { action, .. } => format!("engine {}", action.name()),

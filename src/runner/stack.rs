@@ -29,7 +29,7 @@ impl Held {
         self.cut.is_none() && self.conditions.is_empty()
     }
 
-    /// One line for the drill's output: what stays in force (`delay 300 ms both`).
+    /// One line for the drill's output: what stays in force (`delay 300ms both`).
     pub fn describe(&self) -> String {
         self.cut
             .iter()
@@ -109,7 +109,7 @@ mod tests {
         s.start("mqtt", 1, rate);
         assert_eq!(
             s.held("mqtt").describe(),
-            "delay 100 ms both, throttle 50000 B/s upstream"
+            "delay 100ms both, throttle 50000 B/s upstream"
         );
         assert_eq!(s.end("mqtt", Some(0)).specs(), (None, vec![rate]));
         assert_eq!(s.held("nats"), Held::default());
