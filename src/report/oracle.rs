@@ -198,34 +198,46 @@ fn timings(sent: &Sent, received: &Received) -> Vec<(Duration, Option<Duration>)
 /// Faults that proved nothing: one that found no target (a broker fault with no such node, no
 /// leader), and one that met no traffic — nothing was accepted while it was in force, and
 /// nothing accepted before it was still undelivered when it began. Each is a reason the drill
-/// is inconclusive ("the fault at 10 s met no traffic").
+/// is inconclusive ("the fault at 10 s met no traffic"). A flapping fault (one `faults:` entry
+/// carried out several times; `entry_of` maps a record's index to its entry) is judged as one:
+/// it proved something when any of its outages met traffic — one outage that fell into a
+/// stall of the workload's intake does not unmake the others.
 pub fn unbitten(
     faults: &[FaultRecord],
     sent: &Sent,
     received: &Received,
     end_ms: u64,
+    entry_of: impl Fn(usize) -> usize,
 ) -> Vec<String> {
     let records = timings(sent, received);
-    let unbitten = faults
+    let met_none = |f: &FaultRecord| {
+        if let Some(bit) = f.bit {
+            return !bit;
+        }
+        let from = Duration::from_millis(f.at_ms);
+        let until = Duration::from_millis(f.until_ms.unwrap_or(end_ms).max(f.at_ms));
+        // A full disk bites the records it turned away, too.
+        let refused = f.target == FaultTarget::EngineDisk
+            && sent.order.iter().any(|(_, i)| {
+                matches!(i, Ingested::NotAccepted { at, .. } if *at >= from && *at <= until)
+            });
+        let during = refused || records.iter().any(|(at, _)| *at >= from && *at <= until);
+        let held = records
+            .iter()
+            .any(|(at, first)| *at <= from && first.is_none_or(|d| d > from));
+        !(during || held)
+    };
+    let carried_out: Vec<&FaultRecord> = faults.iter().filter(|f| f.no_target.is_none()).collect();
+    let bitten_entries: HashSet<usize> = carried_out
         .iter()
-        .filter(|f| f.no_target.is_none())
-        .filter(|f| {
-            if let Some(bit) = f.bit {
-                return !bit;
-            }
-            let from = Duration::from_millis(f.at_ms);
-            let until = Duration::from_millis(f.until_ms.unwrap_or(end_ms).max(f.at_ms));
-            // A full disk bites the records it turned away, too.
-            let refused = f.target == FaultTarget::EngineDisk
-                && sent.order.iter().any(|(_, i)| {
-                    matches!(i, Ingested::NotAccepted { at, .. } if *at >= from && *at <= until)
-                });
-            let during = refused || records.iter().any(|(at, _)| *at >= from && *at <= until);
-            let held = records
-                .iter()
-                .any(|(at, first)| *at <= from && first.is_none_or(|d| d > from));
-            !(during || held)
-        })
+        .filter(|f| !met_none(f))
+        .map(|f| entry_of(f.index))
+        .collect();
+    let mut named = HashSet::new();
+    let unbitten = carried_out
+        .into_iter()
+        .filter(|f| !bitten_entries.contains(&entry_of(f.index)))
+        .filter(|f| named.insert(entry_of(f.index)))
         .map(|f| {
             format!(
                 "the fault at {:.1} s ({} {}) met no traffic: nothing was accepted while it was in force and nothing was waiting when it began",
@@ -601,15 +613,43 @@ mod tests {
         let sent = accepted_at(&[0, 1000, 2000]);
         let received = arrived_at(&[10, 1010, 2010]);
         let late = fault(10_000, 12_000, Fault::Swallow, Direction::Both);
-        let why = unbitten(&[late], &sent, &received, 15_000);
+        let why = unbitten(&[late], &sent, &received, 15_000, |i| i);
         assert_eq!(why.len(), 1);
         assert!(why[0].starts_with("the fault at 10.0 s"), "{}", why[0]);
         let during = fault(500, 1500, Fault::Swallow, Direction::Both);
-        assert!(unbitten(&[during], &sent, &received, 15_000).is_empty());
+        assert!(unbitten(&[during], &sent, &received, 15_000, |i| i).is_empty());
         // Nothing accepted during it, but a record accepted before it was still on its way.
         let held = fault(2005, 2500, Fault::Refuse, Direction::Both);
         let late_arrival = arrived_at(&[10, 1010, 3000]);
-        assert!(unbitten(&[held], &sent, &late_arrival, 15_000).is_empty());
+        assert!(unbitten(&[held], &sent, &late_arrival, 15_000, |i| i).is_empty());
+    }
+
+    #[test]
+    fn a_flapping_fault_is_judged_as_one_entry() {
+        // Three outages of one entry (0, 1, 2) and a lone fault (3); traffic only at 0–2.5 s.
+        let sent = accepted_at(&[0, 1000, 2000]);
+        let received = arrived_at(&[10, 1010, 2010]);
+        let outage = |index, at| FaultRecord {
+            index,
+            ..fault(at, at + 500, Fault::Refuse, Direction::Both)
+        };
+        let faults = [
+            outage(0, 900),
+            outage(1, 4_000),
+            outage(2, 7_000),
+            outage(3, 10_000),
+        ];
+        let entry_of = |i: usize| if i < 3 { 0 } else { 1 };
+        // The first outage met traffic: the flapping entry proved something, the lone one not.
+        let why = unbitten(&faults, &sent, &received, 15_000, entry_of);
+        assert_eq!(why.len(), 1, "{why:?}");
+        assert!(why[0].starts_with("the fault at 10.0 s"), "{}", why[0]);
+        // None of its outages met traffic: named once, by its first outage.
+        let why = unbitten(&faults[1..], &sent, &received, 15_000, entry_of);
+        assert_eq!(why.len(), 2, "{why:?}");
+        assert!(why[0].starts_with("the fault at 4.0 s"), "{}", why[0]);
+        // Judged one by one (each its own entry), the quiet outages are each inconclusive.
+        assert_eq!(unbitten(&faults, &sent, &received, 15_000, |i| i).len(), 3);
     }
 
     #[test]

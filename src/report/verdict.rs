@@ -111,7 +111,14 @@ fn allowance(facts: &Facts) -> Allowance {
 /// cut the tap saw records cross, records that reached the destination without crossing the
 /// link (where the tap reads every frame).
 fn inconclusive(facts: &Facts) -> Vec<String> {
-    let mut why = oracle::unbitten(&facts.faults, &facts.sent, &facts.received, facts.end_ms);
+    let entry_of = |i: usize| facts.plan.faults.get(i).map_or(usize::MAX - i, |f| f.entry);
+    let mut why = oracle::unbitten(
+        &facts.faults,
+        &facts.sent,
+        &facts.received,
+        facts.end_ms,
+        entry_of,
+    );
     if facts.bypass_is_judged {
         why.extend(oracle::bypassed(
             &facts.faults,

@@ -128,6 +128,9 @@ pub struct EngineSpec {
 pub struct ScheduledFault {
     pub at: Duration,
     pub what: FaultAction,
+    /// Its entry's place in the scenario's `faults:` list: a flapping link fault (`repeat`)
+    /// is one entry carried out several times, and is judged as one.
+    pub entry: usize,
 }
 
 /// How a `power_cut` cuts: torn or clean, now or at a crash point armed now (its

@@ -463,7 +463,11 @@ fn link_fault(
     let link = link.to_string();
     if fault == Fault::Heal {
         let what = FaultAction::Heal { link };
-        return Ok(vec![ScheduledFault { at: f.at.0, what }]);
+        return Ok(vec![ScheduledFault {
+            at: f.at.0,
+            what,
+            entry: entry.i,
+        }]);
     }
     if fault.instantaneous() {
         let what = FaultAction::Link {
@@ -471,12 +475,17 @@ fn link_fault(
             spec,
             lasts: Some(Duration::ZERO),
         };
-        return Ok(vec![ScheduledFault { at: f.at.0, what }]);
+        return Ok(vec![ScheduledFault {
+            at: f.at.0,
+            what,
+            entry: entry.i,
+        }]);
     }
     let lasts = f.for_.map(|d| d.0);
     let (times, every) = flapping(entry, lasts)?;
     Ok((0..times)
         .map(|k| ScheduledFault {
+            entry: entry.i,
             at: f.at.0 + every * k,
             what: FaultAction::Link {
                 link: link.clone(),
@@ -680,7 +689,11 @@ fn process_fault(
             ));
         }
     };
-    Ok(ScheduledFault { at: f.at.0, what })
+    Ok(ScheduledFault {
+            at: f.at.0,
+            what,
+            entry: entry.i,
+        })
 }
 
 /// `target: engine`: `kill` or `stop` the engine — or `pause` a user's engine — and start or
@@ -931,6 +944,7 @@ fn destination_fault(
     };
     Ok(ScheduledFault {
         at: f.at.0,
+        entry: entry.i,
         what: FaultAction::Answer { fault, lasts },
     })
 }
