@@ -65,6 +65,12 @@ if ! command -v shellcheck >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends shellcheck >/dev/null
 fi
 
+# cargo-nextest: ci/test.sh runs the suite with it (.config/nextest.toml). From crates.io when
+# the machine has none (a few minutes cold), into ~/.cargo/bin like tansu.
+if ! command -v cargo-nextest >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-nextest" ]; then
+  echo "ci/setup.sh: building cargo-nextest 0.9 (cargo install, a few minutes cold)"
+  cargo install cargo-nextest --version '^0.9' --locked -q
+fi
 # tansu: a Kafka-protocol broker (no Apache Kafka distribution is reachable here). A cold build
 # takes about 14 minutes; the binary lands in ~/.cargo/bin and is reused from then on.
 if ! command -v tansu >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/tansu" ]; then
