@@ -28,6 +28,7 @@ pub mod runner;
 pub mod scenario;
 pub mod seed;
 pub mod sut;
+pub mod tls;
 pub mod units;
 pub mod verify;
 pub mod workload;

@@ -690,10 +690,10 @@ fn process_fault(
         }
     };
     Ok(ScheduledFault {
-            at: f.at.0,
-            what,
-            entry: entry.i,
-        })
+        at: f.at.0,
+        what,
+        entry: entry.i,
+    })
 }
 
 /// `target: engine`: `kill` or `stop` the engine — or `pause` a user's engine — and start or
