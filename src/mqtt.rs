@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
-use tokio::net::TcpStream;
 use tokio_util::codec::{Decoder, Encoder, Framed};
 
 pub use rumqttc::v5::mqttbytes::Error as CodecError;
@@ -94,7 +93,8 @@ pub enum MqttError {
     NoSubAck { addr: SocketAddr, limit: Duration },
 }
 
-pub type Framing = Framed<TcpStream, DrillCodec>;
+/// An MQTT connection, over plain TCP or TLS.
+pub type Framing = Framed<crate::tls::Stream, DrillCodec>;
 
 /// What drill reads from a broker: a PUBACK with whatever reason code the broker chose, or
 /// any other packet as rumqttc decodes it.
@@ -253,22 +253,23 @@ pub async fn connect(
     keep_alive: Duration,
     limit: Duration,
 ) -> Result<Session, MqttError> {
-    connect_as(addr, client_id, keep_alive, limit, None).await
+    connect_as(addr, client_id, keep_alive, limit, None, None).await
 }
 
-/// [`connect`] with a user name and password (an external broker's credentials).
+/// [`connect`] with a user name and password (an external broker's credentials), and over TLS
+/// when `tls` is given (the handshake counts in `limit`).
 pub async fn connect_as(
     addr: SocketAddr,
     client_id: &str,
     keep_alive: Duration,
     limit: Duration,
     login: Option<Login>,
+    tls: Option<&crate::tls::ClientTls>,
 ) -> Result<Session, MqttError> {
     let attempt = async {
-        let socket = TcpStream::connect(addr)
+        let socket = crate::tls::client::connect(addr, tls)
             .await
             .map_err(|source| MqttError::Connect { addr, source })?;
-        let _ = socket.set_nodelay(true);
         let mut framed = Framed::new(socket, DrillCodec);
         let properties = ConnectProperties {
             // The engine, not the broker, decides how long an unfinished write waits.

@@ -243,6 +243,19 @@ pub struct Access {
     /// Syslog: the file the receiver writes every message to, one per line (drill's own
     /// rsyslog's, or the one `read_back.file` names).
     pub received_file: Option<std::path::PathBuf>,
+    /// The broker speaks TLS: the CA drill trusts it by (and the client certificate, for
+    /// mutual TLS). The readers and the engine's output use the same.
+    pub tls: Option<crate::tls::TlsConfig>,
+}
+
+impl Access {
+    /// The client side of TLS for a reader, when the broker speaks TLS.
+    pub fn client_tls(&self) -> Result<Option<crate::tls::ClientTls>, String> {
+        self.tls
+            .as_ref()
+            .map(crate::tls::ClientTls::new)
+            .transpose()
+    }
 }
 
 /// The reconciliation of one drill, by harness id.

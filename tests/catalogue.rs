@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const TAGS: [&str; 9] = [
+const TAGS: [&str; 10] = [
     "ci",
     "full",
     "long",
@@ -16,6 +16,7 @@ const TAGS: [&str; 9] = [
     "syslog",
     "http",
     "postgres",
+    "tls",
 ];
 
 fn catalogue() -> Vec<drill::scenario::Plan> {

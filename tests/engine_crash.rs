@@ -21,9 +21,10 @@ use tokio_util::sync::CancellationToken;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_sigkills_lose_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = drill::dest::mqtt::broker::start_mqtt(Runtime::Auto, dir.path(), None)
-        .await
-        .unwrap();
+    let mut broker =
+        drill::dest::mqtt::broker::start_mqtt(Runtime::Auto, dir.path(), Default::default())
+            .await
+            .unwrap();
     let cancel = CancellationToken::new();
     let t0 = Instant::now();
     let reader = Reader::start(broker.addr, "t/crash", t0, cancel.clone())

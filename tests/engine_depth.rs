@@ -74,7 +74,7 @@ async fn ingest(engine: SocketAddr, from: u64, to: u64) {
 async fn a_million_held_in_flat_memory_then_drained_whole() {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().to_path_buf();
-    let broker = drill::dest::nats::broker::start_nats(&work, None, None)
+    let broker = drill::dest::nats::broker::start_nats(&work, None, None, None)
         .await
         .expect("nats-server is installed (ci/setup.sh)");
     let client = async_nats::connect(broker.addr.to_string()).await.unwrap();

@@ -42,9 +42,10 @@ async fn failed_journal_writes_on_a_full_disk_are_counted_and_said() {
         return;
     }
     let _disk = Tmpfs(disk.clone());
-    let mut broker = drill::dest::mqtt::broker::start_mqtt(Runtime::Process, dir.path(), None)
-        .await
-        .expect("mosquitto is installed (ci/setup.sh)");
+    let mut broker =
+        drill::dest::mqtt::broker::start_mqtt(Runtime::Process, dir.path(), Default::default())
+            .await
+            .expect("mosquitto is installed (ci/setup.sh)");
     let link = Link::start(
         "mqtt",
         "127.0.0.1:0".parse().unwrap(),

@@ -36,7 +36,7 @@ struct Rig {
 async fn rig(max_msg_size: i32) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let work = dir.path().to_path_buf();
-    let broker = drill::dest::nats::broker::start_nats(&work, None, None)
+    let broker = drill::dest::nats::broker::start_nats(&work, None, None, None)
         .await
         .expect("nats-server is installed (ci/setup.sh)");
     let client = async_nats::connect(broker.addr.to_string()).await.unwrap();

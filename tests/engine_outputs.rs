@@ -68,12 +68,14 @@ async fn one_cut_output_does_not_slow_the_other() {
     let work = dir.path();
     std::fs::create_dir_all(work.join("a")).unwrap();
     std::fs::create_dir_all(work.join("b")).unwrap();
-    let mut broker_a = drill::dest::mqtt::broker::start_mqtt(Runtime::Auto, &work.join("a"), None)
-        .await
-        .unwrap();
-    let mut broker_b = drill::dest::mqtt::broker::start_mqtt(Runtime::Auto, &work.join("b"), None)
-        .await
-        .unwrap();
+    let mut broker_a =
+        drill::dest::mqtt::broker::start_mqtt(Runtime::Auto, &work.join("a"), Default::default())
+            .await
+            .unwrap();
+    let mut broker_b =
+        drill::dest::mqtt::broker::start_mqtt(Runtime::Auto, &work.join("b"), Default::default())
+            .await
+            .unwrap();
     let cancel = CancellationToken::new();
     let any_port: SocketAddr = "127.0.0.1:0".parse().unwrap();
     let link_a = Link::start("a", any_port, broker_a.addr, cancel.clone())

@@ -71,7 +71,7 @@ async fn an_external_nats_cluster_gets_the_managed_verdict_and_keeps_nothing_dri
         .collect();
     let own: Vec<SocketAddr> = ports.iter().map(|p| ([127, 0, 0, 1], *p).into()).collect();
     // A cluster of the user's: its servers advertise themselves.
-    let _cluster = drill::dest::nats::broker::start_nats_cluster(dir.path(), &ports, &own)
+    let _cluster = drill::dest::nats::broker::start_nats_cluster(dir.path(), &ports, &own, None)
         .await
         .expect("nats-server is installed (ci/setup.sh)");
     let servers = own

@@ -117,9 +117,10 @@ async fn link_to(upstream: SocketAddr) -> Link {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mqtt_probes_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = drill::dest::mqtt::broker::start_mqtt(Runtime::Process, dir.path(), None)
-        .await
-        .expect("mosquitto is installed (ci/setup.sh)");
+    let mut broker =
+        drill::dest::mqtt::broker::start_mqtt(Runtime::Process, dir.path(), Default::default())
+            .await
+            .expect("mosquitto is installed (ci/setup.sh)");
     let reader = Reader::start(
         broker.addr,
         "t/probe",
@@ -149,7 +150,7 @@ async fn mqtt_probes_write_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jetstream_probes_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut broker = drill::dest::nats::broker::start_nats(dir.path(), None, None)
+    let mut broker = drill::dest::nats::broker::start_nats(dir.path(), None, None, None)
         .await
         .expect("nats-server is installed (ci/setup.sh)");
     drill::dest::nats::stream::create_stream(
@@ -159,6 +160,7 @@ async fn jetstream_probes_write_nothing() {
         Duration::from_secs(120),
         None,
         1,
+        None,
     )
     .await
     .unwrap();

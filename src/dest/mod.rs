@@ -238,6 +238,9 @@ pub struct Provision<'a> {
     pub run_id: &'a str,
     /// Cancels every link's tasks.
     pub links: CancellationToken,
+    /// The broker is to speak TLS with these certificates (`destination.tls`; minted for the
+    /// drill). A kind that takes `tls` serves it or fails with [`DestError::Unsupported`].
+    pub tls: Option<&'a crate::tls::BrokerTls>,
 }
 
 /// A provisioned destination: the links in front of it, and its running receiving side.

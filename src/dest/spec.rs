@@ -87,6 +87,44 @@ pub struct RawDestination {
     #[serde(default)]
     #[schemars(with = "Option<RawCredentials>")]
     pub credentials: Option<Spanned<RawCredentials>>,
+    /// MQTT and NATS: the broker drill starts speaks TLS, with certificates from a CA drill
+    /// mints for the drill (`{tls.ca_file}` for a user's engine). `true`, or `{
+    /// client_certificates: true }` for mutual TLS, `names: [...]` for more names on the
+    /// broker's certificate.
+    #[serde(default)]
+    #[schemars(with = "Option<RawTls>")]
+    pub tls: Option<Spanned<RawTls>>,
+}
+
+/// `tls:` of `destination:`.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum RawTls {
+    On(bool),
+    With(RawTlsWith),
+}
+
+/// `tls: { … }`.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RawTlsWith {
+    /// Mutual TLS: the broker asks the engine for a certificate from drill's CA
+    /// (`{tls.client_cert_file}`, `{tls.client_key_file}`). Default false.
+    #[serde(default)]
+    pub client_certificates: Option<bool>,
+    /// More names (DNS names or IP addresses) on the broker's certificate, beside 127.0.0.1
+    /// and localhost.
+    #[serde(default)]
+    pub names: Option<Vec<String>>,
+}
+
+/// What a drill's TLS is to be: drill mints the CA and every certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSpec {
+    /// Mutual TLS.
+    pub client_certificates: bool,
+    /// More names on the broker's certificate.
+    pub names: Vec<String>,
 }
 
 /// `read_back:`: one of the two, as the kind takes.
@@ -119,7 +157,7 @@ pub struct RawCredentials {
 
 /// The fields of `destination:` that only some kinds take ([`Entry::fields`]), with where each
 /// was given.
-fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 11] {
+fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 12] {
     let kind = raw.kind.referenced;
     [
         (
@@ -136,6 +174,7 @@ fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 11] {
         ("read_back", raw.read_back.as_ref().map(|r| r.referenced)),
         ("dedupe", raw.dedupe.as_ref().map(|d| d.referenced)),
         ("key_header", raw.key_header.as_ref().map(|k| k.referenced)),
+        ("tls", raw.tls.as_ref().map(|t| t.referenced)),
     ]
 }
 
@@ -149,6 +188,8 @@ pub struct Spec {
     pub topic: String,
     /// `runtime: external`: the user's own brokers.
     pub external: Option<External>,
+    /// The broker speaks TLS (`tls:`).
+    pub tls: Option<TlsSpec>,
     /// The kind's own settings and everything it knows how to do: the scenario's rules, its
     /// broker, its reader (see [`Destination`]).
     pub imp: Arc<dyn Destination>,
@@ -215,10 +256,55 @@ pub fn validate(raw: &RawDestination) -> Result<Spec, Located> {
     Ok(Spec {
         kind,
         runtime,
+        tls: tls(raw, runtime)?,
         topic: raw.topic.clone().unwrap_or_else(|| "drill".to_string()),
         imp: (entry.validate)(raw, &common)?,
         external: common.external,
     })
+}
+
+/// `tls:` — on the brokers drill starts as local processes (mosquitto, nats-server). What
+/// cannot speak TLS yet is refused here, where it was written.
+fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Located> {
+    let Some(t) = &raw.tls else { return Ok(None) };
+    let spec = match &t.value {
+        RawTls::On(false) => return Ok(None),
+        RawTls::On(true) => TlsSpec {
+            client_certificates: false,
+            names: Vec::new(),
+        },
+        RawTls::With(w) => TlsSpec {
+            client_certificates: w.client_certificates.unwrap_or(false),
+            names: w.names.clone().unwrap_or_default(),
+        },
+    };
+    if let Some(bad) = spec.names.iter().find(|n| {
+        n.is_empty()
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':'))
+    }) {
+        return Err(at(
+            &t.referenced,
+            format!("field `destination.tls.names`: `{bad}` is not a DNS name or IP address"),
+        ));
+    }
+    let why = match runtime {
+        Runtime::Embedded => {
+            Some("drill's embedded MQTT broker serves no TLS; use `runtime: process` (mosquitto)")
+        }
+        Runtime::Container => Some(
+            "TLS is served by brokers drill starts as local processes for now (mosquitto, nats-server); use `runtime: process` or `auto`",
+        ),
+        Runtime::External => Some(
+            "TLS to a broker you run is not built yet (a CA file and client certificate of yours); drill mints its own CA only for brokers it starts",
+        ),
+        Runtime::Process | Runtime::Auto => None,
+    };
+    match why {
+        Some(why) => Err(at(&t.referenced, format!("field `destination.tls`: {why}"))),
+        None => Ok(Some(spec)),
+    }
 }
 
 fn is_external_field(field: &str) -> bool {

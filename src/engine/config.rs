@@ -103,6 +103,10 @@ pub struct OutputConfig {
     /// connect), never the secrets themselves — this file is written to disk.
     #[serde(default, skip_serializing_if = "Credentials::is_empty")]
     pub credentials: Credentials,
+    /// TLS to the destination: the CA file to trust, and a client certificate for mutual TLS.
+    /// Left out: plain TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 impl OutputConfig {
@@ -134,7 +138,17 @@ impl OutputConfig {
             window: default_window(),
             refusals: None,
             credentials: Credentials::default(),
+            tls: None,
         }
+    }
+
+    /// The client side of TLS when the output has `tls:` (its files read now); `Err` names
+    /// the file and what is wrong with it.
+    pub fn client_tls(&self) -> Result<Option<crate::tls::ClientTls>, String> {
+        self.tls
+            .as_ref()
+            .map(crate::tls::ClientTls::new)
+            .transpose()
     }
 }
 

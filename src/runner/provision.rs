@@ -47,6 +47,18 @@ impl Rig {
     ) -> Result<Rig, RunError> {
         let link_cancel = cancel.child_token();
         let spec = &plan.destination;
+        let tls = match &spec.tls {
+            Some(t) => Some(
+                crate::tls::BrokerTls::mint(
+                    &work.join("tls"),
+                    run_id,
+                    &t.names,
+                    t.client_certificates,
+                )
+                .map_err(RunError::Verifier)?,
+            ),
+            None => None,
+        };
         let provision = Provision {
             spec,
             needs: needs(plan),
@@ -54,20 +66,35 @@ impl Rig {
             work,
             run_id,
             links: link_cancel.clone(),
+            tls: tls.as_ref(),
         };
         let Provisioned {
             links,
-            running,
-            notes,
+            mut running,
+            mut notes,
         } = spec.imp.provision(provision).await?;
+        running.access.tls = tls.as_ref().map(crate::tls::BrokerTls::client);
+        if let Some(t) = &tls {
+            notes.push(format!(
+                "TLS: the broker speaks only TLS, with certificates from a CA minted for this drill ({}){}; the links pass the ciphertext untouched, so no protocol tap reads it",
+                t.files.ca_file.display(),
+                if t.client_certificates {
+                    ", and asks every client for a certificate from it"
+                } else {
+                    ""
+                }
+            ));
+        }
         let Some(link) = links.first().cloned() else {
             return Err(RunError::Verifier(format!(
                 "the {} destination made no link",
                 spec.kind.name()
             )));
         };
-        // Every link read by the kind's protocol tap, into one log.
-        let tap = spec.kind.entry().taps.map(|taps| {
+        // Every link read by the kind's protocol tap, into one log. A link that carries TLS
+        // untouched (`pass`) carries ciphertext: no tap can read it.
+        let taps = spec.kind.entry().taps.filter(|_| tls.is_none());
+        let tap = taps.map(|taps| {
             let maker = taps(run_id);
             let log = Arc::new(TapLog::default());
             let tapping = Tapping {

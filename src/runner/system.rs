@@ -64,6 +64,7 @@ fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfi
             .as_ref()
             .map(|x| x.credentials.clone())
             .unwrap_or_default(),
+        tls: rig.running.access.tls.clone(),
         ..OutputConfig::new(
             d.kind.name(),
             &d.link_name(),
@@ -155,6 +156,13 @@ fn placeholders(
     }
     for (name, port) in ports {
         set(&format!("port.{name}"), port.to_string());
+    }
+    if let Some(tls) = &rig.running.access.tls {
+        set("tls.ca_file", tls.ca_file.display().to_string());
+        if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+            set("tls.client_cert_file", cert.display().to_string());
+            set("tls.client_key_file", key.display().to_string());
+        }
     }
     values
 }

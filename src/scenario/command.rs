@@ -4,8 +4,9 @@
 //!
 //! This module owns the placeholder language of argv, `env` values and template files:
 //! `{ingest}` `{ingest.host}` `{ingest.port}` `{link.NAME}` `{link.NAME.host}`
-//! `{link.NAME.port}` `{topic}` `{data_dir}` `{work_dir}` `{scenario_dir}` `{port.NAME}`
-//! `{run}`; `{{` and `}}` stand for a literal brace. An unknown placeholder is an invalid
+//! `{link.NAME.port}` `{topic}` `{data_dir}` `{work_dir}` `{scenario_dir}` `{port.NAME}` `{run}`,
+//! and with `destination.tls` `{tls.ca_file}` (mutual TLS: `{tls.client_cert_file}`,
+//! `{tls.client_key_file}`); `{{` and `}}` stand for a literal brace. An unknown placeholder is an invalid
 //! scenario. Rendering happens in the runner, once the ports and links exist; validation
 //! here makes sure rendering cannot fail.
 
@@ -204,7 +205,10 @@ pub(super) fn validate(
     scenario_dir: &Path,
     anchor: &serde_saphyr::Location,
 ) -> Result<CommandSpec, Located> {
-    let links = &destination.link_names();
+    let links = &Known {
+        links: destination.link_names(),
+        tls: destination.tls.as_ref().map(|t| t.client_certificates),
+    };
     let mut ports = BTreeSet::new();
     if raw.command.is_empty() {
         return Err(at(
@@ -296,7 +300,7 @@ fn stats(s: Spanned<RawStats>, ports: &BTreeSet<String>) -> Result<StatsSpec, Lo
 fn templates(
     raw: BTreeMap<String, Spanned<String>>,
     scenario_dir: &Path,
-    links: &[String],
+    links: &Known,
     ports: &mut BTreeSet<String>,
 ) -> Result<Vec<(String, String)>, Located> {
     let mut files = Vec::new();
@@ -552,16 +556,39 @@ const FIXED: [&str; 8] = [
     "run",
 ];
 
+/// What the destination lets a user's engine name: its links, and the TLS files when the
+/// broker speaks TLS (`Some(true)`: with a client certificate).
+struct Known {
+    links: Vec<String>,
+    tls: Option<bool>,
+}
+
 /// Checks every placeholder in `text` is known; collects `{port.NAME}` names.
 fn check_placeholders(
     text: &str,
-    links: &[String],
+    known: &Known,
     ports: &mut BTreeSet<String>,
 ) -> Result<(), String> {
+    let links = &known.links;
     for piece in pieces(text)? {
         let Piece::Name(name) = piece else { continue };
         if FIXED.contains(&name) {
             continue;
+        }
+        match (name, known.tls) {
+            ("tls.ca_file", Some(_))
+            | ("tls.client_cert_file" | "tls.client_key_file", Some(true)) => continue,
+            ("tls.ca_file", None) => {
+                return Err(format!(
+                    "`{{{name}}}` needs a broker that speaks TLS: `destination.tls: true`"
+                ));
+            }
+            ("tls.client_cert_file" | "tls.client_key_file", _) => {
+                return Err(format!(
+                    "`{{{name}}}` needs mutual TLS: `destination.tls: {{ client_certificates: true }}`"
+                ));
+            }
+            _ => {}
         }
         if let Some(port) = name.strip_prefix("port.")
             && !port.is_empty()
@@ -590,7 +617,7 @@ fn check_placeholders(
             ));
         }
         return Err(format!(
-            "unknown placeholder `{{{name}}}`; known: {{ingest}} {{ingest.host}} {{ingest.port}} {{link.NAME}} {{link.NAME.host}} {{link.NAME.port}} {{topic}} {{data_dir}} {{work_dir}} {{scenario_dir}} {{port.NAME}} {{run}} (write `{{{{` for a literal brace)"
+            "unknown placeholder `{{{name}}}`; known: {{ingest}} {{ingest.host}} {{ingest.port}} {{link.NAME}} {{link.NAME.host}} {{link.NAME.port}} {{topic}} {{data_dir}} {{work_dir}} {{scenario_dir}} {{port.NAME}} {{run}} {{tls.ca_file}} {{tls.client_cert_file}} {{tls.client_key_file}} (write `{{{{` for a literal brace)"
         ));
     }
     Ok(())
@@ -635,8 +662,11 @@ pub fn scenario_dir(source: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
-    fn links() -> Vec<String> {
-        vec!["mqtt".to_string()]
+    fn links() -> Known {
+        Known {
+            links: vec!["mqtt".to_string()],
+            tls: None,
+        }
     }
 
     #[test]
@@ -660,6 +690,30 @@ mod tests {
         assert!(e.contains("`{link.mqtt}`"), "{e}");
         let e = check_placeholders("{ingest", &links(), &mut ports).unwrap_err();
         assert!(e.contains("without a closing"), "{e}");
+    }
+
+    #[test]
+    fn tls_placeholders_need_the_tls_they_name() {
+        let mut ports = BTreeSet::new();
+        let e = check_placeholders("--ca {tls.ca_file}", &links(), &mut ports).unwrap_err();
+        assert!(e.contains("destination.tls: true"), "{e}");
+        let tls = Known {
+            tls: Some(false),
+            ..links()
+        };
+        check_placeholders("--ca {tls.ca_file}", &tls, &mut ports).unwrap();
+        let e = check_placeholders("{tls.client_key_file}", &tls, &mut ports).unwrap_err();
+        assert!(e.contains("client_certificates: true"), "{e}");
+        let mutual = Known {
+            tls: Some(true),
+            ..links()
+        };
+        check_placeholders(
+            "{tls.client_cert_file} {tls.client_key_file}",
+            &mutual,
+            &mut ports,
+        )
+        .unwrap();
     }
 
     #[test]

@@ -72,3 +72,38 @@ impl AsyncWrite for Stream {
         }
     }
 }
+
+/// TLS on a broker drill starts: the minted CA's files, and whether a client must show a
+/// certificate from it (mutual TLS).
+#[derive(Debug, Clone)]
+pub struct BrokerTls {
+    pub files: TlsFiles,
+    pub client_certificates: bool,
+}
+
+impl BrokerTls {
+    /// Mints the drill's CA into `dir`, with `names` on the broker's certificate.
+    pub fn mint(
+        dir: &std::path::Path,
+        run_id: &str,
+        names: &[String],
+        client_certificates: bool,
+    ) -> Result<BrokerTls, String> {
+        let ca = DrillCa::mint(dir, &format!("drill {run_id}"), names)?;
+        Ok(BrokerTls {
+            files: ca.files,
+            client_certificates,
+        })
+    }
+
+    /// What a client of this broker trusts and shows: the CA, and the client certificate
+    /// under mutual TLS.
+    pub fn client(&self) -> TlsConfig {
+        let f = &self.files;
+        TlsConfig {
+            cert_file: self.client_certificates.then(|| f.client_cert_file.clone()),
+            key_file: self.client_certificates.then(|| f.client_key_file.clone()),
+            ..TlsConfig::trusting(&f.ca_file)
+        }
+    }
+}

@@ -15,7 +15,7 @@ pub struct MqttBench;
 impl BenchKind for MqttBench {
     fn start<'a>(&'a self, at: BenchAt<'a>) -> BoxFuture<'a, Result<BenchBroker, DestError>> {
         let BenchAt { dir, .. } = at;
-        let started = super::broker::start_mqtt(Runtime::Process, dir, None);
+        let started = super::broker::start_mqtt(Runtime::Process, dir, Default::default());
         async move { Ok(started.await?.into()) }.boxed()
     }
 

@@ -62,28 +62,41 @@ impl LocalMqtt {
     }
 }
 
+/// What a broker drill starts must do beyond the plain default.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options<'a> {
+    /// The broker refuses (per record, with an error PUBACK) any publish whose payload is
+    /// larger — how a drill makes poison records. Only mosquitto can do this.
+    pub message_limit: Option<usize>,
+    /// The listener speaks TLS with these certificates. Only mosquitto can do this.
+    pub tls: Option<&'a crate::tls::BrokerTls>,
+}
+
 /// Starts an MQTT broker on the chosen runtime (`process`, `embedded`, or `auto`: mosquitto
 /// when installed, else embedded); `work` holds its config and store.
-///
-/// `message_limit`: the broker refuses (per record, with an error PUBACK) any publish whose
-/// payload is larger — how a drill makes poison records. Only mosquitto can do this.
 pub async fn start_mqtt(
     runtime: Runtime,
     work: &Path,
-    message_limit: Option<usize>,
+    options: Options<'_>,
 ) -> Result<LocalMqtt, DestError> {
-    if message_limit.is_some() && (runtime == Runtime::Embedded || mosquitto_path().is_none()) {
+    let no_mosquitto = runtime == Runtime::Embedded || mosquitto_path().is_none();
+    if options.message_limit.is_some() && no_mosquitto {
         return Err(DestError::Unsupported(
             "poison records need a broker that refuses one oversized write while accepting the rest: mosquitto (runtime process); install it (Debian: apt-get install mosquitto) or remove `workload.poison`".to_string(),
+        ));
+    }
+    if options.tls.is_some() && no_mosquitto {
+        return Err(DestError::Unsupported(
+            "`destination.tls` needs mosquitto (drill's embedded broker serves no TLS); install it (Debian: apt-get install mosquitto)".to_string(),
         ));
     }
     match runtime {
         Runtime::Embedded => start_embedded().await,
         Runtime::Process | Runtime::External | Runtime::Container => {
-            start_mosquitto(work, message_limit).await
+            start_mosquitto(work, options).await
         }
         Runtime::Auto => match mosquitto_path() {
-            Some(_) => start_mosquitto(work, message_limit).await,
+            Some(_) => start_mosquitto(work, options).await,
             None => {
                 let mut broker = start_embedded().await?;
                 broker.note =
@@ -107,13 +120,19 @@ pub(super) async fn provision(
             .await;
     }
     let mut notes = Vec::new();
-    let placement = place(
-        IMAGE,
-        "local mosquitto (or the embedded broker)",
-        p.runtime,
-        &mut notes,
-    )
-    .await?;
+    // TLS is served by a local mosquitto (the scenario's check refused the container runtime).
+    let placement = match p.tls {
+        Some(_) => None,
+        None => {
+            place(
+                IMAGE,
+                "local mosquitto (or the embedded broker)",
+                p.runtime,
+                &mut notes,
+            )
+            .await?
+        }
+    };
     crate::dest::check_broker_faults(&p.needs, placement.is_some(), 1)?;
     let running = match placement {
         Some(at) => {
@@ -130,7 +149,11 @@ pub(super) async fn provision(
             )
         }
         None => {
-            let broker = start_mqtt(p.runtime, p.work, p.needs.message_limit).await?;
+            let options = Options {
+                message_limit: p.needs.message_limit,
+                tls: p.tls,
+            };
+            let broker = start_mqtt(p.runtime, p.work, options).await?;
             let place = match broker.embedded {
                 Some(b) => Place::InProcess(Box::new(b)),
                 None => Place::Local(broker.process),
@@ -190,9 +213,9 @@ async fn mosquitto_version(bin: &Path) -> String {
         .unwrap_or_else(|| "mosquitto (version unknown)".to_string())
 }
 
-/// mosquitto's config: a listener on `port`, persistence in `store`, limits lifted so the
-/// broker never drops a record for the verifier (0 = no maximum).
-fn mosquitto_conf(port: u16, store: &Path, message_limit: Option<usize>) -> String {
+/// mosquitto's config: a listener on `port` (TLS when asked), persistence in `store`, limits
+/// lifted so the broker never drops a record for the verifier (0 = no maximum).
+fn mosquitto_conf(port: u16, store: &Path, options: Options) -> String {
     let text = format!(
         "listener {port} 127.0.0.1\n\
          allow_anonymous true\n\
@@ -210,8 +233,20 @@ fn mosquitto_conf(port: u16, store: &Path, message_limit: Option<usize>) -> Stri
     );
     // An MQTT 5 client gets a PUBACK with an error reason for an oversized publish; the
     // connection and every other write carry on.
-    let text = match message_limit {
+    let text = match options.message_limit {
         Some(limit) => format!("{text}message_size_limit {limit}\n"),
+        None => text,
+    };
+    // The listener's TLS: drill's certificates; under mutual TLS a client must show one from
+    // drill's CA.
+    let text = match options.tls {
+        Some(tls) => format!(
+            "{text}cafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate {}\n",
+            tls.files.ca_file.display(),
+            tls.files.server_cert_file.display(),
+            tls.files.server_key_file.display(),
+            tls.client_certificates
+        ),
         None => text,
     };
     // Started as root, mosquitto switches to user `mosquitto`; that credential change would
@@ -223,10 +258,7 @@ fn mosquitto_conf(port: u16, store: &Path, message_limit: Option<usize>) -> Stri
     }
 }
 
-async fn start_mosquitto(
-    work: &Path,
-    message_limit: Option<usize>,
-) -> Result<LocalMqtt, DestError> {
+async fn start_mosquitto(work: &Path, options: Options<'_>) -> Result<LocalMqtt, DestError> {
     let bin = mosquitto_path().ok_or_else(|| {
         DestError::Missing(
             "mosquitto is not installed (looked for `mosquitto` on PATH and in /usr/sbin); install it (Debian: apt-get install mosquitto) or use --runtime embedded".to_string(),
@@ -239,7 +271,7 @@ async fn start_mosquitto(
         let port = free_port()?;
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let conf = store.join("mosquitto.conf");
-        std::fs::write(&conf, mosquitto_conf(port, &store, message_limit))?;
+        std::fs::write(&conf, mosquitto_conf(port, &store, options))?;
         let mut child = dies_with_drill(&mut Command::new(&bin))
             .arg("-c")
             .arg(&conf)

@@ -501,7 +501,7 @@ mod tests {
 
     /// A raw MQTT 5 connection with the given receive maximum and keep-alive (seconds).
     async fn raw(addr: SocketAddr, id: &str, receive_max: u16, keep_alive: u16) -> mqtt::Session {
-        let socket = TcpStream::connect(addr).await.unwrap();
+        let socket = crate::tls::Stream::Plain(TcpStream::connect(addr).await.unwrap());
         let mut framed = Framed::new(socket, DrillCodec);
         let properties = ConnectProperties {
             receive_maximum: Some(receive_max),

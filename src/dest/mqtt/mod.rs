@@ -33,7 +33,7 @@ fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
 pub static ENTRY: Entry = Entry {
     name: "mqtt",
     sink: &sink::MqttSink,
-    fields: &[],
+    fields: &["tls"],
     external_field: ("address", "broker.site.local:1883"),
     sasl_mechanisms: &[],
     write_key_field: ("mqtt_user_property", "string"),
@@ -90,6 +90,7 @@ impl Destination for Mqtt {
         r: ReaderSpec,
     ) -> BoxFuture<'a, Result<Box<dyn ReadBack>, DestError>> {
         async move {
+            let tls = at.access.client_tls().map_err(DestError::Reader)?;
             let reader = read::Reader::start_as(
                 at.addrs[0],
                 &r.topic,
@@ -97,6 +98,7 @@ impl Destination for Mqtt {
                 r.t0,
                 r.cancel,
                 login(&at.access.secrets),
+                tls.as_ref(),
             )
             .await
             .map_err(|e| DestError::Reader(e.to_string()))?;

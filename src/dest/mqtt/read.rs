@@ -41,10 +41,11 @@ impl Reader {
         t0: Instant,
         cancel: CancellationToken,
     ) -> Result<Reader, mqtt::MqttError> {
-        Reader::start_as(broker, topic, decoder, t0, cancel, None).await
+        Reader::start_as(broker, topic, decoder, t0, cancel, None, None).await
     }
 
-    /// [`Reader::start_with`], logging in as `login` (an external broker's credentials).
+    /// [`Reader::start_with`], logging in as `login` (an external broker's credentials), over
+    /// TLS when the broker speaks it.
     pub async fn start_as(
         broker: SocketAddr,
         topic: &str,
@@ -52,6 +53,7 @@ impl Reader {
         t0: Instant,
         cancel: CancellationToken,
         login: Option<mqtt::Login>,
+        tls: Option<&crate::tls::ClientTls>,
     ) -> Result<Reader, mqtt::MqttError> {
         let limit = Duration::from_secs(10);
         let mut session = mqtt::connect_as(
@@ -60,6 +62,7 @@ impl Reader {
             Duration::from_secs(60),
             limit,
             login,
+            tls,
         )
         .await?;
         session.subscribe(topic, limit).await?;

@@ -9,13 +9,11 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{ReadyChunks, SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
-use tokio::net::TcpStream;
-use tokio_util::codec::Framed;
 
 use crate::engine::OutputConfig;
 use crate::engine::output::Answer;
 use crate::engine::sink::{Answers, Attempts, Connect, Open, Session, Sink, Tick};
-use crate::mqtt::{self, DrillCodec, Packet};
+use crate::mqtt::{self, Packet};
 use crate::promise::Promise;
 
 #[cfg(feature = "mutants")]
@@ -38,9 +36,17 @@ pub async fn connect_and_probe(
     let limit = cfg.answer_timeout.0;
     let secrets = cfg.credentials.read()?;
     let login = super::login(&secrets);
-    let mut session = mqtt::connect_as(cfg.address, client_id, cfg.keepalive.0, limit, login)
-        .await
-        .map_err(|e| e.to_string())?;
+    let tls = cfg.client_tls()?;
+    let mut session = mqtt::connect_as(
+        cfg.address,
+        client_id,
+        cfg.keepalive.0,
+        limit,
+        login,
+        tls.as_ref(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     let probe = async {
         session
             .framed
@@ -90,10 +96,10 @@ impl Sink for MqttSink {
 
 /// One MQTT connection: the write half, the read half in batches, and the keepalive's state.
 pub struct MqttSession {
-    tx: SplitSink<Framed<TcpStream, DrillCodec>, Packet>,
+    tx: SplitSink<mqtt::Framing, Packet>,
     /// Every packet already readable arrives as one batch, so a burst of PUBACKs costs one
     /// write of delivery marks, not one per record.
-    incoming: ReadyChunks<SplitStream<Framed<TcpStream, DrillCodec>>>,
+    incoming: ReadyChunks<SplitStream<mqtt::Framing>>,
     topic: String,
     receive_max: Option<u16>,
     keepalive: Duration,
@@ -226,6 +232,8 @@ impl Session for MqttSession {
 mod mutants {
     use super::*;
     use crate::engine::log::StoredRecord;
+    use crate::mqtt::DrillCodec;
+    use tokio_util::codec::Framed;
 
     /// `probe-with-oldest-record`: CONNECT/CONNACK, then the oldest waiting record published
     /// at QoS 0 without its write key as the "probe" (no answer is awaited: the publish went
@@ -236,9 +244,17 @@ mod mutants {
         record: &StoredRecord,
     ) -> Result<mqtt::Session, String> {
         let limit = cfg.answer_timeout.0;
-        let mut session = mqtt::connect(cfg.address, client_id, cfg.keepalive.0, limit)
-            .await
-            .map_err(|e| e.to_string())?;
+        let tls = cfg.client_tls()?;
+        let mut session = mqtt::connect_as(
+            cfg.address,
+            client_id,
+            cfg.keepalive.0,
+            limit,
+            None,
+            tls.as_ref(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         let publish = mqtt::Publish::new(
             &cfg.topic,
             mqtt::QoS::AtMostOnce,
@@ -260,11 +276,11 @@ mod mutants {
     ) -> Result<mqtt::Session, String> {
         let addr = cfg.address;
         let limit = cfg.answer_timeout.0;
-        let socket = tokio::time::timeout(limit, TcpStream::connect(addr))
+        let tls = cfg.client_tls()?;
+        let socket = tokio::time::timeout(limit, crate::tls::client::connect(addr, tls.as_ref()))
             .await
-            .map_err(|_| format!("no TCP connection within {limit:?}"))?
+            .map_err(|_| format!("no connection within {limit:?}"))?
             .map_err(|e| format!("{addr}: {e}"))?;
-        let _ = socket.set_nodelay(true);
         let mut framed = Framed::new(socket, DrillCodec);
         let connect = mqtt::Connect {
             keep_alive: cfg.keepalive.0.as_secs().clamp(1, u16::MAX as u64) as u16,

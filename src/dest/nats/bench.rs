@@ -20,7 +20,7 @@ fn stream_name(who: &str, round: usize) -> String {
 
 impl BenchKind for NatsBench {
     fn start<'a>(&'a self, at: BenchAt<'a>) -> BoxFuture<'a, Result<BenchBroker, DestError>> {
-        let started = super::broker::start_nats(at.dir, Some(at.port), Some(at.advertise));
+        let started = super::broker::start_nats(at.dir, Some(at.port), Some(at.advertise), None);
         async move { Ok(started.await?.into()) }.boxed()
     }
 
@@ -32,7 +32,7 @@ impl BenchKind for NatsBench {
             let subject = format!("bench.{who}.{round}");
             let window = Duration::from_secs(120);
             let name = stream_name(who, round);
-            super::stream::create_stream(broker, &name, &subject, window, None, 1)
+            super::stream::create_stream(broker, &name, &subject, window, None, 1, None)
                 .await
                 .map_err(|e| e.to_string())?;
             Ok(subject)

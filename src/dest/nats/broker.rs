@@ -23,6 +23,7 @@ use crate::dest::running::{LocalNode, Place};
 use crate::dest::{DestError, Provision, Provisioned, Running, place};
 use crate::process::{LocalProcess, dies_with_drill, free_port, wait_listening};
 use crate::proxy::Link;
+use crate::tls::BrokerTls;
 
 /// The image and the variable that overrides it.
 const IMAGE: (&str, &str) = ("DRILL_IMAGE_NATS", "nats:2.11");
@@ -63,6 +64,7 @@ pub async fn start_nats(
     work: &Path,
     port: Option<u16>,
     advertise: Option<SocketAddr>,
+    tls: Option<&BrokerTls>,
 ) -> Result<LocalNats, DestError> {
     let bin = nats_server_path().ok_or_else(missing)?;
     let store = work.join("nats");
@@ -86,6 +88,7 @@ pub async fn start_nats(
         if let Some(a) = advertise {
             command.args(["--client_advertise", &a.to_string()]);
         }
+        command.args(tls_args(tls));
         Ok(command)
     })
     .await?;
@@ -103,6 +106,7 @@ pub async fn start_nats_cluster(
     work: &Path,
     client_ports: &[u16],
     advertise: &[SocketAddr],
+    tls: Option<&BrokerTls>,
 ) -> Result<Vec<LocalNode>, DestError> {
     let bin = nats_server_path().ok_or_else(missing)?;
     let cluster_ports = client_ports
@@ -141,6 +145,7 @@ pub async fn start_nats_cluster(
         ]
         .iter()
         .map(|a| a.to_string())
+        .chain(tls_args(tls))
         .collect();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let spawner = NodeSpawner {
@@ -162,6 +167,27 @@ pub async fn start_nats_cluster(
         node.process = Some((node.spawn)().await?);
     }
     Ok(nodes)
+}
+
+/// nats-server's flags for a client listener that speaks only TLS, with drill's certificates
+/// (and, under mutual TLS, a client certificate from drill's CA required). Routes between
+/// cluster nodes stay plain: only the engine's path is drilled.
+fn tls_args(tls: Option<&BrokerTls>) -> Vec<String> {
+    let Some(t) = tls else { return Vec::new() };
+    let f = &t.files;
+    let mut args = vec![
+        "--tls".to_string(),
+        "--tlscert".to_string(),
+        f.server_cert_file.display().to_string(),
+        "--tlskey".to_string(),
+        f.server_key_file.display().to_string(),
+        "--tlscacert".to_string(),
+        f.ca_file.display().to_string(),
+    ];
+    if t.client_certificates {
+        args.push("--tlsverify".to_string());
+    }
+    args
 }
 
 /// How one cluster node is started (again: same ports, same store, the log appended).
@@ -241,7 +267,11 @@ pub(super) async fn provision(dest: Nats, p: Provision<'_>) -> Result<Provisione
     }
     let mut notes = Vec::new();
     let local = "local nats-server";
-    let placement = place(IMAGE, local, p.runtime, &mut notes).await?;
+    // TLS is served by local servers (the scenario's check refused the container runtime).
+    let placement = match p.tls {
+        Some(_) => None,
+        None => place(IMAGE, local, p.runtime, &mut notes).await?,
+    };
     crate::dest::check_broker_faults(&p.needs, placement.is_some(), dest.nodes)?;
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let window = dest.duplicate_window.unwrap_or(STREAM_DEFAULT_WINDOW);
@@ -274,6 +304,10 @@ pub(super) async fn provision(dest: Nats, p: Provision<'_>) -> Result<Provisione
         }
         None => local_servers(&dest, &p, any).await?,
     };
+    let tls = match p.tls {
+        Some(t) => Some(crate::tls::ClientTls::new(&t.client()).map_err(DestError::Unsupported)?),
+        None => None,
+    };
     stream::create_stream(
         running.addrs[0],
         &dest.stream,
@@ -281,6 +315,7 @@ pub(super) async fn provision(dest: Nats, p: Provision<'_>) -> Result<Provisione
         window,
         limit,
         replicas,
+        tls.as_ref(),
     )
     .await?;
     notes.push(dest.stream_note(&p.spec.topic, replicas, window, p.needs.resend_after));
@@ -309,12 +344,12 @@ async fn local_servers(
     let advertised: Vec<SocketAddr> = links.iter().map(Link::listen_addr).collect();
     let arc = Arc::new(dest.clone());
     if ports.len() == 1 {
-        let server = start_nats(p.work, Some(ports[0]), Some(advertised[0])).await?;
+        let server = start_nats(p.work, Some(ports[0]), Some(advertised[0]), p.tls).await?;
         let place = Place::Local(Some(server.process));
         let running = Running::new(arc, vec![server.addr], "process", server.version, place);
         return Ok((running, links, 1));
     }
-    let nodes = start_nats_cluster(p.work, &ports, &advertised).await?;
+    let nodes = start_nats_cluster(p.work, &ports, &advertised, p.tls).await?;
     let version = format!("nats-server cluster of {} nodes", nodes.len());
     let addrs = nodes.iter().map(|n| n.addr).collect();
     let replicas = nodes.len().clamp(1, 3);

@@ -41,7 +41,7 @@ fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
 pub static ENTRY: Entry = Entry {
     name: "nats",
     sink: &sink::NatsSink,
-    fields: &["duplicate_window", "nodes", "stream"],
+    fields: &["duplicate_window", "nodes", "stream", "tls"],
     external_field: ("servers", "[nats-1:4222, nats-2:4222]"),
     sasl_mechanisms: &[],
     write_key_field: ("nats_msg_id", "boolean"),
@@ -60,6 +60,28 @@ pub fn options(secrets: &Secrets) -> async_nats::ConnectOptions {
         Some((u, p)) => async_nats::ConnectOptions::with_user_and_password(u.into(), p.into()),
         None => async_nats::ConnectOptions::new(),
     }
+}
+
+/// `options` over TLS when `tls` is given (drill's CA, and a client certificate under mutual
+/// TLS); the server's INFO comes first in plain text, as NATS does, then the handshake.
+pub fn with_tls(
+    options: async_nats::ConnectOptions,
+    tls: Option<&crate::tls::ClientTls>,
+) -> async_nats::ConnectOptions {
+    match tls {
+        Some(t) => options
+            .require_tls(true)
+            .tls_client_config((*t.rustls()).clone()),
+        None => options,
+    }
+}
+
+/// A reader's options: the credentials and TLS of `access`.
+pub fn options_for(access: &crate::verify::Access) -> Result<async_nats::ConnectOptions, String> {
+    Ok(with_tls(
+        options(&access.secrets),
+        access.client_tls()?.as_ref(),
+    ))
 }
 
 /// A JetStream destination.
@@ -220,7 +242,8 @@ impl Destination for Nats {
                 return None;
             };
             for node in nodes.iter().filter(|n| n.process.is_some()) {
-                if let Some(leader) = stream::leader(node.addr, &self.stream).await {
+                let tls = at.access.client_tls().ok().flatten();
+                if let Some(leader) = stream::leader(node.addr, &self.stream, tls.as_ref()).await {
                     return nodes.iter().position(|n| n.name == leader);
                 }
             }

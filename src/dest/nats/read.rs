@@ -40,7 +40,7 @@ impl StreamReader {
             .iter()
             .filter_map(|a| format!("nats://{a}").parse().ok())
             .collect();
-        let client = super::options(&access.secrets)
+        let client = super::options_for(&access)?
             .name("drill-verifier-count")
             .ignore_discovered_servers()
             .connect(addrs)
@@ -136,7 +136,7 @@ pub async fn read_stream_with(
     access: &Access,
 ) -> Result<Received, String> {
     use async_nats::jetstream::{self, consumer};
-    let client = crate::dest::nats::options(&access.secrets)
+    let client = crate::dest::nats::options_for(access)?
         .name("drill-verifier")
         .ignore_discovered_servers()
         .connect(server.to_string())

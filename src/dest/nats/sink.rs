@@ -41,7 +41,8 @@ pub async fn connect_and_probe(
 ) -> Result<jetstream::Context, String> {
     let limit = cfg.answer_timeout.0;
     let secrets = cfg.credentials.read()?;
-    let options = super::options(&secrets)
+    let tls = cfg.client_tls()?;
+    let options = super::with_tls(super::options(&secrets), tls.as_ref())
         .name(name)
         .ignore_discovered_servers()
         .ping_interval(cfg.keepalive.0)

@@ -22,13 +22,14 @@ pub async fn create_stream(
     duplicate_window: Duration,
     max_message_size: Option<usize>,
     replicas: usize,
+    tls: Option<&crate::tls::ClientTls>,
 ) -> Result<(), StartError> {
     use async_nats::jetstream;
     let fail = |why: String| StartError {
         what: format!("JetStream stream {name}"),
         why,
     };
-    let client = async_nats::ConnectOptions::new()
+    let client = crate::dest::nats::with_tls(async_nats::ConnectOptions::new(), tls)
         .name("drill-provisioner")
         .ignore_discovered_servers()
         .connect(server.to_string())
@@ -58,8 +59,12 @@ pub async fn create_stream(
 }
 
 /// The server name of the node that leads stream `name` now, asked of `server`.
-pub async fn leader(server: SocketAddr, name: &str) -> Option<String> {
-    let client = async_nats::ConnectOptions::new()
+pub async fn leader(
+    server: SocketAddr,
+    name: &str,
+    tls: Option<&crate::tls::ClientTls>,
+) -> Option<String> {
+    let client = crate::dest::nats::with_tls(async_nats::ConnectOptions::new(), tls)
         .name("drill-provisioner")
         .ignore_discovered_servers()
         .connection_timeout(Duration::from_secs(2))
