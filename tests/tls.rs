@@ -1,7 +1,9 @@
 //! TLS end to end (issue: links complete): brokers drill starts speak TLS with a CA minted for
 //! the drill, the links pass the ciphertext, the built-in engine and drill's readers speak
 //! TLS, and a user's engine gets the files as placeholders. Each drill must be able to fail:
-//! an engine that speaks plain MQTT to the TLS broker delivers nothing.
+//! an engine that speaks plain MQTT to the TLS broker delivers nothing. (`bad_certificate`
+//! and the mutant that counts a failed handshake as a refusal are in the `ci` selftest:
+//! `scenarios/mqtt-tls-bad-certificate.yaml`, tests/catalogue.rs.)
 
 mod common;
 
@@ -157,6 +159,40 @@ fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
         assert!(text.contains(says), "{name}: {text}");
         assert!(
             text.contains(&format!("{name}.yaml:2")),
+            "{name}: located? {text}"
+        );
+    }
+    // `bad_certificate` needs TLS, and a kind whose TLS starts at connect.
+    for (name, destination, says) in [
+        (
+            "nocert",
+            "destination: { kind: mqtt }",
+            "destination.tls: true",
+        ),
+        (
+            "natscert",
+            "destination: { kind: nats, tls: true }",
+            "plain text before its handshake",
+        ),
+    ] {
+        let file = scenario(
+            dir.path(),
+            name,
+            &format!(
+                "name: {name}\n{destination}\nworkload: {{ rate: 10/s, duration: 5s }}\nfaults:\n  - {{ at: 1s, link: {}, fault: bad_certificate, for: 2s }}\n",
+                if name == "natscert" { "nats" } else { "mqtt" }
+            ),
+        );
+        let out = common::run::drill(&["check", &file]);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(2), "{name}: {text}");
+        assert!(text.contains(says), "{name}: {text}");
+        assert!(
+            text.contains(&format!("{name}.yaml:5")),
             "{name}: located? {text}"
         );
     }

@@ -331,6 +331,13 @@ pub trait Destination: std::fmt::Debug + Send + Sync {
         false
     }
 
+    /// Whether a TLS client of this kind starts its handshake the moment it connects (MQTT),
+    /// so a link can stand in for the broker's TLS server (`bad_certificate`). NATS does not:
+    /// the server speaks first, in plain text.
+    fn tls_at_connect(&self) -> bool {
+        false
+    }
+
     /// Whether a fault may name `link` (Kafka: also one broker's own link, `kafka-<node id>`).
     fn names_a_link(&self, link: &str) -> bool {
         self.link_names().iter().any(|l| l == link)

@@ -94,6 +94,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "outage-status-spends-attempts",
         "HTTP: counts a 503 (any 5xx, 408 or 429: the destination is away) as a refusal of the record, so an outage answered by a status burns through the record's refusals into Failed messages",
     ),
+    (
+        "handshake-failure-is-refusal",
+        "TLS: counts a failed handshake (a certificate the engine does not trust) as a refusal of every waiting record, so a wrong certificate for a while burns through the records' refusals into Failed messages",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -166,11 +170,15 @@ pub enum Mutant {
     /// HTTP: `HttpSession::classify` (`src/dest/http/sink.rs`). Caught by an `answer: 503`
     /// window on the endpoint (`http-503`): records set aside as failed, expected 0.
     OutageStatusSpendsAttempts,
+    /// `Session::outage` (`super::session`, every output kind over TLS). Caught by a
+    /// `bad_certificate` window on a TLS link (`mqtt-tls-bad-certificate`): records set aside
+    /// as failed, expected 0.
+    HandshakeFailureIsRefusal,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 16] = [
+    pub const ALL: [Mutant; 17] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -187,6 +195,7 @@ impl Mutant {
         Mutant::NoKeepalive,
         Mutant::TrustTornTail,
         Mutant::OutageStatusSpendsAttempts,
+        Mutant::HandshakeFailureIsRefusal,
     ];
 
     fn index(self) -> usize {
@@ -218,7 +227,8 @@ impl Mutant {
             | Mutant::ForgetDeliveryMarks => &["duplicates"],
             Mutant::OutageSpendsAttempts
             | Mutant::LocalConnectedFlag
-            | Mutant::OutageStatusSpendsAttempts => &["failed"],
+            | Mutant::OutageStatusSpendsAttempts
+            | Mutant::HandshakeFailureIsRefusal => &["failed"],
             Mutant::ProbeWithOldestRecord => &["keyless_copies"],
             Mutant::DropRefusedSilently => &["lost", "failed"],
             Mutant::ResendOutOfOrder => &["reordered"],
@@ -234,6 +244,7 @@ impl Mutant {
         match self {
             Mutant::TrustTornTail => Some("power-cut-torn"),
             Mutant::OutageStatusSpendsAttempts => Some("http-503"),
+            Mutant::HandshakeFailureIsRefusal => Some("mqtt-tls-bad-certificate"),
             _ => None,
         }
     }

@@ -179,9 +179,12 @@ impl OutputTask {
     /// A connect failed: an outage, which spends nothing. Said once.
     fn outage(&mut self, why: &str, said_down: &mut bool) {
         #[cfg(feature = "mutants")]
-        if mutant::is(Mutant::OutageSpendsAttempts) {
-            // MUTANT: a failed connect is taken for a refusal of every waiting record
-            // (DESIGN.md §1.1: an outage never spends an attempt).
+        if mutant::is(Mutant::OutageSpendsAttempts)
+            || (mutant::is(Mutant::HandshakeFailureIsRefusal) && why.contains("certificate"))
+        {
+            // MUTANT: a failed connect (`handshake-failure-is-refusal`: one that failed on the
+            // broker's certificate) is taken for a refusal of every waiting record (DESIGN.md
+            // §1.1: an outage never spends an attempt; a handshake is no write).
             self.journal.refill(&mut self.out);
             self.journal.record(self.out.outage_as_refusal(why));
             self.journal.flush();

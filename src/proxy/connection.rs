@@ -64,6 +64,16 @@ fn rst(socket: &TcpStream) {
 pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: CancellationToken) {
     let _ = client.set_nodelay(true);
     // A fault in force at the instant of accept applies to this connection too.
+    let impostor = shared
+        .condition
+        .borrow()
+        .active
+        .is_some_and(|a| a.fault == super::Fault::BadCertificate);
+    if impostor {
+        // The link stands in for the broker's TLS server with the wrong certificate.
+        crate::tls::impostor::present(client).await;
+        return;
+    }
     let born = {
         let condition = shared.condition.borrow();
         if condition.flow(Side::Up, 0) == Flow::Cut {

@@ -88,6 +88,11 @@ pub enum Fault {
     /// in both directions, named for the route to nowhere it stands for (no ICMP, unlike
     /// `refuse`).
     Blackhole,
+    /// TLS links: the broker seems to present a certificate from another CA (a rotation gone
+    /// wrong). Connections open now are reset; each new one meets a TLS server at the link
+    /// that presents an impostor's certificate, so the client's handshake fails; nothing
+    /// reaches the broker. A handshake failure is no refusal of a write.
+    BadCertificate,
     /// Back to pass-through.
     Heal,
 }
@@ -107,6 +112,7 @@ impl Fault {
             Fault::Strand => "strand",
             Fault::Loss => "loss",
             Fault::Blackhole => "blackhole",
+            Fault::BadCertificate => "bad_certificate",
             Fault::Heal => "heal",
         }
     }
@@ -116,7 +122,7 @@ impl Fault {
     pub fn whole_connection(self) -> bool {
         matches!(
             self,
-            Fault::Refuse | Fault::Reset | Fault::Strand | Fault::Blackhole
+            Fault::Refuse | Fault::Reset | Fault::Strand | Fault::Blackhole | Fault::BadCertificate
         )
     }
 
@@ -134,6 +140,7 @@ impl Fault {
             | Fault::Slicer
             | Fault::SlowClose
             | Fault::Strand
+            | Fault::BadCertificate
             | Fault::Heal => true,
             Fault::Loss | Fault::Blackhole => false,
         }
@@ -156,6 +163,7 @@ impl Fault {
             | Fault::LimitData
             | Fault::Slicer
             | Fault::SlowClose
+            | Fault::BadCertificate
             | Fault::Strand => false,
         }
     }
@@ -500,7 +508,10 @@ impl Condition {
     /// What `side` of connection `serial` does now.
     pub(crate) fn flow(&self, side: Side, serial: u64) -> Flow {
         if let Some(spec) = self.active {
-            if matches!(spec.fault, Fault::Refuse | Fault::Reset) {
+            if matches!(
+                spec.fault,
+                Fault::Refuse | Fault::Reset | Fault::BadCertificate
+            ) {
                 return Flow::Cut;
             }
             if spec.direction.covers(side) {

@@ -173,6 +173,7 @@ fn fate(shared: &LinkShared, condition: &Condition, side: Side) -> Fate {
         | Fault::Slicer
         | Fault::SlowClose
         | Fault::Strand
+        | Fault::BadCertificate
         | Fault::Heal => Fate::Pass,
     }
 }

@@ -230,7 +230,7 @@ mod tests {
         );
         let s = sent(&[2990, 3100]);
         let r = received(&[3003, 9000]);
-        let rec = recovery(&[strand.clone()], &s, &r);
+        let rec = recovery(std::slice::from_ref(&strand), &s, &r);
         assert_eq!(rec[0].first_delivery_ms, Some(9000));
         // Answered at 3.004 s but published before the strand (it arrives at 3.006 s): in
         // flight, not a recovery (as in CI, where it read 0 ms for a 6 s keepalive).

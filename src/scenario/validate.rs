@@ -443,6 +443,23 @@ fn link_fault(
         )
     })?;
     fits_the_link(fault, datagrams, link).map_err(|m| entry.field("fault", m))?;
+    if fault == Fault::BadCertificate {
+        if destination.tls.is_none() {
+            return Err(entry.field(
+                "fault",
+                "`bad_certificate` needs a broker that speaks TLS: `destination.tls: true`",
+            ));
+        }
+        if !destination.imp.tls_at_connect() {
+            return Err(entry.field(
+                "fault",
+                format!(
+                    "`bad_certificate` stands in for a TLS server that speaks first; a {} server speaks in plain text before its handshake, which this link cannot do yet (MQTT can)",
+                    destination.kind.name()
+                ),
+            ));
+        }
+    }
     let taken = LinkSetting::taken_by(fault);
     if let Some(setting) = LinkSetting::ALL
         .into_iter()
@@ -529,8 +546,9 @@ enum LinkSetting {
 
 /// Every kind of fault a scenario can write, for [`LinkSetting::refused`] to name the one that
 /// takes a setting.
-const SCENARIO_FAULTS: [Fault; 10] = [
+const SCENARIO_FAULTS: [Fault; 11] = [
     Fault::Refuse,
+    Fault::BadCertificate,
     Fault::Reset,
     Fault::Swallow,
     Fault::Hang,
@@ -564,9 +582,12 @@ impl LinkSetting {
             // A fraction `loss` of the datagrams is dropped; for a while, or flapping.
             Fault::Loss => &[Loss, For, Repeat],
             // An outage: for a while, flapping, or until a `heal`.
-            Fault::Refuse | Fault::Reset | Fault::Swallow | Fault::Hang | Fault::Blackhole => {
-                &[For, Repeat]
-            }
+            Fault::Refuse
+            | Fault::Reset
+            | Fault::Swallow
+            | Fault::Hang
+            | Fault::Blackhole
+            | Fault::BadCertificate => &[For, Repeat],
             // Back to pass-through, at once and for good.
             Fault::Heal => &[],
             // At an instant: the connections open then go silent for good.

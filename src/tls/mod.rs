@@ -5,6 +5,7 @@
 
 pub mod ca;
 pub mod client;
+pub mod impostor;
 
 use std::io;
 use std::pin::Pin;

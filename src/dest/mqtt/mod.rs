@@ -67,6 +67,10 @@ impl Destination for Mqtt {
         Arc::new(self.clone())
     }
 
+    fn tls_at_connect(&self) -> bool {
+        true
+    }
+
     fn builtin_write_key(&self) -> WriteKeyPlace {
         WriteKeyPlace::Meta(crate::mqtt::WRITE_KEY_PROPERTY.to_string())
     }
