@@ -113,6 +113,23 @@ fn a_users_engine_given_the_tls_placeholders_passes_and_one_speaking_plain_mqtt_
     assert!(ran.markdown.contains("no delivery"), "{}", ran.markdown);
 }
 
+/// `drill check` on scenario `text` exits 2, saying `says`, at line `line` of the file.
+fn invalid_at(dir: &std::path::Path, name: &str, text: &str, says: &str, line: usize) {
+    let file = scenario(dir, name, text);
+    let out = common::run::drill(&["check", &file]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(2), "{name}: {text}");
+    assert!(text.contains(says), "{name}: {text}");
+    assert!(
+        text.contains(&format!("{name}.yaml:{line}")),
+        "{name}: located? {text}"
+    );
+}
+
 #[test]
 fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
     let dir = tempfile::tempdir().unwrap();
@@ -144,23 +161,9 @@ fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
         ),
     ];
     for (name, destination, says) in cases {
-        let file = scenario(
-            dir.path(),
-            name,
-            &format!("name: {name}\n{destination}\nworkload: {{ rate: 10/s, duration: 5s }}\n"),
-        );
-        let out = common::run::drill(&["check", &file]);
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(out.status.code(), Some(2), "{name}: {text}");
-        assert!(text.contains(says), "{name}: {text}");
-        assert!(
-            text.contains(&format!("{name}.yaml:2")),
-            "{name}: located? {text}"
-        );
+        let text =
+            format!("name: {name}\n{destination}\nworkload: {{ rate: 10/s, duration: 5s }}\n");
+        invalid_at(dir.path(), name, &text, says, 2);
     }
     // `bad_certificate` needs TLS, and a kind whose TLS starts at connect.
     for (name, destination, says) in [
@@ -175,26 +178,11 @@ fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
             "plain text before its handshake",
         ),
     ] {
-        let file = scenario(
-            dir.path(),
-            name,
-            &format!(
-                "name: {name}\n{destination}\nworkload: {{ rate: 10/s, duration: 5s }}\nfaults:\n  - {{ at: 1s, link: {}, fault: bad_certificate, for: 2s }}\n",
-                if name == "natscert" { "nats" } else { "mqtt" }
-            ),
-        );
-        let out = common::run::drill(&["check", &file]);
+        let link = if name == "natscert" { "nats" } else { "mqtt" };
         let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            "name: {name}\n{destination}\nworkload: {{ rate: 10/s, duration: 5s }}\nfaults:\n  - {{ at: 1s, link: {link}, fault: bad_certificate, for: 2s }}\n"
         );
-        assert_eq!(out.status.code(), Some(2), "{name}: {text}");
-        assert!(text.contains(says), "{name}: {text}");
-        assert!(
-            text.contains(&format!("{name}.yaml:5")),
-            "{name}: located? {text}"
-        );
+        invalid_at(dir.path(), name, &text, says, 5);
     }
     // A placeholder for TLS files without TLS.
     let file = scenario(

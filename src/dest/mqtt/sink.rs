@@ -23,6 +23,26 @@ use crate::engine::mutant::{self, Mutant};
 #[derive(Clone, Copy)]
 pub struct MqttSink;
 
+/// CONNECT/CONNACK with the output's keepalive, answer timeout and TLS, as `login`.
+async fn open(
+    cfg: &OutputConfig,
+    client_id: &str,
+    login: Option<mqtt::Login>,
+) -> Result<mqtt::Session, String> {
+    let tls = cfg.client_tls()?;
+    let limit = cfg.answer_timeout.0;
+    mqtt::connect_as(
+        cfg.address,
+        client_id,
+        cfg.keepalive.0,
+        limit,
+        login,
+        tls.as_ref(),
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
 /// Connects and probes: CONNECT/CONNACK, then a PINGREQ/PINGRESP round trip. Writes no data.
 pub async fn connect_and_probe(
     cfg: &OutputConfig,
@@ -35,18 +55,7 @@ pub async fn connect_and_probe(
     }
     let limit = cfg.answer_timeout.0;
     let secrets = cfg.credentials.read()?;
-    let login = super::login(&secrets);
-    let tls = cfg.client_tls()?;
-    let mut session = mqtt::connect_as(
-        cfg.address,
-        client_id,
-        cfg.keepalive.0,
-        limit,
-        login,
-        tls.as_ref(),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let mut session = open(cfg, client_id, super::login(&secrets)).await?;
     let probe = async {
         session
             .framed
@@ -244,17 +253,7 @@ mod mutants {
         record: &StoredRecord,
     ) -> Result<mqtt::Session, String> {
         let limit = cfg.answer_timeout.0;
-        let tls = cfg.client_tls()?;
-        let mut session = mqtt::connect_as(
-            cfg.address,
-            client_id,
-            cfg.keepalive.0,
-            limit,
-            None,
-            tls.as_ref(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+        let mut session = super::open(cfg, client_id, None).await?;
         let publish = mqtt::Publish::new(
             &cfg.topic,
             mqtt::QoS::AtMostOnce,
