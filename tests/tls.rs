@@ -196,3 +196,33 @@ fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(text.contains("destination.tls: true"), "{text}");
 }
+
+#[test]
+fn the_engine_refuses_tls_files_that_do_not_parse_and_tls_on_kinds_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    for (kind, ca, says) in [
+        ("mqtt", junk.clone(), "holds no PEM certificate"),
+        ("nats", dir.path().join("absent.pem"), "absent.pem"),
+        ("kafka", junk.clone(), "mqtt and nats outputs only"),
+    ] {
+        let config = dir.path().join(format!("{kind}.yaml"));
+        std::fs::write(
+            &config,
+            format!(
+                "listen: 127.0.0.1:0\ndata_dir: {}\noutputs:\n- name: out\n  kind: {kind}\n  address: 127.0.0.1:1\n  topic: t\n  tls: {{ ca_file: {} }}\n",
+                dir.path().join("data").display(),
+                ca.display()
+            ),
+        )
+        .unwrap();
+        let out = common::run::drill(&["engine", "--config", &config.display().to_string()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{kind}: {err}");
+        assert!(
+            err.contains("output `out`: `tls`") && err.contains(says),
+            "{kind}: {err}"
+        );
+    }
+}

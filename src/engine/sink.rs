@@ -103,6 +103,10 @@ pub trait Sink: Send + Sync + Clone + 'static {
     /// takes without harm, so draining a backlog runs at the client library's speed.
     const DEFAULT_WINDOW: usize;
 
+    /// Whether the sink speaks TLS when its output has `tls:` (the output's files are read at
+    /// each connect, through [`OutputConfig::client_tls`]).
+    const TLS: bool = false;
+
     /// Connects and makes one data-free probe round trip (see the module docs).
     fn connect<'a>(
         &'a self,
@@ -181,6 +185,14 @@ impl<S: Sink> SinkKind for S {
     }
 
     fn check(&self, cfg: &OutputConfig) -> Result<(), String> {
+        if cfg.tls.is_some() && !S::TLS {
+            return Err(format!(
+                "`tls`: this engine speaks TLS to mqtt and nats outputs only so far, not {}; leave it out",
+                cfg.kind
+            ));
+        }
+        // The CA and client certificate files must parse now, not at the first connect.
+        cfg.client_tls().map_err(|why| format!("`tls`: {why}"))?;
         Sink::check(self, cfg)
     }
 

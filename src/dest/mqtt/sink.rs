@@ -87,6 +87,7 @@ impl Sink for MqttSink {
 
     /// MQTT's QoS 1 window (further capped by the broker's Receive Maximum).
     const DEFAULT_WINDOW: usize = 1024;
+    const TLS: bool = true;
 
     async fn connect<'a>(&'a self, to: Connect<'a>) -> Result<MqttSession, String> {
         #[cfg(feature = "mutants")]

@@ -173,6 +173,7 @@ impl Sink for NatsSink {
 
     /// JetStream publishes awaiting their acks.
     const DEFAULT_WINDOW: usize = 4096;
+    const TLS: bool = true;
 
     async fn connect<'a>(&'a self, to: Connect<'a>) -> Result<NatsSession, String> {
         let client = connect_and_probe(to.cfg, to.client_id).await?.client();
