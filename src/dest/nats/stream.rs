@@ -113,7 +113,18 @@ pub async fn find_or_create(
         .await
         .map_err(|e| format!("cannot connect to the external NATS server at {server}: {e}; check the address and credentials"))?;
     let js = jetstream::new(client);
-    match js.get_stream(wish.name).await {
+    // A cluster still electing its JetStream leader answers "temporarily unavailable" (503,
+    // 10008): asked again until it settles, as a new cluster does within seconds.
+    let deadline = Instant::now() + SETTLE;
+    let found = loop {
+        match js.get_stream(wish.name).await {
+            Err(e) if unsettled(&e.to_string()) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => break other,
+        }
+    };
+    match found {
         Ok(mut stream) => {
             let info = stream
                 .info()
@@ -151,9 +162,20 @@ pub async fn find_or_create(
                 num_replicas: wish.replicas,
                 ..Default::default()
             };
-            js.create_stream(config)
-                .await
-                .map_err(|e| format!("creating JetStream stream {} on {server}: {e}", wish.name))?;
+            loop {
+                match js.create_stream(config.clone()).await {
+                    Ok(_) => break,
+                    Err(e) if unsettled(&e.to_string()) && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    Err(e) => {
+                        return Err(format!(
+                            "creating JetStream stream {} on {server}: {e}",
+                            wish.name
+                        ));
+                    }
+                }
+            }
             Ok(NatsStream {
                 created: true,
                 first_sequence: 1,
@@ -162,6 +184,14 @@ pub async fn find_or_create(
             })
         }
     }
+}
+
+/// How long an external cluster may take to settle its JetStream leader.
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// JetStream's answer while its meta leader is being elected.
+fn unsettled(error: &str) -> bool {
+    error.contains("10008") || error.contains("temporarily unavailable")
 }
 
 /// Removes a stream drill created.
