@@ -226,3 +226,106 @@ fn the_engine_refuses_tls_files_that_do_not_parse_and_tls_on_kinds_without_it() 
         );
     }
 }
+
+/// A scenario for the MQTT broker at `addr` that the user runs, over TLS with `tls`.
+fn external_text(name: &str, addr: std::net::SocketAddr, tls: &str) -> String {
+    format!(
+        "name: {name}\ndestination: {{ kind: mqtt, runtime: external, address: \"{addr}\", topic: ext/{name}, tls: {tls} }}\nsystem: {{ builtin: {{ keepalive: 1s, answer_timeout: 2s }} }}\nworkload: {{ rate: 100/s, duration: 10s, keys: 2 }}\nfaults:\n  - {{ at: 3s, link: mqtt, fault: swallow, for: 3s }}\nexpect: {{ lost: 0, duplicates: 0, ledger: closes, recovery_within: 10s }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_broker_over_mutual_tls_takes_the_key_from_the_environment_only() {
+    if !common::run::required(
+        drill::dest::mqtt::broker::mosquitto_path().is_some(),
+        "mosquitto",
+    ) {
+        return;
+    }
+    // The user's broker: mosquitto with their own CA's certificate for `broker.site`, asking
+    // every client for a certificate.
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = drill::tls::BrokerTls::mint(
+        &dir.path().join("site-ca"),
+        "site",
+        &["broker.site".to_string()],
+        true,
+    )
+    .unwrap();
+    let options = drill::dest::mqtt::broker::Options {
+        tls: Some(&theirs),
+        ..Default::default()
+    };
+    let mut broker = drill::dest::mqtt::broker::start_mqtt(
+        drill::dest::Runtime::Process,
+        &dir.path().join("broker"),
+        options,
+    )
+    .await
+    .unwrap();
+    let f = &theirs.files;
+    let tls = format!(
+        "{{ ca_file: \"{}\", client_cert_file: \"{}\", client_key_env: DRILL_TEST_TLS_KEY, server_name: broker.site }}",
+        f.ca_file.display(),
+        f.client_cert_file.display()
+    );
+    let file = scenario(
+        dir.path(),
+        "ext-tls",
+        &external_text("ext-tls", broker.addr, &tls),
+    );
+    let key = std::fs::read_to_string(&f.client_key_file).unwrap();
+    let (file2, key2) = (file.clone(), key.clone());
+    let ran = tokio::task::spawn_blocking(move || {
+        // The variable not set: one line naming it, exit 3, as for credentials.
+        let unset = run_drill(&file2, "ext-tls", &[]).output;
+        let passed =
+            common::run::run_drill_with(&file2, "ext-tls", &[], &[("DRILL_TEST_TLS_KEY", &key2)]);
+        (unset, passed)
+    })
+    .await
+    .unwrap();
+    let (unset, passed) = ran;
+    let err = String::from_utf8_lossy(&unset.stderr);
+    assert_eq!(
+        unset.status.code(),
+        Some(3),
+        "{}",
+        common::run::show(&unset)
+    );
+    assert!(err.contains("`DRILL_TEST_TLS_KEY` is not set"), "{err}");
+    passed.say("external broker over mutual TLS");
+    passed.assert_passed();
+    assert!(passed.number(&["ledger", "delivered"]) >= 1000);
+    assert!(
+        passed.markdown.contains("trust your CA"),
+        "{}",
+        passed.markdown
+    );
+    // The key appears nowhere drill wrote.
+    let body = key.lines().nth(1).unwrap();
+    assert!(!passed.markdown.contains(body) && !passed.report.to_string().contains(body));
+
+    // A CA file that is not a CA: bad input, exit 2, before anything starts.
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let bad = scenario(
+        dir.path(),
+        "ext-junk",
+        &external_text(
+            "ext-junk",
+            broker.addr,
+            &format!("{{ ca_file: \"{}\" }}", junk.display()),
+        ),
+    );
+    let o = tokio::task::spawn_blocking(move || run_drill(&bad, "ext-junk", &[]).output)
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{}", common::run::show(&o));
+    assert!(
+        err.contains("junk.pem") && err.contains("no PEM certificate"),
+        "{err}"
+    );
+    broker.stop().await;
+}

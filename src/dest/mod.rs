@@ -64,7 +64,7 @@ use crate::verify::{Decoder, Received, WriteKeyPlace};
 pub use bench::{BenchAt, BenchBroker, BenchKind, BenchRun, Done, RawRun, RecordLine};
 pub use external::reach;
 pub use running::{Halt, Node, Running};
-pub use spec::{Common, External, RawCredentials, RawDestination, Spec, validate};
+pub use spec::{Common, External, RawCredentials, RawDestination, Spec, TlsSpec, validate};
 
 /// A destination kind, as a scenario and `engine.yaml` name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]

@@ -116,15 +116,55 @@ pub struct RawTlsWith {
     /// and localhost.
     #[serde(default)]
     pub names: Option<Vec<String>>,
+    /// `runtime: external`: the PEM file of the CA your broker's certificate comes from.
+    #[serde(default)]
+    pub ca_file: Option<String>,
+    /// `runtime: external`, mutual TLS: the PEM file of the client certificate to show.
+    #[serde(default)]
+    pub client_cert_file: Option<String>,
+    /// `runtime: external`, mutual TLS: the NAME of the environment variable holding the
+    /// client's private key (the PEM text, or the path of a PEM file) — never the key itself.
+    #[serde(default)]
+    pub client_key_env: Option<String>,
+    /// `runtime: external`: the name your broker's certificate carries (default: the host of
+    /// `address`). The engine reaches the broker through drill's link on 127.0.0.1, so the
+    /// name is checked against the broker's, not the link's.
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
-/// What a drill's TLS is to be: drill mints the CA and every certificate.
+/// What a drill's TLS is to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsSpec {
-    /// Mutual TLS.
-    pub client_certificates: bool,
-    /// More names on the broker's certificate.
-    pub names: Vec<String>,
+pub enum TlsSpec {
+    /// A broker drill starts: drill mints the CA and every certificate.
+    Minted {
+        /// Mutual TLS.
+        client_certificates: bool,
+        /// More names on the broker's certificate.
+        names: Vec<String>,
+    },
+    /// A broker you run: your CA, and your client certificate under mutual TLS.
+    Given {
+        ca_file: std::path::PathBuf,
+        client_cert_file: Option<std::path::PathBuf>,
+        client_key_env: Option<String>,
+        server_name: String,
+    },
+}
+
+impl TlsSpec {
+    /// Whether a client shows a certificate (mutual TLS).
+    pub fn client_certificates(&self) -> bool {
+        match self {
+            TlsSpec::Minted {
+                client_certificates,
+                ..
+            } => *client_certificates,
+            TlsSpec::Given {
+                client_cert_file, ..
+            } => client_cert_file.is_some(),
+        }
+    }
 }
 
 /// `read_back:`: one of the two, as the kind takes.
@@ -263,22 +303,41 @@ pub fn validate(raw: &RawDestination) -> Result<Spec, Located> {
     })
 }
 
-/// `tls:` — on the brokers drill starts as local processes (mosquitto, nats-server). What
-/// cannot speak TLS yet is refused here, where it was written.
+/// `tls:` — on the brokers drill starts as local processes (mosquitto, nats-server), with
+/// certificates drill mints; or to an MQTT broker you run, with your CA and client
+/// certificate. What cannot speak TLS yet is refused here, where it was written.
 fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Located> {
     let Some(t) = &raw.tls else { return Ok(None) };
-    let spec = match &t.value {
-        RawTls::On(false) => return Ok(None),
-        RawTls::On(true) => TlsSpec {
-            client_certificates: false,
-            names: Vec::new(),
-        },
-        RawTls::With(w) => TlsSpec {
-            client_certificates: w.client_certificates.unwrap_or(false),
-            names: w.names.clone().unwrap_or_default(),
-        },
+    let fail = |m: String| Err(at(&t.referenced, format!("field `destination.tls`: {m}")));
+    let none = RawTlsWith {
+        client_certificates: None,
+        names: None,
+        ca_file: None,
+        client_cert_file: None,
+        client_key_env: None,
+        server_name: None,
     };
-    if let Some(bad) = spec.names.iter().find(|n| {
+    let w = match &t.value {
+        RawTls::On(false) => return Ok(None),
+        RawTls::On(true) => &none,
+        RawTls::With(w) => w,
+    };
+    if runtime == Runtime::External {
+        return given(raw, w).or_else(fail);
+    }
+    let yours = [
+        ("ca_file", w.ca_file.is_some()),
+        ("client_cert_file", w.client_cert_file.is_some()),
+        ("client_key_env", w.client_key_env.is_some()),
+        ("server_name", w.server_name.is_some()),
+    ];
+    if let Some((field, _)) = yours.iter().find(|(_, given)| *given) {
+        return fail(format!(
+            "`{field}` is for a broker you run (`runtime: external`); drill mints its own CA and certificates for the brokers it starts"
+        ));
+    }
+    let names = w.names.clone().unwrap_or_default();
+    if let Some(bad) = names.iter().find(|n| {
         n.is_empty()
             || !n
                 .chars()
@@ -289,22 +348,50 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
             format!("field `destination.tls.names`: `{bad}` is not a DNS name or IP address"),
         ));
     }
-    let why = match runtime {
-        Runtime::Embedded => {
-            Some("drill's embedded MQTT broker serves no TLS; use `runtime: process` (mosquitto)")
-        }
-        Runtime::Container => Some(
-            "TLS is served by brokers drill starts as local processes for now (mosquitto, nats-server); use `runtime: process` or `auto`",
+    match runtime {
+        Runtime::Embedded => fail(
+            "drill's embedded MQTT broker serves no TLS; use `runtime: process` (mosquitto)"
+                .to_string(),
         ),
-        Runtime::External => Some(
-            "TLS to a broker you run is not built yet (a CA file and client certificate of yours); drill mints its own CA only for brokers it starts",
+        Runtime::Container => fail(
+            "TLS is served by brokers drill starts as local processes for now (mosquitto, nats-server); use `runtime: process` or `auto`".to_string(),
         ),
-        Runtime::Process | Runtime::Auto => None,
-    };
-    match why {
-        Some(why) => Err(at(&t.referenced, format!("field `destination.tls`: {why}"))),
-        None => Ok(Some(spec)),
+        _ => Ok(Some(TlsSpec::Minted {
+            client_certificates: w.client_certificates.unwrap_or(false),
+            names,
+        })),
     }
+}
+
+/// `tls:` to a broker you run: your CA file, and your client certificate with the variable
+/// that holds its key. MQTT only so far.
+fn given(raw: &RawDestination, w: &RawTlsWith) -> Result<Option<TlsSpec>, String> {
+    if raw.kind.value != Kind::Mqtt {
+        return Err(format!(
+            "TLS to a {} broker you run is not built yet (MQTT is); drill speaks TLS to the {0} brokers it starts",
+            raw.kind.value.name()
+        ));
+    }
+    if w.client_certificates.is_some() || w.names.is_some() {
+        return Err("`client_certificates` and `names` are for brokers drill starts; for yours give `ca_file` (and `client_cert_file` with `client_key_env`)".to_string());
+    }
+    let Some(ca_file) = &w.ca_file else {
+        return Err("a broker you run needs `ca_file`: the PEM file of the CA its certificate comes from, e.g. tls: { ca_file: /etc/ssl/site-ca.pem }".to_string());
+    };
+    if w.client_cert_file.is_some() != w.client_key_env.is_some() {
+        return Err("mutual TLS needs both `client_cert_file` and `client_key_env` (the NAME of the variable holding the key)".to_string());
+    }
+    let host = raw
+        .address
+        .as_ref()
+        .and_then(|a| a.value.rsplit_once(':').map(|(h, _)| h.to_string()))
+        .unwrap_or_default();
+    Ok(Some(TlsSpec::Given {
+        ca_file: ca_file.into(),
+        client_cert_file: w.client_cert_file.as_ref().map(Into::into),
+        client_key_env: w.client_key_env.clone(),
+        server_name: w.server_name.clone().unwrap_or(host),
+    }))
 }
 
 fn is_external_field(field: &str) -> bool {

@@ -47,18 +47,7 @@ impl Rig {
     ) -> Result<Rig, RunError> {
         let link_cancel = cancel.child_token();
         let spec = &plan.destination;
-        let tls = match &spec.tls {
-            Some(t) => Some(
-                crate::tls::BrokerTls::mint(
-                    &work.join("tls"),
-                    run_id,
-                    &t.names,
-                    t.client_certificates,
-                )
-                .map_err(RunError::Verifier)?,
-            ),
-            None => None,
-        };
+        let (tls, given) = tls_for(spec.tls.as_ref(), work, run_id)?;
         let provision = Provision {
             spec,
             needs: needs(plan),
@@ -85,6 +74,16 @@ impl Rig {
                 }
             ));
         }
+        if let Some(g) = given {
+            notes.push(format!(
+                "TLS: drill and the engine trust your CA ({}) and check the name `{}`{}; the links pass the ciphertext untouched, so no protocol tap reads it",
+                g.ca_file.display(),
+                g.server_name.as_deref().unwrap_or(""),
+                if g.cert_file.is_some() { ", showing your client certificate" } else { "" }
+            ));
+            running.access.tls = Some(g);
+        }
+        let ciphertext = running.access.tls.is_some();
         let Some(link) = links.first().cloned() else {
             return Err(RunError::Verifier(format!(
                 "the {} destination made no link",
@@ -93,7 +92,7 @@ impl Rig {
         };
         // Every link read by the kind's protocol tap, into one log. A link that carries TLS
         // untouched (`pass`) carries ciphertext: no tap can read it.
-        let taps = spec.kind.entry().taps.filter(|_| tls.is_none());
+        let taps = spec.kind.entry().taps.filter(|_| !ciphertext);
         let tap = taps.map(|taps| {
             let maker = taps(run_id);
             let log = Arc::new(TapLog::default());
@@ -187,5 +186,51 @@ fn needs(plan: &Plan) -> Needs {
         broker_faults: broker(false),
         pauses: broker(true),
         resend_after: longest_outage(&plan.faults, plan.workload.duration) + plan.engine.refusals.2,
+    }
+}
+
+/// The drill's TLS: a CA minted for a broker drill starts, or the user's CA and client
+/// certificate for one they run (its key from the variable they named). Files that do not
+/// parse, or a variable that is not set, are bad input (exit 2), found before anything starts.
+fn tls_for(
+    spec: Option<&crate::dest::TlsSpec>,
+    work: &Path,
+    run_id: &str,
+) -> Result<(Option<crate::tls::BrokerTls>, Option<crate::tls::TlsConfig>), RunError> {
+    use crate::dest::{DestError, TlsSpec};
+    match spec {
+        None => Ok((None, None)),
+        Some(TlsSpec::Minted {
+            client_certificates,
+            names,
+        }) => {
+            let minted =
+                crate::tls::BrokerTls::mint(&work.join("tls"), run_id, names, *client_certificates)
+                    .map_err(RunError::Verifier)?;
+            Ok((Some(minted), None))
+        }
+        Some(TlsSpec::Given {
+            ca_file,
+            client_cert_file,
+            client_key_env,
+            server_name,
+        }) => {
+            let given = crate::tls::client::given(
+                &work.join("tls"),
+                ca_file,
+                client_cert_file.as_deref(),
+                client_key_env.as_deref(),
+                server_name,
+            )
+            .map_err(|e| match e {
+                crate::tls::client::Given::Unset(m) => {
+                    RunError::Broker(DestError::External(format!("destination.tls: {m}")))
+                }
+                crate::tls::client::Given::Bad(m) => {
+                    RunError::Broker(DestError::Invalid(format!("destination.tls: {m}")))
+                }
+            })?;
+            Ok((None, Some(given)))
+        }
     }
 }

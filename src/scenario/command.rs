@@ -207,7 +207,7 @@ pub(super) fn validate(
 ) -> Result<CommandSpec, Located> {
     let links = &Known {
         links: destination.link_names(),
-        tls: destination.tls.as_ref().map(|t| t.client_certificates),
+        tls: destination.tls.as_ref().map(|t| t.client_certificates()),
     };
     let mut ports = BTreeSet::new();
     if raw.command.is_empty() {

@@ -99,7 +99,7 @@ fn name(common: &str) -> DistinguishedName {
 }
 
 /// A key file only its owner reads.
-fn secret(path: &Path, pem: &str) -> std::io::Result<()> {
+pub(crate) fn secret(path: &Path, pem: &str) -> std::io::Result<()> {
     let _ = fs::remove_file(path);
     let mut f = fs::OpenOptions::new()
         .write(true)

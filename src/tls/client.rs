@@ -127,6 +127,53 @@ impl ClientTls {
     }
 }
 
+/// The TLS of a broker the user runs: their CA file, their client certificate, and the key from
+/// the environment variable `key_env` (its PEM text, written to `dir` as a file only its owner
+/// reads, or the path of a PEM file). Checked now: every file must parse (`Err(Given::Bad)`),
+/// the variable must be set (`Err(Given::Unset)`, as for credentials).
+pub fn given(
+    dir: &Path,
+    ca_file: &Path,
+    cert_file: Option<&Path>,
+    key_env: Option<&str>,
+    server_name: &str,
+) -> Result<TlsConfig, Given> {
+    let key_file = match key_env {
+        None => None,
+        Some(name) => {
+            let value = std::env::var(name).map_err(|_| {
+                Given::Unset(format!("`client_key_env: {name}`: the variable `{name}` is not set; set it to the client's private key (PEM text, or the path of a PEM file)"))
+            })?;
+            if value.trim_start().starts_with("-----BEGIN") {
+                let path = dir.join("client-key.pem");
+                std::fs::create_dir_all(dir)
+                    .and_then(|()| super::ca::secret(&path, &value))
+                    .map_err(|e| Given::Bad(format!("{}: {e}", path.display())))?;
+                Some(path)
+            } else {
+                Some(PathBuf::from(value))
+            }
+        }
+    };
+    let cfg = TlsConfig {
+        ca_file: ca_file.to_path_buf(),
+        cert_file: cert_file.map(Path::to_path_buf),
+        key_file,
+        server_name: (!server_name.is_empty()).then(|| server_name.to_string()),
+    };
+    ClientTls::new(&cfg).map_err(Given::Bad)?;
+    Ok(cfg)
+}
+
+/// Why a user's TLS could not be used.
+#[derive(Debug)]
+pub enum Given {
+    /// The key's variable is not set: found at start, like a credential (exit 3).
+    Unset(String),
+    /// A file that does not parse: bad input (exit 2).
+    Bad(String),
+}
+
 /// Connects to `addr`; with `tls`, also completes the handshake.
 pub async fn connect(addr: SocketAddr, tls: Option<&ClientTls>) -> std::io::Result<Stream> {
     let tcp = TcpStream::connect(addr).await?;
