@@ -82,7 +82,10 @@ fn drill_example(name: &str) -> serde_json::Value {
 /// The mosquitto bridge carries no write key, so every copy it makes is one "without the
 /// original's write key"; a SIGKILL between a PUBACK and mosquitto's next snapshot loses what
 /// it acknowledged since. Measured over 5 seeds: lost 1 once, 1 keyless copy twice, clean
-/// twice: bounded here at 3 of each.
+/// twice: the loss is bounded here at 3. How many copies it makes depends on the machine's
+/// load, not on drill: 0–1 on a quiet machine, 558 once in CI with eight tests at once (the
+/// bridge resent a backlog it had already delivered). So only their kind is asserted: none
+/// carries the original's key.
 #[test]
 fn the_mosquitto_bridge_example_loses_at_most_a_few_and_copies_without_a_key() {
     let r = drill_example("mosquitto-bridge");
@@ -91,7 +94,10 @@ fn the_mosquitto_bridge_example_loses_at_most_a_few_and_copies_without_a_key() {
     assert!(l["delivered"].as_u64().unwrap() > 3000);
     assert!(l["lost"].as_u64().unwrap() <= 3, "{l}");
     assert_eq!(l["duplicates_same_key"], 0, "it has no write key: {l}");
-    assert!(l["duplicates_other_key"].as_u64().unwrap() <= 3, "{l}");
+    assert_eq!(
+        l["duplicates_other_key"], l["duplicates"],
+        "every copy is one without a key: {l}"
+    );
 }
 
 /// mq-bridge keeps its spool across the kill and names its message id as the write key: it

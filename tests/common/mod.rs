@@ -114,12 +114,14 @@ pub async fn drill_proxy(upstream: Option<SocketAddr>) -> ProxyProcess {
 }
 
 pub async fn link_status(api: SocketAddr) -> serde_json::Value {
-    let links: serde_json::Value = reqwest::get(format!("http://{api}/links"))
+    let answer = reqwest::get(format!("http://{api}/links"))
         .await
-        .unwrap()
+        .unwrap_or_else(|e| panic!("GET http://{api}/links: {e:?}"));
+    let status = answer.status();
+    let links: serde_json::Value = answer
         .json()
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("GET http://{api}/links answered {status}, not JSON: {e:?}"));
     links[0].clone()
 }
 
