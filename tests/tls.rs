@@ -45,6 +45,65 @@ fn jetstream_over_mutual_tls_rides_every_cut() {
     );
 }
 
+/// Links that terminate TLS (`tls: { links: terminate }`): the engine's TLS ends at the link,
+/// and the link speaks TLS again to mosquitto. The MQTT tap reads the plaintext between, so a
+/// loss says where each record was last seen, as on a plain link. The correct engine passes
+/// every fault (bad_certificate included); the memory-only mutant, killed while records wait,
+/// loses them and the tap names them as never having left the engine.
+#[test]
+fn terminating_links_let_the_tap_read_tls_and_every_fault_still_bites() {
+    if !common::run::have_mosquitto() {
+        return;
+    }
+    let ran = catalogue_drill_passes("mqtt-tls-terminate");
+    assert!(
+        ran.markdown.contains("the links terminate TLS"),
+        "{}",
+        ran.markdown
+    );
+    assert!(
+        !ran.markdown.contains("carry no protocol tap"),
+        "the tap reads a terminating link: {}",
+        ran.markdown
+    );
+    assert_eq!(ran.number(&["ledger", "failed"]), 0);
+    assert!(
+        ran.number(&["attempts", "possibly_sent"]) > 0,
+        "{:#}",
+        ran.report
+    );
+    if !cfg!(feature = "mutants") {
+        return;
+    }
+    let file = format!(
+        "{}/scenarios/mqtt-tls-terminate.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let ran = common::run::run_drill_with(
+        &file,
+        "mqtt-tls-terminate",
+        &[],
+        &[("DRILL_MUTANT", "memory-only")],
+    );
+    ran.say("memory-only over terminating links");
+    assert_eq!(
+        ran.output.status.code(),
+        Some(1),
+        "{}",
+        common::run::show(&ran.output)
+    );
+    let lost = ran.number(&["ledger", "lost"]);
+    assert!(lost > 0, "{:#}", ran.report);
+    let seen = &ran.report["lost_last_seen"];
+    let class = |c: &str| seen[c]["count"].as_u64().unwrap();
+    assert_eq!(
+        class("never_left") + class("no_answer") + class("broker_lost"),
+        lost,
+        "{seen:#}"
+    );
+    assert!(class("never_left") > 0, "the tap saw them stay: {seen:#}");
+}
+
 /// A short MQTT drill over mutual TLS whose engine is `drill engine` with `template`.
 fn users_engine(name: &str, template: &str) -> String {
     format!(
@@ -149,6 +208,21 @@ fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
             "field",
             "destination: { kind: mqtt, tls: { client_certs: true } }",
             "tls",
+        ),
+        (
+            "natsterm",
+            "destination: { kind: nats, tls: { links: terminate } }",
+            "plain text before the TLS handshake",
+        ),
+        (
+            "mode",
+            "destination: { kind: mqtt, tls: { links: open } }",
+            "tls",
+        ),
+        (
+            "yoursterm",
+            "destination: { kind: mqtt, runtime: external, address: \"127.0.0.1:8883\", tls: { ca_file: /tmp/ca.pem, links: terminate } }",
+            "brokers drill starts",
         ),
     ];
     for (name, destination, says) in cases {

@@ -116,6 +116,12 @@ pub struct RawTlsWith {
     /// and localhost.
     #[serde(default)]
     pub names: Option<Vec<String>>,
+    /// What drill's links do with TLS: `pass` (default) forwards the ciphertext untouched,
+    /// and every fault bites it; `terminate` makes each link a TLS server to the engine (the
+    /// drill's CA) and a TLS client to the broker, so the protocol taps read what crosses.
+    /// MQTT only so far.
+    #[serde(default)]
+    pub links: Option<LinkMode>,
     /// `runtime: external`: the PEM file of the CA your broker's certificate comes from.
     #[serde(default)]
     pub ca_file: Option<String>,
@@ -133,6 +139,16 @@ pub struct RawTlsWith {
     pub server_name: Option<String>,
 }
 
+/// `tls.links:` — what a link does with the TLS it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkMode {
+    /// The link forwards the ciphertext untouched.
+    Pass,
+    /// The link is a TLS server to the engine and a TLS client to the broker.
+    Terminate,
+}
+
 /// What a drill's TLS is to be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TlsSpec {
@@ -142,6 +158,8 @@ pub enum TlsSpec {
         client_certificates: bool,
         /// More names on the broker's certificate.
         names: Vec<String>,
+        /// The links terminate TLS (`links: terminate`) instead of passing it.
+        terminate: bool,
     },
     /// A broker you run: your CA, and your client certificate under mutual TLS.
     Given {
@@ -341,6 +359,10 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
             format!("field `destination.tls.names`: `{bad}` is not a DNS name or IP address"),
         ));
     }
+    let terminate = w.links == Some(LinkMode::Terminate);
+    if terminate && raw.kind.value == Kind::Nats {
+        return fail("`links: terminate` is not built for NATS: nats-server speaks its INFO in plain text before the TLS handshake, so a terminating link would have to speak NATS itself; use `links: pass` (the default)".to_string());
+    }
     match runtime {
         Runtime::Embedded => fail(
             "drill's embedded MQTT broker serves no TLS; use `runtime: process` (mosquitto)"
@@ -352,6 +374,7 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
         _ => Ok(Some(TlsSpec::Minted {
             client_certificates: w.client_certificates.unwrap_or(false),
             names,
+            terminate,
         })),
     }
 }
@@ -367,6 +390,9 @@ fn given(raw: &RawDestination, w: &RawTlsWith) -> Result<Option<TlsSpec>, String
     }
     if w.client_certificates.is_some() || w.names.is_some() {
         return Err("`client_certificates` and `names` are for brokers drill starts; for yours give `ca_file` (and `client_cert_file` with `client_key_env`)".to_string());
+    }
+    if w.links == Some(LinkMode::Terminate) {
+        return Err("`links: terminate` is for brokers drill starts so far: the link would show the engine a certificate from drill's CA in place of your broker's; use `links: pass` (the default)".to_string());
     }
     let Some(ca_file) = &w.ca_file else {
         return Err("a broker you run needs `ca_file`: the PEM file of the CA its certificate comes from, e.g. tls: { ca_file: /etc/ssl/site-ca.pem }".to_string());

@@ -56,33 +56,55 @@ struct Conn {
     serial: u64,
 }
 
-fn rst(socket: &TcpStream) {
+pub(crate) fn rst(socket: &TcpStream) {
     let _ = SockRef::from(socket).set_linger(Some(Duration::ZERO));
+}
+
+/// What a link does with a connection it just accepted, by the condition in force at that
+/// instant (a fault in force at accept applies to this connection too).
+pub(crate) enum Admission {
+    /// `bad_certificate`: the link stands in for the broker's TLS server with the wrong
+    /// certificate.
+    Impostor,
+    /// The link is cut toward the broker: the connection is reset at once.
+    Cut,
+    /// Served, and silenced by any `strand` after this count.
+    Serve { born: u64 },
+}
+
+pub(crate) fn admission(shared: &LinkShared) -> Admission {
+    let condition = shared.condition.borrow();
+    if condition
+        .active
+        .is_some_and(|a| a.fault == super::Fault::BadCertificate)
+    {
+        Admission::Impostor
+    } else if condition.flow(Side::Up, 0) == Flow::Cut {
+        Admission::Cut
+    } else {
+        Admission::Serve {
+            born: condition.strands,
+        }
+    }
+}
+
+/// Turns `client` away as `admission` said: an impostor's handshake, or a reset (counted).
+pub(crate) async fn turn_away(shared: &LinkShared, client: TcpStream, impostor: bool) {
+    if impostor {
+        crate::tls::impostor::present(client).await;
+    } else {
+        rst(&client);
+        add(&shared.counters.reset, 1);
+    }
 }
 
 /// Serves one accepted client socket until both directions end or the connection is reset.
 pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: CancellationToken) {
     let _ = client.set_nodelay(true);
-    // A fault in force at the instant of accept applies to this connection too.
-    let impostor = shared
-        .condition
-        .borrow()
-        .active
-        .is_some_and(|a| a.fault == super::Fault::BadCertificate);
-    if impostor {
-        // The link stands in for the broker's TLS server with the wrong certificate.
-        crate::tls::impostor::present(client).await;
-        return;
-    }
-    let born = {
-        let condition = shared.condition.borrow();
-        if condition.flow(Side::Up, 0) == Flow::Cut {
-            drop(condition);
-            rst(&client);
-            add(&shared.counters.reset, 1);
-            return;
-        }
-        condition.strands
+    let born = match admission(&shared) {
+        Admission::Serve { born } => born,
+        Admission::Impostor => return turn_away(&shared, client, true).await,
+        Admission::Cut => return turn_away(&shared, client, false).await,
     };
     let tap = shared
         .tapping
@@ -488,7 +510,7 @@ impl Pump {
             return Err(());
         };
         let stream = tokio::select! {
-            s = TcpStream::connect(self.shared.upstream()) => s.map_err(|_| ())?,
+            s = super::terminate::dial(&self.shared) => s.map_err(|_| ())?,
             _ = self.conn.abort.cancelled() => return Err(()),
         };
         let _ = stream.set_nodelay(true);

@@ -545,6 +545,7 @@ pub(crate) struct Family {
     pub(crate) rewritten: AtomicU64,
     /// The tap every member reads its connections with (the head's).
     tapping: Mutex<Option<super::tap::Tapping>>,
+    terminate: Mutex<Option<Arc<super::terminate::Terminate>>>,
 }
 
 /// How a link takes part in a family.
@@ -576,6 +577,7 @@ impl Family {
             unreadable: AtomicU64::new(0),
             rewritten: AtomicU64::new(0),
             tapping: Mutex::default(),
+            terminate: Mutex::default(),
         }
     }
 
@@ -586,6 +588,16 @@ impl Family {
         }
         if let Ok(mut t) = self.tapping.lock() {
             *t = Some(tapping);
+        }
+    }
+
+    /// The head's TLS termination, on every member, those made later included.
+    pub(crate) fn set_terminate(&self, t: Arc<super::terminate::Terminate>) {
+        for m in self.members() {
+            m.terminate(t.clone());
+        }
+        if let Ok(mut slot) = self.terminate.lock() {
+            *slot = Some(t);
         }
     }
 
@@ -667,6 +679,9 @@ impl Family {
         link.seed(self.seed.load(Ordering::Relaxed));
         if let Some(t) = self.tapping.lock().ok().and_then(|t| t.clone()) {
             link.set_tap(t);
+        }
+        if let Some(t) = self.terminate.lock().ok().and_then(|t| t.clone()) {
+            link.terminate(t);
         }
         let early = self.early.lock().ok().and_then(|mut e| e.remove(&name));
         let group = self.group.lock().ok().and_then(|g| *g);

@@ -19,6 +19,7 @@ mod connection;
 pub mod kafka;
 mod splice;
 pub mod tap;
+pub mod terminate;
 pub mod toxiproxy;
 pub mod udp;
 
@@ -686,6 +687,8 @@ pub(crate) struct LinkShared {
     pub(crate) kafka: Option<kafka::Role>,
     /// The protocol tap its connections get (set by the destination kind; `None`: none).
     pub(crate) tapping: std::sync::RwLock<Option<tap::Tapping>>,
+    /// A terminating link's TLS sides (`None`: the link passes bytes as they come).
+    pub(crate) terminate: std::sync::RwLock<Option<Arc<terminate::Terminate>>>,
     /// A datagram link's own state (`None`: the link carries byte streams).
     pub(crate) datagrams: Option<udp::Datagrams>,
 }
@@ -720,6 +723,7 @@ impl LinkShared {
             rng: std::sync::Mutex::new(crate::seed::Seeded::new(0)),
             kafka,
             tapping: std::sync::RwLock::new(None),
+            terminate: std::sync::RwLock::new(None),
             datagrams,
         })
     }
@@ -892,6 +896,22 @@ impl Link {
         if let Ok(mut t) = self.shared.tapping.write() {
             *t = Some(tapping);
         }
+    }
+
+    /// Terminates TLS on every connection accepted from now on (a Kafka-aware link: its
+    /// broker links too, those made later included): see [`terminate`].
+    pub fn terminate(&self, t: Arc<terminate::Terminate>) {
+        if let Some(family) = self.family() {
+            family.set_terminate(t.clone());
+        }
+        if let Ok(mut slot) = self.shared.terminate.write() {
+            *slot = Some(t);
+        }
+    }
+
+    /// Whether this link terminates TLS.
+    pub fn terminates(&self) -> bool {
+        self.shared.terminate.read().is_ok_and(|t| t.is_some())
     }
 
     /// A Kafka-aware link's broker links so far (empty for any other link).
@@ -1261,7 +1281,11 @@ impl Link {
                                 add(&self.shared.counters.accepted, 1);
                                 let shared = self.shared.clone();
                                 let abort = self.cancel.child_token();
-                                self.shared.tasks.spawn(connection::serve(shared, socket, abort));
+                                let tls = self.shared.terminate.read().ok().and_then(|t| t.clone());
+                                match tls {
+                                    Some(t) => self.shared.tasks.spawn(terminate::serve(shared, socket, abort, t)),
+                                    None => self.shared.tasks.spawn(connection::serve(shared, socket, abort)),
+                                };
                             }
                         }
                         _ = rx.changed() => {}

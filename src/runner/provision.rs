@@ -69,7 +69,13 @@ impl Rig {
             running.access.tls = Some(t.client.clone());
             notes.push(t.note.clone());
         }
-        let ciphertext = tls.is_some();
+        let terminate = tls.as_ref().and_then(|t| t.terminate.clone());
+        if let Some(t) = &terminate {
+            for l in &links {
+                l.terminate(t.clone());
+            }
+        }
+        let ciphertext = tls.is_some() && terminate.is_none();
         let Some(link) = links.first().cloned() else {
             return Err(RunError::Verifier(format!(
                 "the {} destination made no link",
@@ -77,7 +83,8 @@ impl Rig {
             )));
         };
         // Every link read by the kind's protocol tap, into one log. A link that carries TLS
-        // untouched (`pass`) carries ciphertext: no tap can read it.
+        // untouched (`pass`) carries ciphertext: no tap can read it; a terminating one reads
+        // the plaintext between its two TLS sides.
         let taps = spec.kind.entry().taps.filter(|_| !ciphertext);
         let tap = taps.map(|taps| {
             let maker = taps(run_id);
@@ -180,6 +187,8 @@ fn needs(plan: &Plan) -> Needs {
 struct DrillTls {
     broker: Option<crate::tls::BrokerTls>,
     client: crate::tls::TlsConfig,
+    /// The links' TLS sides when they terminate TLS (`links: terminate`).
+    terminate: Option<Arc<crate::proxy::terminate::Terminate>>,
     note: String,
 }
 
@@ -196,11 +205,13 @@ impl DrillTls {
         use crate::dest::{DestError, TlsSpec};
         use crate::tls::client::Given;
         const PASS: &str = "the links pass the ciphertext untouched, so no protocol tap reads it";
+        const TERMINATE: &str = "the links terminate TLS (a TLS server to the engine with a certificate from the same CA, a TLS client to the broker), so the protocol tap reads what crosses";
         let dir = work.join("tls");
         match spec {
             TlsSpec::Minted {
                 client_certificates,
                 names,
+                terminate,
             } => {
                 let broker = crate::tls::BrokerTls::mint(&dir, run_id, names, *client_certificates)
                     .map_err(RunError::Verifier)?;
@@ -209,13 +220,22 @@ impl DrillTls {
                 } else {
                     ""
                 };
+                let (terminate, links) = if *terminate {
+                    (
+                        Some(Arc::new(broker.terminate().map_err(RunError::Verifier)?)),
+                        TERMINATE,
+                    )
+                } else {
+                    (None, PASS)
+                };
                 Ok(DrillTls {
                     note: format!(
-                        "TLS: the broker speaks only TLS, with certificates from a CA minted for this drill ({}){asks}; {PASS}",
+                        "TLS: the broker speaks only TLS, with certificates from a CA minted for this drill ({}){asks}; {links}",
                         broker.files.ca_file.display()
                     ),
                     client: broker.client(),
                     broker: Some(broker),
+                    terminate,
                 })
             }
             TlsSpec::Given {
@@ -249,6 +269,7 @@ impl DrillTls {
                     ),
                     client,
                     broker: None,
+                    terminate: None,
                 })
             }
         }

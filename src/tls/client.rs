@@ -184,7 +184,7 @@ pub async fn connect(addr: SocketAddr, tls: Option<&ClientTls>) -> std::io::Resu
     }
 }
 
-fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+pub(crate) fn read_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_file_iter(path)
         .map_err(|e| format!("{what} {}: {e}", path.display()))?
         .collect::<Result<Vec<_>, _>>()

@@ -6,6 +6,7 @@
 pub mod ca;
 pub mod client;
 pub mod impostor;
+pub mod server;
 
 use std::io;
 use std::pin::Pin;
@@ -94,6 +95,16 @@ impl BrokerTls {
         Ok(BrokerTls {
             files: ca.files,
             client_certificates,
+        })
+    }
+
+    /// The two TLS sides of a link that terminates TLS in front of this broker: to the engine,
+    /// the broker's own certificate (under mutual TLS, asking for one from the same CA); to the
+    /// broker, a client of its CA (showing the client certificate under mutual TLS).
+    pub fn terminate(&self) -> Result<crate::proxy::terminate::Terminate, String> {
+        Ok(crate::proxy::terminate::Terminate {
+            server: server::link_server(&self.files, self.client_certificates)?,
+            upstream: Some(ClientTls::new(&self.client())?),
         })
     }
 
