@@ -21,14 +21,14 @@ targets=(
   "the_control_apis_answer_any_json 1000"
 )
 share=$(( total / ${#targets[@]} ))
-cargo test --all-features --test fuzz --no-run -q
+cargo test --features mutants,test-hooks,kafka-tls,powercut --test fuzz --no-run -q
 for entry in "${targets[@]}"; do
   read -r t n <<<"$entry"
   start=$(date +%s)
   rounds=0
   # At least one round; a round is never cut short, so a target may run a few seconds over.
   while [ "$rounds" -eq 0 ] || [ $(( $(date +%s) - start )) -lt "$share" ]; do
-    if ! PROPTEST_CASES="$n" cargo test -q --all-features --test fuzz "$t" -- --exact >/tmp/drill-fuzz.$$ 2>&1; then
+    if ! PROPTEST_CASES="$n" cargo test -q --features mutants,test-hooks,kafka-tls,powercut --test fuzz "$t" -- --exact >/tmp/drill-fuzz.$$ 2>&1; then
       cat /tmp/drill-fuzz.$$
       rm -f /tmp/drill-fuzz.$$
       echo "fuzz: $t FAILED after $((rounds * n)) passing executions; the case is in tests/fuzz.proptest-regressions" >&2

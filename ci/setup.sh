@@ -12,6 +12,11 @@ fi
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   need_apt+=(postgresql)
 fi
+# OpenSSL's headers for the `kafka-tls` feature (librdkafka speaks TLS only through OpenSSL;
+# the test suite links the system's).
+if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; }; then
+  need_apt+=(libssl-dev pkg-config)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "ci/setup.sh: installing ${need_apt[*]} (Debian packages)"

@@ -104,6 +104,55 @@ fn terminating_links_let_the_tap_read_tls_and_every_fault_still_bites() {
     assert!(class("never_left") > 0, "the tap saw them stay: {seen:#}");
 }
 
+/// Kafka over TLS: tansu serves none, so the links end the engine's mutual TLS and speak plain
+/// Kafka to it. The Kafka-aware link rewrites broker addresses in the plaintext (to broker
+/// links that terminate TLS too), and every fault bites: the correct engine passes; an engine
+/// that resends on a timer without the idempotent producer makes copies, counted.
+#[cfg(feature = "kafka-tls")]
+#[test]
+fn kafka_over_links_that_terminate_tls_passes_and_a_timer_resending_engine_fails() {
+    let ran = catalogue_drill_passes("kafka-tls-terminate");
+    assert_eq!(ran.number(&["ledger", "lost"]), 0);
+    assert_eq!(ran.number(&["ledger", "duplicates"]), 0);
+    assert!(
+        ran.markdown
+            .contains("the broker serves no TLS, so the links speak plain to it"),
+        "{}",
+        ran.markdown
+    );
+    assert!(
+        ran.markdown.contains("answers rewritten"),
+        "{}",
+        ran.markdown
+    );
+    if !cfg!(feature = "mutants") {
+        return;
+    }
+    let file = format!(
+        "{}/scenarios/kafka-tls-terminate.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let ran = common::run::run_drill_with(
+        &file,
+        "kafka-tls-terminate",
+        &[],
+        &[("DRILL_MUTANT", "resend-on-timer")],
+    );
+    ran.say("resend-on-timer over terminating Kafka links");
+    assert_eq!(
+        ran.output.status.code(),
+        Some(1),
+        "{}",
+        common::run::show(&ran.output)
+    );
+    assert!(
+        ran.number(&["ledger", "duplicates"]) > 0,
+        "{:#}",
+        ran.report
+    );
+    assert_eq!(ran.number(&["ledger", "lost"]), 0, "{:#}", ran.report);
+}
+
 /// A short MQTT drill over mutual TLS whose engine is `drill engine` with `template`.
 fn users_engine(name: &str, template: &str) -> String {
     format!(
@@ -187,7 +236,17 @@ fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
         (
             "kafka",
             "destination: { kind: kafka, tls: true }",
-            "only a `mqtt` or `nats` destination takes it",
+            "write `tls: { links: terminate }`",
+        ),
+        (
+            "syslog",
+            "destination: { kind: syslog, tls: true }",
+            "only a `mqtt` or `nats` or `kafka` destination takes it",
+        ),
+        (
+            "kafkacontainer",
+            "destination: { kind: kafka, runtime: container, tls: { links: terminate } }",
+            "local processes",
         ),
         (
             "embedded",
@@ -262,6 +321,14 @@ fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
     assert!(text.contains("destination.tls: true"), "{text}");
 }
 
+/// What the engine says of a Kafka output's junk CA file: with `kafka-tls`, that the file
+/// holds no certificate; without it, that this build speaks no TLS to Kafka.
+const KAFKA_JUNK: &str = if cfg!(feature = "kafka-tls") {
+    "holds no PEM certificate"
+} else {
+    "--features kafka-tls"
+};
+
 #[test]
 fn the_engine_refuses_tls_files_that_do_not_parse_and_tls_on_kinds_without_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -270,7 +337,12 @@ fn the_engine_refuses_tls_files_that_do_not_parse_and_tls_on_kinds_without_it() 
     for (kind, ca, says) in [
         ("mqtt", junk.clone(), "holds no PEM certificate"),
         ("nats", dir.path().join("absent.pem"), "absent.pem"),
-        ("kafka", junk.clone(), "mqtt and nats outputs only"),
+        ("kafka", junk.clone(), KAFKA_JUNK),
+        (
+            "postgres",
+            junk.clone(),
+            "mqtt, nats and kafka outputs only",
+        ),
     ] {
         let config = dir.path().join(format!("{kind}.yaml"));
         std::fs::write(

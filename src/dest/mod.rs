@@ -138,6 +138,10 @@ pub struct Entry {
     pub sasl_mechanisms: &'static [&'static str],
     /// Whether drill can run its broker inside its own process (`runtime: embedded`).
     pub embedded: bool,
+    /// Whether the broker drill starts for this kind serves TLS (mosquitto, nats-server). A
+    /// kind that takes `tls` with a broker that does not (Kafka: tansu) speaks TLS at its
+    /// links only (`links: terminate`), plain from the links to the broker.
+    pub broker_tls: bool,
     /// `system.write_key`'s field for a user's engine on this kind (`mqtt_user_property`,
     /// `kafka_header`, `nats_msg_id`) and its JSON type; the value is the kind's to read
     /// ([`Destination::write_key_place`]).

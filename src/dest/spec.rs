@@ -119,7 +119,7 @@ pub struct RawTlsWith {
     /// What drill's links do with TLS: `pass` (default) forwards the ciphertext untouched,
     /// and every fault bites it; `terminate` makes each link a TLS server to the engine (the
     /// drill's CA) and a TLS client to the broker, so the protocol taps read what crosses.
-    /// MQTT only so far.
+    /// MQTT, and Kafka (whose broker, tansu, serves no TLS: the links speak plain Kafka to it).
     #[serde(default)]
     pub links: Option<LinkMode>,
     /// `runtime: external`: the PEM file of the CA your broker's certificate comes from.
@@ -322,8 +322,9 @@ pub fn validate(raw: &RawDestination) -> Result<Spec, Located> {
 }
 
 /// `tls:` — on the brokers drill starts as local processes (mosquitto, nats-server), with
-/// certificates drill mints; or to an MQTT broker you run, with your CA and client
-/// certificate. What cannot speak TLS yet is refused here, where it was written.
+/// certificates drill mints, or at the links only (Kafka: tansu serves no TLS); or to an MQTT
+/// broker you run, with your CA and client certificate. What cannot speak TLS yet is refused
+/// here, where it was written.
 fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Located> {
     let Some(t) = &raw.tls else { return Ok(None) };
     let fail = |m: String| Err(at(&t.referenced, format!("field `destination.tls`: {m}")));
@@ -360,6 +361,12 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
         ));
     }
     let terminate = w.links == Some(LinkMode::Terminate);
+    if !terminate && !raw.kind.value.entry().broker_tls {
+        return fail(format!(
+            "the {} broker drill starts serves no TLS (tansu); write `tls: {{ links: terminate }}`: the links speak TLS to the engine and plain {0} to the broker",
+            raw.kind.value.name()
+        ));
+    }
     if terminate && raw.kind.value == Kind::Nats {
         return fail("`links: terminate` is not built for NATS: nats-server speaks its INFO in plain text before the TLS handshake, so a terminating link would have to speak NATS itself; use `links: pass` (the default)".to_string());
     }

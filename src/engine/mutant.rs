@@ -1,6 +1,6 @@
 //! Deliberately broken engines ("mutants") for `drill selftest`: test builds only.
 //!
-//! Compiled only with the cargo feature `mutants` (CI builds with `--all-features`; a release
+//! Compiled only with the cargo feature `mutants` (CI builds with it, ci/test.sh; a release
 //! binary never has it, and a binary without it refuses to start when `DRILL_MUTANT` is set).
 //! `DRILL_MUTANT=<name>` is read once, when the engine starts (`drill engine` is spawned by the
 //! drill runner and inherits the variable); an unknown name refuses to start and lists the

@@ -186,10 +186,14 @@ impl<S: Sink> SinkKind for S {
 
     fn check(&self, cfg: &OutputConfig) -> Result<(), String> {
         if cfg.tls.is_some() && !S::TLS {
-            return Err(format!(
-                "`tls`: this engine speaks TLS to mqtt and nats outputs only so far, not {}; leave it out",
-                cfg.kind
-            ));
+            return Err(if cfg.kind == "kafka" {
+                "`tls`: this build of drill speaks no TLS to Kafka (librdkafka needs OpenSSL): build it with `--features kafka-tls` (the release archives and wheels have it)".to_string()
+            } else {
+                format!(
+                    "`tls`: this engine speaks TLS to mqtt, nats and kafka outputs only so far, not {}; leave it out",
+                    cfg.kind
+                )
+            });
         }
         // The CA and client certificate files must parse now, not at the first connect.
         cfg.client_tls().map_err(|why| format!("`tls`: {why}"))?;

@@ -47,8 +47,9 @@ impl Rig {
     ) -> Result<Rig, RunError> {
         let link_cancel = cancel.child_token();
         let spec = &plan.destination;
+        let broker_tls = spec.kind.entry().broker_tls;
         let tls = match &spec.tls {
-            Some(t) => Some(DrillTls::prepare(t, work, run_id)?),
+            Some(t) => Some(DrillTls::prepare(t, work, run_id, broker_tls)?),
             None => None,
         };
         let provision = Provision {
@@ -201,6 +202,7 @@ impl DrillTls {
         spec: &crate::dest::TlsSpec,
         work: &Path,
         run_id: &str,
+        broker_tls: bool,
     ) -> Result<DrillTls, RunError> {
         use crate::dest::{DestError, TlsSpec};
         use crate::tls::client::Given;
@@ -221,20 +223,25 @@ impl DrillTls {
                     ""
                 };
                 let (terminate, links) = if *terminate {
-                    (
-                        Some(Arc::new(broker.terminate().map_err(RunError::Verifier)?)),
-                        TERMINATE,
-                    )
+                    let t = broker.terminate(broker_tls).map_err(RunError::Verifier)?;
+                    (Some(Arc::new(t)), TERMINATE)
                 } else {
                     (None, PASS)
                 };
+                let ca = broker.files.ca_file.display();
+                let note = if broker_tls {
+                    format!(
+                        "TLS: the broker speaks only TLS, with certificates from a CA minted for this drill ({ca}){asks}; {links}"
+                    )
+                } else {
+                    format!(
+                        "TLS: the engine speaks TLS to the links, with certificates from a CA minted for this drill ({ca}){asks}; the broker serves no TLS, so the links speak plain to it and the protocol tap reads what crosses"
+                    )
+                };
                 Ok(DrillTls {
-                    note: format!(
-                        "TLS: the broker speaks only TLS, with certificates from a CA minted for this drill ({}){asks}; {links}",
-                        broker.files.ca_file.display()
-                    ),
+                    note,
                     client: broker.client(),
-                    broker: Some(broker),
+                    broker: broker_tls.then_some(broker),
                     terminate,
                 })
             }

@@ -100,11 +100,16 @@ impl BrokerTls {
 
     /// The two TLS sides of a link that terminates TLS in front of this broker: to the engine,
     /// the broker's own certificate (under mutual TLS, asking for one from the same CA); to the
-    /// broker, a client of its CA (showing the client certificate under mutual TLS).
-    pub fn terminate(&self) -> Result<crate::proxy::terminate::Terminate, String> {
+    /// broker, a client of its CA (showing the client certificate under mutual TLS) when it
+    /// serves TLS (`served`), plain TCP when it does not.
+    pub fn terminate(&self, served: bool) -> Result<crate::proxy::terminate::Terminate, String> {
         Ok(crate::proxy::terminate::Terminate {
             server: server::link_server(&self.files, self.client_certificates)?,
-            upstream: Some(ClientTls::new(&self.client())?),
+            upstream: if served {
+                Some(ClientTls::new(&self.client())?)
+            } else {
+                None
+            },
         })
     }
 

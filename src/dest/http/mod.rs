@@ -46,6 +46,7 @@ pub static ENTRY: Entry = Entry {
     sasl_mechanisms: &[],
     write_key_field: ("http_header", "string"),
     embedded: true,
+    broker_tls: false,
     validate,
     bench: None,
     taps: None,

@@ -38,11 +38,12 @@ fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
 pub static ENTRY: Entry = Entry {
     name: "kafka",
     sink: &sink::KafkaSink,
-    fields: &[],
+    fields: &["tls"],
     external_field: ("bootstrap", "[kafka-1:9092, kafka-2:9092]"),
     sasl_mechanisms: &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
     write_key_field: ("kafka_header", "string"),
     embedded: false,
+    broker_tls: false,
     validate,
     bench: Some(&bench::KafkaBench),
     taps: Some(taps),

@@ -46,6 +46,9 @@ fn producer_config(cfg: &OutputConfig, name: &str) -> ClientConfig {
     let secrets = cfg.credentials.read().unwrap_or_default();
     let mut config = super::client_config(&cfg.address.to_string(), &secrets);
     config.set("client.id", name);
+    if let Some(tls) = &cfg.tls {
+        with_tls(&mut config, tls);
+    }
     config
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -76,6 +79,24 @@ fn producer_config(cfg: &OutputConfig, name: &str) -> ClientConfig {
         .set("reconnect.backoff.max.ms", "1000")
         .set("linger.ms", "5");
     config
+}
+
+/// TLS through librdkafka's OpenSSL (feature `kafka-tls`): the output's CA, and its client
+/// certificate under mutual TLS. The broker's name is checked (`https`) against the address
+/// dialled, or `server_name` when given.
+fn with_tls(config: &mut ClientConfig, tls: &crate::tls::TlsConfig) {
+    let sasl = config
+        .get("security.protocol")
+        .is_some_and(|p| p.starts_with("SASL"));
+    config
+        .set("security.protocol", if sasl { "SASL_SSL" } else { "SSL" })
+        .set("ssl.ca.location", tls.ca_file.display().to_string())
+        .set("ssl.endpoint.identification.algorithm", "https");
+    if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+        config
+            .set("ssl.certificate.location", cert.display().to_string())
+            .set("ssl.key.location", key.display().to_string());
+    }
 }
 
 /// Builds a producer and probes: a metadata request for the topic and its answer. Writes no
@@ -150,6 +171,9 @@ fn classify(error: &KafkaError) -> Outcome {
 
 impl Sink for KafkaSink {
     type Session = KafkaSession;
+
+    /// librdkafka speaks TLS only through OpenSSL: in builds with the feature `kafka-tls`.
+    const TLS: bool = cfg!(feature = "kafka-tls");
 
     const PROMISE: (Promise, &'static str) = (
         Promise::AtLeastOnce,

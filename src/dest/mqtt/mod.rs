@@ -38,6 +38,7 @@ pub static ENTRY: Entry = Entry {
     sasl_mechanisms: &[],
     write_key_field: ("mqtt_user_property", "string"),
     embedded: true,
+    broker_tls: true,
     validate,
     bench: Some(&bench::MqttBench),
     taps: Some(taps),

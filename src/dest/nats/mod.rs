@@ -46,6 +46,7 @@ pub static ENTRY: Entry = Entry {
     sasl_mechanisms: &[],
     write_key_field: ("nats_msg_id", "boolean"),
     embedded: false,
+    broker_tls: true,
     validate,
     bench: Some(&bench::NatsBench),
     taps: Some(taps),

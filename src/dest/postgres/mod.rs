@@ -58,6 +58,7 @@ pub static ENTRY: Entry = Entry {
     sasl_mechanisms: &[],
     write_key_field: ("postgres_column", "string"),
     embedded: false,
+    broker_tls: false,
     validate,
     bench: None,
     taps: None,

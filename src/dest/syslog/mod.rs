@@ -98,6 +98,7 @@ pub static ENTRY: Entry = Entry {
     sasl_mechanisms: &[],
     write_key_field: ("syslog_sd", "object"),
     embedded: false,
+    broker_tls: false,
     validate,
     bench: None,
     taps: None,
