@@ -153,6 +153,40 @@ fn kafka_over_links_that_terminate_tls_passes_and_a_timer_resending_engine_fails
     assert_eq!(ran.number(&["ledger", "lost"]), 0, "{:#}", ran.report);
 }
 
+/// `bad_certificate` with `certificate: expired`: the broker's own certificate, from the right
+/// CA, expired. The correct engine holds and passes; the engine that counts a failed handshake
+/// as a refusal sets records aside as failed (155 of 1400 here; its journal names the expiry:
+/// "invalid peer certificate: certificate expired").
+#[test]
+fn an_expired_certificate_is_no_refusal_and_the_engine_that_counts_it_fails() {
+    if !common::run::have_mosquitto() {
+        return;
+    }
+    let ran = catalogue_drill_passes("mqtt-tls-expired-certificate");
+    assert_eq!(ran.number(&["ledger", "failed"]), 0);
+    if !cfg!(feature = "mutants") {
+        return;
+    }
+    let file = format!(
+        "{}/scenarios/mqtt-tls-expired-certificate.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let ran = common::run::run_drill_with(
+        &file,
+        "mqtt-tls-expired-certificate",
+        &[],
+        &[("DRILL_MUTANT", "handshake-failure-is-refusal")],
+    );
+    ran.say("handshake-failure-is-refusal against an expired certificate");
+    assert_eq!(
+        ran.output.status.code(),
+        Some(1),
+        "{}",
+        common::run::show(&ran.output)
+    );
+    assert!(ran.number(&["ledger", "failed"]) > 0, "{:#}", ran.report);
+}
+
 /// A short MQTT drill over mutual TLS whose engine is `drill engine` with `template`.
 fn users_engine(name: &str, template: &str) -> String {
     format!(
@@ -305,6 +339,32 @@ fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
         let link = if name == "natscert" { "nats" } else { "mqtt" };
         let text = format!(
             "name: {name}\n{destination}\nworkload: {{ rate: 10/s, duration: 5s }}\nfaults:\n  - {{ at: 1s, link: {link}, fault: bad_certificate, for: 2s }}\n"
+        );
+        invalid_at(dir.path(), name, &text, says, 5);
+    }
+    // `certificate:` belongs to `bad_certificate`, and `expired` needs the CA drill mints.
+    for (name, destination, fault, says) in [
+        (
+            "certswallow",
+            "destination: { kind: mqtt, tls: true }",
+            "fault: swallow, certificate: expired",
+            "only `bad_certificate` takes it",
+        ),
+        (
+            "certyours",
+            "destination: { kind: mqtt, runtime: external, address: \"127.0.0.1:8883\", tls: { ca_file: /tmp/ca.pem } }",
+            "fault: bad_certificate, certificate: expired",
+            "drill holds no key of your CA",
+        ),
+        (
+            "certwhat",
+            "destination: { kind: mqtt, tls: true }",
+            "fault: bad_certificate, certificate: revoked",
+            "certificate",
+        ),
+    ] {
+        let text = format!(
+            "name: {name}\n{destination}\nworkload: {{ rate: 10/s, duration: 5s }}\nfaults:\n  - {{ at: 1s, link: mqtt, {fault}, for: 2s }}\n"
         );
         invalid_at(dir.path(), name, &text, says, 5);
     }

@@ -64,8 +64,8 @@ pub(crate) fn rst(socket: &TcpStream) {
 /// instant (a fault in force at accept applies to this connection too).
 pub(crate) enum Admission {
     /// `bad_certificate`: the link stands in for the broker's TLS server with the wrong
-    /// certificate.
-    Impostor,
+    /// certificate (`expired`: the broker's own, expired).
+    Impostor { expired: bool },
     /// The link is cut toward the broker: the connection is reset at once.
     Cut,
     /// Served, and silenced by any `strand` after this count.
@@ -74,11 +74,11 @@ pub(crate) enum Admission {
 
 pub(crate) fn admission(shared: &LinkShared) -> Admission {
     let condition = shared.condition.borrow();
-    if condition
+    if let Some(a) = condition
         .active
-        .is_some_and(|a| a.fault == super::Fault::BadCertificate)
+        .filter(|a| a.fault == super::Fault::BadCertificate)
     {
-        Admission::Impostor
+        Admission::Impostor { expired: a.expired }
     } else if condition.flow(Side::Up, 0) == Flow::Cut {
         Admission::Cut
     } else {
@@ -89,12 +89,20 @@ pub(crate) fn admission(shared: &LinkShared) -> Admission {
 }
 
 /// Turns `client` away as `admission` said: an impostor's handshake, or a reset (counted).
-pub(crate) async fn turn_away(shared: &LinkShared, client: TcpStream, impostor: bool) {
-    if impostor {
-        crate::tls::impostor::present(client).await;
-    } else {
-        rst(&client);
-        add(&shared.counters.reset, 1);
+pub(crate) async fn turn_away(shared: &LinkShared, client: TcpStream, admission: Admission) {
+    match admission {
+        Admission::Impostor { expired } => {
+            let config = if expired {
+                shared.expired.read().ok().and_then(|e| e.clone())
+            } else {
+                None
+            };
+            crate::tls::impostor::present(client, config).await;
+        }
+        _ => {
+            rst(&client);
+            add(&shared.counters.reset, 1);
+        }
     }
 }
 
@@ -103,8 +111,7 @@ pub(crate) async fn serve(shared: Arc<LinkShared>, client: TcpStream, abort: Can
     let _ = client.set_nodelay(true);
     let born = match admission(&shared) {
         Admission::Serve { born } => born,
-        Admission::Impostor => return turn_away(&shared, client, true).await,
-        Admission::Cut => return turn_away(&shared, client, false).await,
+        away => return turn_away(&shared, client, away).await,
     };
     let tap = shared
         .tapping

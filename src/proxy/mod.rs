@@ -318,6 +318,10 @@ pub struct FaultSpec {
     /// Tells apart the draws of two conditions on one link (a toxic's name, hashed).
     #[serde(skip)]
     pub salt: u64,
+    /// `bad_certificate`: the certificate presented is the broker's own, from the drill's CA,
+    /// but expired (`certificate: expired`), instead of one from a CA nobody trusts.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub expired: bool,
 }
 
 fn is_whole(f: &f64) -> bool {
@@ -355,6 +359,7 @@ impl FaultSpec {
             close_delay: Duration::ZERO,
             toxicity: 1.0,
             salt: 0,
+            expired: false,
         }
     }
 
@@ -689,6 +694,9 @@ pub(crate) struct LinkShared {
     pub(crate) tapping: std::sync::RwLock<Option<tap::Tapping>>,
     /// A terminating link's TLS sides (`None`: the link passes bytes as they come).
     pub(crate) terminate: std::sync::RwLock<Option<Arc<terminate::Terminate>>>,
+    /// The expired certificate of the drill's CA, for `bad_certificate` with `certificate:
+    /// expired` (`None`: the link has none to present).
+    pub(crate) expired: std::sync::RwLock<Option<Arc<tokio_rustls::rustls::ServerConfig>>>,
     /// A datagram link's own state (`None`: the link carries byte streams).
     pub(crate) datagrams: Option<udp::Datagrams>,
 }
@@ -724,6 +732,7 @@ impl LinkShared {
             kafka,
             tapping: std::sync::RwLock::new(None),
             terminate: std::sync::RwLock::new(None),
+            expired: std::sync::RwLock::new(None),
             datagrams,
         })
     }
@@ -870,6 +879,11 @@ impl Link {
                 "a datagram (UDP) link has no connections to draw a toxicity for; use toxicity 1 (or `loss` for a share of the datagrams)".to_string(),
             ));
         }
+        if spec.expired && self.shared.expired.read().is_ok_and(|e| e.is_none()) {
+            return Err(refused(
+                "`certificate: expired` needs the drill's CA (a drill run over TLS mints the expired certificate); this link has none".to_string(),
+            ));
+        }
         if !self.carries_datagrams() && !fault.on_streams() {
             return Err(refused(format!(
                 "`{}` is for datagram (UDP) links; this link carries a byte stream (use swallow)",
@@ -906,6 +920,17 @@ impl Link {
         }
         if let Ok(mut slot) = self.shared.terminate.write() {
             *slot = Some(t);
+        }
+    }
+
+    /// Gives the link the expired certificate it presents for `bad_certificate` with
+    /// `certificate: expired` (a Kafka-aware link: to its broker links too).
+    pub fn set_expired(&self, config: Arc<tokio_rustls::rustls::ServerConfig>) {
+        for m in self.members() {
+            m.set_expired(config.clone());
+        }
+        if let Ok(mut slot) = self.shared.expired.write() {
+            *slot = Some(config);
         }
     }
 

@@ -58,8 +58,7 @@ pub(crate) async fn serve(
     let _ = client.set_nodelay(true);
     match connection::admission(&shared) {
         Admission::Serve { .. } => {}
-        Admission::Impostor => return connection::turn_away(&shared, client, true).await,
-        Admission::Cut => return connection::turn_away(&shared, client, false).await,
+        away => return connection::turn_away(&shared, client, away).await,
     }
     let accept = TlsAcceptor::from(terminate.server.clone()).accept(client);
     let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE, accept).await else {

@@ -70,6 +70,14 @@ impl Rig {
             running.access.tls = Some(t.client.clone());
             notes.push(t.note.clone());
         }
+        // The expired certificate a link presents for `bad_certificate` with `certificate:
+        // expired`: the broker's own from the drill's CA (a CA drill mints only).
+        if let Some(files) = tls.as_ref().and_then(|t| t.minted.as_ref()) {
+            let expired = crate::tls::server::expired(files).map_err(RunError::Verifier)?;
+            for l in &links {
+                l.set_expired(expired.clone());
+            }
+        }
         let terminate = tls.as_ref().and_then(|t| t.terminate.clone());
         if let Some(t) = &terminate {
             for l in &links {
@@ -190,6 +198,8 @@ struct DrillTls {
     client: crate::tls::TlsConfig,
     /// The links' TLS sides when they terminate TLS (`links: terminate`).
     terminate: Option<Arc<crate::proxy::terminate::Terminate>>,
+    /// The files of the CA drill minted (`None`: the user's CA).
+    minted: Option<crate::tls::TlsFiles>,
     note: String,
 }
 
@@ -241,6 +251,7 @@ impl DrillTls {
                 Ok(DrillTls {
                     note,
                     client: broker.client(),
+                    minted: Some(broker.files.clone()),
                     broker: broker_tls.then_some(broker),
                     terminate,
                 })
@@ -277,6 +288,7 @@ impl DrillTls {
                     client,
                     broker: None,
                     terminate: None,
+                    minted: None,
                 })
             }
         }

@@ -185,10 +185,24 @@ pub(super) struct RawFault {
     #[serde(default)]
     #[schemars(with = "Option<Dur>")]
     pub(super) answer_after: Option<Spanned<Dur>>,
+    /// `bad_certificate`: which certificate the link presents: `other_ca` (default: one from a
+    /// CA nobody trusts) or `expired` (the broker's own, from the drill's CA, expired).
+    #[serde(default)]
+    pub(super) certificate: Option<CertificateChoice>,
     /// `power_cut`: armed at `at`, power goes at the `nth` `op` (`write`, `fsync`,
     /// `fdatasync`) on a file whose name matches `path` (a glob).
     #[serde(default)]
     pub(super) crash_at: Option<RawCrashAt>,
+}
+
+/// `certificate:` of a `bad_certificate` fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum CertificateChoice {
+    /// A certificate from a CA nobody trusts (a rotation to the wrong certificate).
+    OtherCa,
+    /// The broker's own certificate, from the drill's CA, expired (a renewal that never came).
+    Expired,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

@@ -444,6 +444,14 @@ fn link_fault(
     })?;
     fits_the_link(fault, datagrams, link).map_err(|m| entry.field("fault", m))?;
     fits_the_tls(fault, destination).map_err(|m| entry.field("fault", m))?;
+    if f.certificate == Some(super::raw::CertificateChoice::Expired)
+        && !matches!(destination.tls, Some(crate::dest::TlsSpec::Minted { .. }))
+    {
+        return Err(entry.field(
+            "certificate",
+            "`expired` presents the broker's certificate from the CA drill mints, expired: it needs a broker drill starts (for yours, drill holds no key of your CA); use `other_ca`".to_string(),
+        ));
+    }
     let taken = LinkSetting::taken_by(fault);
     if let Some(setting) = LinkSetting::ALL
         .into_iter()
@@ -458,6 +466,7 @@ fn link_fault(
         jitter: f.jitter.map(|d| d.0).unwrap_or_default(),
         bytes_per_s: f.bytes_per_s.unwrap_or(0),
         loss: f.loss.unwrap_or(0.0),
+        expired: f.certificate == Some(super::raw::CertificateChoice::Expired),
         ..FaultSpec::new(fault, Direction::Both)
     };
     spec.validate().map_err(|m| entry.whole(m))?;
@@ -544,6 +553,7 @@ enum LinkSetting {
     Jitter,
     BytesPerS,
     Loss,
+    Certificate,
     For,
     Repeat,
 }
@@ -566,18 +576,19 @@ const SCENARIO_FAULTS: [Fault; 11] = [
 
 impl LinkSetting {
     /// In the order they are checked: the first one a fault does not take is reported.
-    const ALL: [LinkSetting; 6] = [
+    const ALL: [LinkSetting; 7] = [
         LinkSetting::Latency,
         LinkSetting::Jitter,
         LinkSetting::BytesPerS,
         LinkSetting::Loss,
+        LinkSetting::Certificate,
         LinkSetting::For,
         LinkSetting::Repeat,
     ];
 
     /// Which settings each kind of link fault takes: the one place that says so.
     fn taken_by(fault: Fault) -> &'static [LinkSetting] {
-        use LinkSetting::{BytesPerS, For, Jitter, Latency, Loss, Repeat};
+        use LinkSetting::{BytesPerS, Certificate, For, Jitter, Latency, Loss, Repeat};
         match fault {
             // Every chunk arrives `latency` ± `jitter` late; for a while, or flapping.
             Fault::Delay => &[Latency, Jitter, For, Repeat],
@@ -586,12 +597,11 @@ impl LinkSetting {
             // A fraction `loss` of the datagrams is dropped; for a while, or flapping.
             Fault::Loss => &[Loss, For, Repeat],
             // An outage: for a while, flapping, or until a `heal`.
-            Fault::Refuse
-            | Fault::Reset
-            | Fault::Swallow
-            | Fault::Hang
-            | Fault::Blackhole
-            | Fault::BadCertificate => &[For, Repeat],
+            Fault::Refuse | Fault::Reset | Fault::Swallow | Fault::Hang | Fault::Blackhole => {
+                &[For, Repeat]
+            }
+            // A wrong certificate (`certificate`: whose); for a while, or flapping.
+            Fault::BadCertificate => &[Certificate, For, Repeat],
             // Back to pass-through, at once and for good.
             Fault::Heal => &[],
             // At an instant: the connections open then go silent for good.
@@ -607,6 +617,7 @@ impl LinkSetting {
             LinkSetting::Jitter => "jitter",
             LinkSetting::BytesPerS => "bytes_per_s",
             LinkSetting::Loss => "loss",
+            LinkSetting::Certificate => "certificate",
             LinkSetting::For => "for",
             LinkSetting::Repeat => "repeat",
         }
@@ -618,6 +629,7 @@ impl LinkSetting {
             LinkSetting::Jitter => f.jitter.is_some(),
             LinkSetting::BytesPerS => f.bytes_per_s.is_some(),
             LinkSetting::Loss => f.loss.is_some(),
+            LinkSetting::Certificate => f.certificate.is_some(),
             LinkSetting::For => f.for_.is_some(),
             LinkSetting::Repeat => f.repeat.is_some(),
         }
@@ -632,7 +644,8 @@ impl LinkSetting {
             LinkSetting::Latency
             | LinkSetting::Jitter
             | LinkSetting::BytesPerS
-            | LinkSetting::Loss => {
+            | LinkSetting::Loss
+            | LinkSetting::Certificate => {
                 let owner = SCENARIO_FAULTS
                     .into_iter()
                     .find(|k| LinkSetting::taken_by(*k).contains(&self))
@@ -1050,7 +1063,7 @@ pub const MAX_FAULTS: usize = 10_000;
 /// The first of `fields` (name, given) the scenario gives, in the order listed.
 /// The fields only a link fault takes (`for` apart: a full disk and a destination fault take
 /// it too).
-fn link_fields(f: &RawFault) -> [(&'static str, bool); 8] {
+fn link_fields(f: &RawFault) -> [(&'static str, bool); 9] {
     [
         ("fault", f.fault.is_some()),
         ("direction", f.direction.is_some()),
@@ -1058,6 +1071,7 @@ fn link_fields(f: &RawFault) -> [(&'static str, bool); 8] {
         ("jitter", f.jitter.is_some()),
         ("bytes_per_s", f.bytes_per_s.is_some()),
         ("loss", f.loss.is_some()),
+        ("certificate", f.certificate.is_some()),
         ("repeat", f.repeat.is_some()),
         ("every", f.every.is_some()),
     ]

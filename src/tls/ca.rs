@@ -1,6 +1,6 @@
 //! The CA a drill mints for itself (rcgen): one CA certificate, one server certificate for
 //! every broker drill starts (SANs 127.0.0.1, localhost and the scenario's names) and one client
-//! certificate for mutual TLS, written as PEM files into the drill's work folder. Keys are
+//! certificate for mutual TLS (and an expired broker certificate, for `bad_certificate`), written as PEM files into the drill's work folder. Keys are
 //! files of mode 0600; nothing is kept after the work folder goes.
 
 use std::fs;
@@ -21,6 +21,11 @@ pub struct TlsFiles {
     pub server_key_file: PathBuf,
     pub client_cert_file: PathBuf,
     pub client_key_file: PathBuf,
+    /// The broker's certificate again, from the same CA and with the same names, but expired
+    /// (valid in 2020 only): what a link presents for `bad_certificate` with `certificate:
+    /// expired`.
+    pub expired_cert_file: PathBuf,
+    pub expired_key_file: PathBuf,
 }
 
 /// A CA minted for one drill.
@@ -62,6 +67,15 @@ fn mint(dir: &Path, who: &str, names: &[String]) -> Result<DrillCa, Box<dyn std:
             .cloned()
             .collect::<Vec<_>>(),
     );
+    let mut expired = CertificateParams::new(sans.clone())?;
+    expired.distinguished_name = name(&format!("{who} broker (expired)"));
+    expired.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    expired.use_authority_key_identifier_extension = true;
+    expired.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    expired.not_after = rcgen::date_time_ymd(2020, 12, 31);
+    let expired_key = KeyPair::generate()?;
+    let expired_cert = expired.signed_by(&expired_key, &ca)?;
+
     let mut server = CertificateParams::new(sans)?;
     server.distinguished_name = name(&format!("{who} broker"));
     server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
@@ -82,12 +96,16 @@ fn mint(dir: &Path, who: &str, names: &[String]) -> Result<DrillCa, Box<dyn std:
         server_key_file: dir.join("server-key.pem"),
         client_cert_file: dir.join("client.pem"),
         client_key_file: dir.join("client-key.pem"),
+        expired_cert_file: dir.join("server-expired.pem"),
+        expired_key_file: dir.join("server-expired-key.pem"),
     };
     fs::write(&files.ca_file, ca.pem())?;
     fs::write(&files.server_cert_file, server_cert.pem())?;
     fs::write(&files.client_cert_file, client_cert.pem())?;
     secret(&files.server_key_file, &server_key.serialize_pem())?;
     secret(&files.client_key_file, &client_key.serialize_pem())?;
+    fs::write(&files.expired_cert_file, expired_cert.pem())?;
+    secret(&files.expired_key_file, &expired_key.serialize_pem())?;
     Ok(DrillCa { files })
 }
 

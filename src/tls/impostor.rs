@@ -1,7 +1,8 @@
-//! The TLS server a link stands in with during `bad_certificate`: it presents a certificate
-//! for 127.0.0.1 and localhost from a CA no drill trusts (minted once per process, in memory),
-//! so a client that checks certificates fails its handshake — as with a broker whose
-//! certificate was rotated to the wrong one. Nothing is forwarded.
+//! The TLS server a link stands in with during `bad_certificate`: by default it presents a
+//! certificate for 127.0.0.1 and localhost from a CA no drill trusts (minted once per process,
+//! in memory), so a client that checks certificates fails its handshake — as with a broker
+//! whose certificate was rotated to the wrong one. With `certificate: expired` it presents the
+//! drill's own expired broker certificate instead (given by the link). Nothing is forwarded.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -43,10 +44,11 @@ fn config() -> Option<Arc<ServerConfig>> {
         .clone()
 }
 
-/// Answers the client's handshake with the impostor's certificate, then closes. `true`: the
-/// client went as far as the handshake (it failed on the certificate, or gave up).
-pub async fn present(client: TcpStream) -> bool {
-    let Some(config) = config() else {
+/// Answers the client's handshake with the impostor's certificate (or with `config`'s: the
+/// drill's expired one), then closes. `true`: the client went as far as the handshake (it
+/// failed on the certificate, or gave up).
+pub async fn present(client: TcpStream, config: Option<Arc<ServerConfig>>) -> bool {
+    let Some(config) = config.or_else(self::config) else {
         return false;
     };
     match tokio::time::timeout(HANDSHAKE, TlsAcceptor::from(config).accept(client)).await {
@@ -73,7 +75,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             let (tcp, _) = listener.accept().await.unwrap();
-            present(tcp).await
+            present(tcp, None).await
         });
         let client = ClientTls::new(&TlsConfig::trusting(&ca.files.ca_file)).unwrap();
         let e = crate::tls::client::connect(addr, Some(&client))
