@@ -523,3 +523,49 @@ async fn an_external_broker_over_mutual_tls_takes_the_key_from_the_environment_o
     );
     broker.stop().await;
 }
+
+/// A NATS server the user runs, over mutual TLS with their own CA (its certificate names
+/// `broker.site`): drill's set-up, its reader and the engine trust that CA and check that name,
+/// though each dials a link or the server on 127.0.0.1; the stream drill created is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_nats_server_over_mutual_tls_is_drilled_with_the_users_ca() {
+    if !common::run::have_nats_server() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = drill::tls::BrokerTls::mint(
+        &dir.path().join("site-ca"),
+        "site",
+        &["broker.site".to_string()],
+        true,
+    )
+    .unwrap();
+    let mut server =
+        drill::dest::nats::broker::start_nats(&dir.path().join("nats"), None, None, Some(&theirs))
+            .await
+            .unwrap();
+    let f = &theirs.files;
+    let text = format!(
+        "name: ext-nats-tls\ndestination: {{ kind: nats, runtime: external, servers: [\"{}\"], topic: ext.tls, stream: EXTTLS, create: true, tls: {{ ca_file: \"{}\", client_cert_file: \"{}\", client_key_env: DRILL_TEST_TLS_KEY, server_name: broker.site }} }}\nsystem: {{ builtin: {{ keepalive: 1s, answer_timeout: 2s }} }}\nworkload: {{ rate: 100/s, duration: 10s, keys: 2 }}\nfaults:\n  - {{ at: 3s, link: nats, fault: swallow, for: 3s }}\nexpect: {{ lost: 0, duplicates: 0, ledger: closes, recovery_within: 10s }}\n",
+        server.addr,
+        f.ca_file.display(),
+        f.client_cert_file.display()
+    );
+    let file = scenario(dir.path(), "ext-nats-tls", &text);
+    let key = std::fs::read_to_string(&f.client_key_file).unwrap();
+    let passed = tokio::task::spawn_blocking(move || {
+        common::run::run_drill_with(&file, "ext-nats-tls", &[], &[("DRILL_TEST_TLS_KEY", &key)])
+    })
+    .await
+    .unwrap();
+    passed.say("external NATS over mutual TLS");
+    passed.assert_passed();
+    assert!(passed.number(&["ledger", "delivered"]) >= 1000);
+    assert!(
+        passed.markdown.contains("check the name `broker.site`")
+            && passed.markdown.contains("removed at the end"),
+        "{}",
+        passed.markdown
+    );
+    server.stop().await;
+}

@@ -245,6 +245,9 @@ pub struct Provision<'a> {
     /// The broker is to speak TLS with these certificates (`destination.tls`; minted for the
     /// drill). A kind that takes `tls` serves it or fails with [`DestError::Unsupported`].
     pub tls: Option<&'a crate::tls::BrokerTls>,
+    /// What a client of the broker trusts and shows over TLS (the minted CA, or the user's CA
+    /// and client certificate for a broker they run): drill's own set-up connections use it.
+    pub client_tls: Option<crate::tls::TlsConfig>,
 }
 
 /// A provisioned destination: the links in front of it, and its running receiving side.

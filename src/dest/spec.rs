@@ -387,11 +387,11 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
 }
 
 /// `tls:` to a broker you run: your CA file, and your client certificate with the variable
-/// that holds its key. MQTT only so far.
+/// that holds its key. MQTT and NATS so far.
 fn given(raw: &RawDestination, w: &RawTlsWith) -> Result<Option<TlsSpec>, String> {
-    if raw.kind.value != Kind::Mqtt {
+    if !matches!(raw.kind.value, Kind::Mqtt | Kind::Nats) {
         return Err(format!(
-            "TLS to a {} broker you run is not built yet (MQTT is); drill speaks TLS to the {0} brokers it starts",
+            "TLS to a {} broker you run is not built yet (MQTT and NATS are); drill speaks TLS to the {0} brokers it starts",
             raw.kind.value.name()
         ));
     }
@@ -407,9 +407,13 @@ fn given(raw: &RawDestination, w: &RawTlsWith) -> Result<Option<TlsSpec>, String
     if w.client_cert_file.is_some() != w.client_key_env.is_some() {
         return Err("mutual TLS needs both `client_cert_file` and `client_key_env` (the NAME of the variable holding the key)".to_string());
     }
-    let host = raw
+    // The name checked: the broker's host as the scenario gives it (MQTT's `address`, the
+    // first of NATS's `servers`), since every client reaches it through a link on 127.0.0.1.
+    let first = raw
         .address
         .as_ref()
+        .or_else(|| raw.servers.as_ref().and_then(|s| s.first()));
+    let host = first
         .and_then(|a| a.value.rsplit_once(':').map(|(h, _)| h.to_string()))
         .unwrap_or_default();
     Ok(Some(TlsSpec::Given {

@@ -60,6 +60,7 @@ impl Rig {
             run_id,
             links: link_cancel.clone(),
             tls: tls.as_ref().and_then(|t| t.broker.as_ref()),
+            client_tls: tls.as_ref().map(|t| t.client.clone()),
         };
         let Provisioned {
             links,

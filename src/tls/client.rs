@@ -6,11 +6,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio_rustls::rustls::client::WebPkiServerVerifier;
+use tokio_rustls::rustls::client::danger::{
+    HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
+};
+use tokio_rustls::rustls::{
+    self, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
 
 use super::Stream;
 
@@ -72,11 +78,32 @@ impl ClientTls {
                 )
             })?;
         }
+        let server_name = match &cfg.server_name {
+            Some(n) => Some(
+                ServerName::try_from(n.clone()).map_err(|e| format!("server_name `{n}`: {e}"))?,
+            ),
+            None => None,
+        };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = ClientConfig::builder_with_provider(provider)
+        let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?
-            .with_root_certificates(roots);
+            .map_err(|e| format!("TLS: {e}"))?;
+        let builder = match &server_name {
+            // The name to check is the broker's, whatever address a client dials (a link on
+            // 127.0.0.1; async-nats checks the host of the URL it was given).
+            Some(name) => {
+                let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .map_err(|e| format!("TLS: {e}"))?;
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(Named {
+                        inner,
+                        name: name.clone(),
+                    }))
+            }
+            None => builder.with_root_certificates(roots),
+        };
         let config = match (&cfg.cert_file, &cfg.key_file) {
             (None, None) => builder.with_no_client_auth(),
             (Some(cert), Some(key)) => {
@@ -93,12 +120,6 @@ impl ClientTls {
                     "a client certificate needs both `cert_file` and `key_file`".to_string()
                 );
             }
-        };
-        let server_name = match &cfg.server_name {
-            Some(n) => Some(
-                ServerName::try_from(n.clone()).map_err(|e| format!("server_name `{n}`: {e}"))?,
-            ),
-            None => None,
         };
         Ok(ClientTls {
             config: Arc::new(config),
@@ -124,6 +145,50 @@ impl ClientTls {
     /// The rustls configuration, for clients that take one (async-nats).
     pub fn rustls(&self) -> Arc<ClientConfig> {
         self.config.clone()
+    }
+}
+
+/// Checks the broker's certificate against one fixed name (`server_name`) rather than the
+/// name the client was given: every check but the name's is webpki's own.
+#[derive(Debug)]
+struct Named {
+    inner: Arc<WebPkiServerVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ServerCertVerifier for Named {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _dialled: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.inner
+            .verify_server_cert(end_entity, intermediates, &self.name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 
@@ -279,6 +344,41 @@ mod tests {
         })
         .unwrap();
         assert!(round_trip(addr, &named).await.is_err());
+    }
+
+    /// A client given `server_name` checks that name whatever it dials: async-nats checks the
+    /// host of its URL (127.0.0.1, a link), which a broker's certificate need not carry.
+    #[tokio::test]
+    async fn server_name_is_checked_whatever_name_the_client_dials() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = DrillCa::mint(dir.path(), "n", &["broker.site".to_string()]).unwrap();
+        let addr = echo(&ca, None).await;
+        let dial = |tls: ClientTls, name: &'static str| async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            TlsConnector::from(tls.rustls())
+                .connect(ServerName::try_from(name).unwrap(), tcp)
+                .await
+                .map(|_| ())
+        };
+        let named = |n: &str| {
+            ClientTls::new(&TlsConfig {
+                server_name: Some(n.to_string()),
+                ..TlsConfig::trusting(&ca.files.ca_file)
+            })
+            .unwrap()
+        };
+        // Dialled as a name the certificate lacks, checked as one it carries: passes.
+        dial(named("broker.site"), "nowhere.example").await.unwrap();
+        // Checked as a name it lacks: fails, whatever was dialled.
+        assert!(
+            dial(named("elsewhere.example"), "broker.site")
+                .await
+                .is_err()
+        );
+        // Without server_name, the name dialled is the one checked.
+        let plain = ClientTls::new(&TlsConfig::trusting(&ca.files.ca_file)).unwrap();
+        assert!(dial(plain.clone(), "nowhere.example").await.is_err());
+        dial(plain, "broker.site").await.unwrap();
     }
 
     #[tokio::test]

@@ -46,7 +46,7 @@ impl BenchKind for NatsBench {
         } = run;
         async move {
             let name = stream_name(who, round);
-            super::stream::delete(broker, &name, &Secrets::default()).await
+            super::stream::delete(broker, &name, &Secrets::default(), None).await
         }
         .boxed()
     }

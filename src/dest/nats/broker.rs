@@ -378,7 +378,11 @@ async fn external(
         replicas: reached.servers.len().clamp(1, 3),
     };
     let server = reached.servers[0];
-    let found = stream::find_or_create(server, wish, ext.create, &reached.secrets)
+    let tls = match &p.client_tls {
+        Some(cfg) => Some(crate::tls::ClientTls::new(cfg).map_err(DestError::Invalid)?),
+        None => None,
+    };
+    let found = stream::find_or_create(server, wish, ext.create, &reached.secrets, tls.as_ref())
         .await
         .map_err(DestError::External)?;
     let notes = vec![
@@ -402,8 +406,9 @@ async fn external(
     };
     let made = found.created.then(|| {
         let (name, secrets) = (dest.stream.clone(), reached.secrets.clone());
-        let remove: crate::dest::running::Remove =
-            Box::new(move || async move { stream::delete(server, &name, &secrets).await }.boxed());
+        let remove: crate::dest::running::Remove = Box::new(move || {
+            async move { stream::delete(server, &name, &secrets, tls.as_ref()).await }.boxed()
+        });
         remove
     });
     let running =

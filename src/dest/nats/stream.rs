@@ -104,9 +104,10 @@ pub async fn find_or_create(
     wish: StreamWish<'_>,
     create: bool,
     secrets: &Secrets,
+    tls: Option<&crate::tls::ClientTls>,
 ) -> Result<NatsStream, String> {
     use async_nats::jetstream;
-    let client = crate::dest::nats::options(secrets)
+    let client = crate::dest::nats::with_tls(crate::dest::nats::options(secrets), tls)
         .name("drill-provisioner")
         .connection_timeout(REACH)
         .connect(server.to_string())
@@ -195,8 +196,13 @@ fn unsettled(error: &str) -> bool {
 }
 
 /// Removes a stream drill created.
-pub async fn delete(server: SocketAddr, name: &str, secrets: &Secrets) -> Result<(), String> {
-    let client = crate::dest::nats::options(secrets)
+pub async fn delete(
+    server: SocketAddr,
+    name: &str,
+    secrets: &Secrets,
+    tls: Option<&crate::tls::ClientTls>,
+) -> Result<(), String> {
+    let client = crate::dest::nats::with_tls(crate::dest::nats::options(secrets), tls)
         .name("drill-provisioner")
         .connection_timeout(REACH)
         .connect(server.to_string())
