@@ -181,7 +181,7 @@ impl ContainerBroker {
         self.addr = published(&self.docker, &id, &self.binding)
             .await
             .map_err(|e| fail(format!("{e} after the restart")))?;
-        wait_answers(self.ready, self.addr)
+        wait_answers(&self.ready, self.addr)
             .await
             .map_err(|e| fail(format!("no answer on {} within 60 s: {e}", self.addr)))?;
         Ok(self.addr)
@@ -277,7 +277,13 @@ fn tar_of(files: &[(String, Vec<u8>)]) -> Result<Vec<u8>, String> {
             header[at..at + value.len()].copy_from_slice(value);
         };
         field(&mut header, 0, base.as_bytes());
-        field(&mut header, 100, b"0000644\0");
+        // A private key stays readable by its owner only (the broker runs as root inside).
+        let mode: &[u8] = if name.ends_with("key.pem") {
+            b"0000600\0"
+        } else {
+            b"0000644\0"
+        };
+        field(&mut header, 100, mode);
         field(&mut header, 108, b"0000000\0");
         field(&mut header, 116, b"0000000\0");
         field(
@@ -299,6 +305,25 @@ fn tar_of(files: &[(String, Vec<u8>)]) -> Result<Vec<u8>, String> {
     }
     out.resize(out.len() + 1024, 0);
     Ok(out)
+}
+
+/// Where a broker in a container finds the drill's TLS files ([`tls_files`]).
+pub const TLS_CA: &str = "/tmp/drill-tls/ca.pem";
+pub const TLS_CERT: &str = "/tmp/drill-tls/server.pem";
+pub const TLS_KEY: &str = "/tmp/drill-tls/server-key.pem";
+
+/// The drill's CA, the broker's certificate and its key, as files to copy into a container
+/// (at [`TLS_CA`], [`TLS_CERT`], [`TLS_KEY`]). Copied, not bound (a bind needs the engine on
+/// this machine); the key is of mode 0600 inside, as outside.
+pub fn tls_files(files: &crate::tls::TlsFiles) -> Result<Vec<(String, Vec<u8>)>, std::io::Error> {
+    Ok(vec![
+        (TLS_CA.to_string(), std::fs::read(&files.ca_file)?),
+        (
+            TLS_CERT.to_string(),
+            std::fs::read(&files.server_cert_file)?,
+        ),
+        (TLS_KEY.to_string(), std::fs::read(&files.server_key_file)?),
+    ])
 }
 
 /// How a broker binary is started inside the container: said by its destination kind.
@@ -335,10 +360,17 @@ impl Launch {
 
 /// Whether the broker at an address answers its own protocol (an MQTT CONNECT, a JetStream
 /// account-info request, a Kafka metadata request): the kind's readiness check.
-pub type Ready = fn(SocketAddr) -> BoxFuture<'static, Result<(), String>>;
+/// A shared closure, so a check may carry what it needs (the TLS a client of the broker trusts).
+pub type Ready =
+    std::sync::Arc<dyn Fn(SocketAddr) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+
+/// A kind's readiness check that needs nothing but the address.
+pub fn ready(check: fn(SocketAddr) -> BoxFuture<'static, Result<(), String>>) -> Ready {
+    std::sync::Arc::new(check)
+}
 
 /// Waits (at most 60 s) until the broker at `addr` answers its protocol.
-async fn wait_answers(ready: Ready, addr: SocketAddr) -> Result<(), String> {
+async fn wait_answers(ready: &Ready, addr: SocketAddr) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match tokio::time::timeout(Duration::from_secs(5), ready(addr)).await {
@@ -429,7 +461,7 @@ pub async fn start(
     let mut broker = ContainerBroker {
         id: Some(id.clone()),
         docker,
-        ready,
+        ready: ready.clone(),
         binding: plan.binding(),
         addr: ([127, 0, 0, 1], 0).into(),
         image: image.clone(),
@@ -456,7 +488,7 @@ pub async fn start(
         let addr = published(&broker.docker, &id, &plan.binding()).await?;
         // The published port accepts connections before the broker does (Docker's proxy
         // answers for it): wait for the protocol's own answer.
-        wait_answers(ready, addr)
+        wait_answers(&ready, addr)
             .await
             .map_err(|e| format!("no answer on {addr} within 60 s: {e}"))?;
         Ok::<_, String>(addr)

@@ -272,6 +272,42 @@ fn the_quickstart_runs_in_a_container() {
     assert!(no_drill_containers("quickstart-7"));
 }
 
+/// Brokers in containers speak TLS too: the drill's certificates are copied in (the key of
+/// mode 0600), mosquitto gets a TLS listener and nats-server its TLS flags, and readiness is
+/// checked over TLS. A wrong certificate on MQTT, and mutual TLS on JetStream with a half-open
+/// link: both pass, nothing left behind.
+#[test]
+fn brokers_in_containers_speak_tls() {
+    let Some(images) = local_images() else { return };
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scenarios/mqtt-tls-bad-certificate.yaml"
+    );
+    let ran = run_drill_with(
+        scenario,
+        "mqtt-tls-bad-certificate",
+        &["--runtime", "container"],
+        &images,
+    );
+    ran.say("mqtt-tls-bad-certificate in a container");
+    ran.assert_passed();
+    assert_eq!(ran.report["runtime"], "container");
+    assert!(no_drill_containers("mqtt-tls-bad-certificate-61"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = common::run::scenario(
+        dir.path(),
+        "nats-tls-container",
+        "name: nats-tls-container\nseed: 5\ndestination: { kind: nats, runtime: container, topic: drill.tlsc, tls: { client_certificates: true } }\nsystem: { builtin: { keepalive: 1s, answer_timeout: 2s } }\nworkload: { rate: 100/s, duration: 12s, keys: 2 }\nfaults:\n  - { at: 3s, link: nats, fault: swallow, direction: downstream, for: 4s }\nexpect: { lost: 0, duplicates: 0, ledger: closes, recovery_within: 10s }\n",
+    );
+    let ran = run_drill_with(&file, "nats-tls-container", &[], &images);
+    ran.say("JetStream over mutual TLS in a container");
+    ran.assert_passed();
+    assert_eq!(ran.report["runtime"], "container");
+    assert!(ran.markdown.contains("asks every client for a certificate"));
+    assert!(no_drill_containers("nats-tls-container-5"));
+}
+
 #[test]
 fn the_kafka_half_open_drill_runs_in_a_container() {
     let Some(images) = local_images() else { return };

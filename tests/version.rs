@@ -34,6 +34,9 @@ fn expected() -> String {
     if cfg!(feature = "default") {
         features.push("default");
     }
+    if cfg!(feature = "kafka-tls") {
+        features.push("kafka-tls");
+    }
     if cfg!(feature = "mutants") {
         features.push("mutants");
     }
@@ -42,6 +45,9 @@ fn expected() -> String {
     }
     if cfg!(feature = "test-hooks") {
         features.push("test-hooks");
+    }
+    if cfg!(feature = "vendored-openssl") {
+        features.push("vendored-openssl");
     }
     let features = if features.is_empty() {
         "none".to_string()

@@ -321,7 +321,7 @@ pub fn validate(raw: &RawDestination) -> Result<Spec, Located> {
     })
 }
 
-/// `tls:` — on the brokers drill starts as local processes (mosquitto, nats-server), with
+/// `tls:` — on the brokers drill starts, as local processes or in containers (mosquitto, nats-server), with
 /// certificates drill mints, or at the links only (Kafka: tansu serves no TLS); or to an MQTT
 /// broker you run, with your CA and client certificate. What cannot speak TLS yet is refused
 /// here, where it was written.
@@ -375,9 +375,10 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
             "drill's embedded MQTT broker serves no TLS; use `runtime: process` (mosquitto)"
                 .to_string(),
         ),
-        Runtime::Container => fail(
-            "TLS is served by brokers drill starts as local processes for now (mosquitto, nats-server); use `runtime: process` or `auto`".to_string(),
-        ),
+        Runtime::Container if !raw.kind.value.entry().broker_tls => fail(format!(
+            "TLS ended at the links in front of a {} broker in a container is not built yet; use `runtime: process`",
+            raw.kind.value.name()
+        )),
         _ => Ok(Some(TlsSpec::Minted {
             client_certificates: w.client_certificates.unwrap_or(false),
             names,

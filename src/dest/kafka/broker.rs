@@ -213,7 +213,7 @@ pub(super) async fn provision(dest: Kafka, p: Provision<'_>) -> Result<Provision
 async fn in_container(dest: Arc<Kafka>, at: Placement, run_id: &str) -> Result<Running, DestError> {
     let own = SocketAddr::from(([127, 0, 0, 1], free_port()?));
     let launch = launch(&at.image, own);
-    let c = container::start(at, launch, run_id, ready).await?;
+    let c = container::start(at, launch, run_id, container::ready(ready)).await?;
     let version = c.describe();
     let addr = c.addr;
     Ok(Running::new(

@@ -120,24 +120,21 @@ pub(super) async fn provision(
             .await;
     }
     let mut notes = Vec::new();
-    // TLS is served by a local mosquitto (the scenario's check refused the container runtime).
-    let placement = match p.tls {
-        Some(_) => None,
-        None => {
-            place(
-                IMAGE,
-                "local mosquitto (or the embedded broker)",
-                p.runtime,
-                &mut notes,
-            )
-            .await?
-        }
+    let local = if p.tls.is_some() {
+        "local mosquitto"
+    } else {
+        "local mosquitto (or the embedded broker)"
     };
+    let placement = place(IMAGE, local, p.runtime, &mut notes).await?;
     crate::dest::check_broker_faults(&p.needs, placement.is_some(), 1)?;
     let running = match placement {
         Some(at) => {
-            let launch = launch(p.needs.message_limit);
-            let c = container::start(at, launch, p.run_id, ready).await?;
+            let launch = launch(p.needs.message_limit, p.tls)?;
+            let check = match p.tls {
+                None => container::ready(ready),
+                Some(t) => ready_tls(&t.client())?,
+            };
+            let c = container::start(at, launch, p.run_id, check).await?;
             let version = c.describe();
             let addr = c.addr;
             Running::new(
@@ -178,20 +175,53 @@ pub(super) async fn provision(
 }
 
 /// mosquitto in a container: the same limits as a local one.
-fn launch(message_limit: Option<usize>) -> Launch {
+fn launch(
+    message_limit: Option<usize>,
+    tls: Option<&crate::tls::BrokerTls>,
+) -> Result<Launch, DestError> {
     let mut conf = "listener 1883 0.0.0.0\nallow_anonymous true\nuser root\npersistence true\npersistence_location /tmp/\nmax_queued_messages 0\nmax_queued_bytes 0\nmax_inflight_messages 0\nmax_keepalive 65535\n".to_string();
     if let Some(limit) = message_limit {
         conf.push_str(&format!("message_size_limit {limit}\n"));
     }
-    Launch {
+    let mut files = Vec::new();
+    // TLS in a container: the drill's certificates copied in beside the configuration.
+    if let Some(tls) = tls {
+        files = crate::container::tls_files(&tls.files)?;
+        conf.push_str(&format!(
+            "cafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate {}\n",
+            crate::container::TLS_CA,
+            crate::container::TLS_CERT,
+            crate::container::TLS_KEY,
+            tls.client_certificates
+        ));
+    }
+    files.push(("/tmp/drill-mosquitto.conf".into(), conf.into_bytes()));
+    Ok(Launch {
         entrypoint: "/usr/sbin/mosquitto".into(),
         args: vec!["-c".into(), "/tmp/drill-mosquitto.conf".into()],
         env: Vec::new(),
-        files: vec![("/tmp/drill-mosquitto.conf".into(), conf.into_bytes())],
+        files,
         port: 1883,
         host_port: None,
         ..Default::default()
-    }
+    })
+}
+
+/// Whether an MQTT broker that speaks only TLS answers at an address: a TLS CONNECT and its
+/// CONNACK, trusting (and showing) what `client` says.
+fn ready_tls(client: &crate::tls::TlsConfig) -> Result<container::Ready, DestError> {
+    let tls = crate::tls::ClientTls::new(client).map_err(DestError::Invalid)?;
+    Ok(std::sync::Arc::new(move |addr| {
+        let tls = tls.clone();
+        async move {
+            let limit = Duration::from_secs(3);
+            crate::mqtt::connect_as(addr, "drill-ready", limit, limit, None, Some(&tls))
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
+        .boxed()
+    }))
 }
 
 /// Whether an MQTT broker answers at `addr`: CONNECT and its CONNACK.

@@ -220,33 +220,70 @@ impl NodeSpawner {
 }
 
 /// nats-server in a container, advertising `advertise` (its link).
-fn launch(advertise: SocketAddr) -> Launch {
-    Launch {
+fn launch(advertise: SocketAddr, tls: Option<&BrokerTls>) -> Result<Launch, DestError> {
+    let mut args = vec![
+        "-js".into(),
+        "-sd".into(),
+        "/tmp/js".into(),
+        "-p".into(),
+        "4222".into(),
+        "--client_advertise".into(),
+        advertise.to_string(),
+    ];
+    let mut files = Vec::new();
+    // TLS in a container: the drill's certificates copied in, the same flags as a local server.
+    if let Some(tls) = tls {
+        files = container::tls_files(&tls.files)?;
+        args.extend(
+            [
+                "--tls",
+                "--tlscert",
+                container::TLS_CERT,
+                "--tlskey",
+                container::TLS_KEY,
+                "--tlscacert",
+                container::TLS_CA,
+            ]
+            .map(String::from),
+        );
+        if tls.client_certificates {
+            args.push("--tlsverify".into());
+        }
+    }
+    Ok(Launch {
         entrypoint: "/nats-server".into(),
-        args: vec![
-            "-js".into(),
-            "-sd".into(),
-            "/tmp/js".into(),
-            "-p".into(),
-            "4222".into(),
-            "--client_advertise".into(),
-            advertise.to_string(),
-        ],
+        args,
         env: Vec::new(),
-        files: Vec::new(),
+        files,
         port: 4222,
         host_port: None,
         ..Default::default()
-    }
+    })
 }
 
 /// Whether a JetStream server answers at `addr`: an account-info request.
 pub(crate) fn ready(addr: SocketAddr) -> BoxFuture<'static, Result<(), String>> {
+    answers(addr, None)
+}
+
+/// The same over TLS, trusting (and showing) what `client` says.
+fn ready_tls(client: &crate::tls::TlsConfig) -> Result<container::Ready, DestError> {
+    let tls = crate::tls::ClientTls::new(client).map_err(DestError::Invalid)?;
+    Ok(std::sync::Arc::new(move |addr| {
+        answers(addr, Some(tls.clone()))
+    }))
+}
+
+fn answers(
+    addr: SocketAddr,
+    tls: Option<crate::tls::ClientTls>,
+) -> BoxFuture<'static, Result<(), String>> {
     async move {
         let limit = Duration::from_secs(3);
-        let client = async_nats::ConnectOptions::new()
+        let options = async_nats::ConnectOptions::new()
             .ignore_discovered_servers()
-            .connection_timeout(limit)
+            .connection_timeout(limit);
+        let client = super::with_tls(options, tls.as_ref())
             .connect(addr.to_string())
             .await
             .map_err(|e| e.to_string())?;
@@ -267,11 +304,7 @@ pub(super) async fn provision(dest: Nats, p: Provision<'_>) -> Result<Provisione
     }
     let mut notes = Vec::new();
     let local = "local nats-server";
-    // TLS is served by local servers (the scenario's check refused the container runtime).
-    let placement = match p.tls {
-        Some(_) => None,
-        None => place(IMAGE, local, p.runtime, &mut notes).await?,
-    };
+    let placement = place(IMAGE, local, p.runtime, &mut notes).await?;
     crate::dest::check_broker_faults(&p.needs, placement.is_some(), dest.nodes)?;
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let window = dest.duplicate_window.unwrap_or(STREAM_DEFAULT_WINDOW);
@@ -288,7 +321,12 @@ pub(super) async fn provision(dest: Nats, p: Provision<'_>) -> Result<Provisione
             // advertise it.
             let nowhere = SocketAddr::from(([127, 0, 0, 1], 9));
             let link = Link::start("nats", any, nowhere, p.links.clone()).await?;
-            let c = container::start(at, launch(link.listen_addr()), p.run_id, ready).await?;
+            let launch = launch(link.listen_addr(), p.tls)?;
+            let check = match p.tls {
+                None => container::ready(ready),
+                Some(t) => ready_tls(&t.client())?,
+            };
+            let c = container::start(at, launch, p.run_id, check).await?;
             link.set_upstream(c.addr);
             let version = c.describe();
             let addr = c.addr;

@@ -161,8 +161,13 @@ pub(super) async fn provision(
     };
     let local = "the local PostgreSQL";
     if let Some(at) = crate::dest::place(IMAGE, local, runtime, &mut notes).await? {
-        let container =
-            crate::container::start(at, launch(), p.run_id, answers_in_container).await?;
+        let container = crate::container::start(
+            at,
+            launch(),
+            p.run_id,
+            crate::container::ready(answers_in_container),
+        )
+        .await?;
         let addr = container.addr;
         create_database(addr, table, p.needs.message_limit).await?;
         let version = version(addr).await;

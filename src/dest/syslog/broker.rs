@@ -303,7 +303,8 @@ async fn start_container(
         Transport::Relp => relp_answers,
         Transport::Tcp | Transport::Udp => answers_nothing,
     };
-    let container = crate::container::start(at, launch, run_id, ready).await?;
+    let container =
+        crate::container::start(at, launch, run_id, crate::container::ready(ready)).await?;
     let log = work.join("rsyslog.log");
     logged_start(&log, || None)
         .await
