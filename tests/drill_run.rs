@@ -274,8 +274,8 @@ fn the_quickstart_runs_in_a_container() {
 
 /// Brokers in containers speak TLS too: the drill's certificates are copied in (the key of
 /// mode 0600), mosquitto gets a TLS listener and nats-server its TLS flags, and readiness is
-/// checked over TLS. A wrong certificate on MQTT, and mutual TLS on JetStream with a half-open
-/// link: both pass, nothing left behind.
+/// checked over TLS. A wrong certificate on MQTT, mutual TLS on JetStream with a half-open
+/// link, and Kafka over TLS ended at the links: all pass, nothing left behind.
 #[test]
 fn brokers_in_containers_speak_tls() {
     let Some(images) = local_images() else { return };
@@ -306,6 +306,24 @@ fn brokers_in_containers_speak_tls() {
     assert_eq!(ran.report["runtime"], "container");
     assert!(ran.markdown.contains("asks every client for a certificate"));
     assert!(no_drill_containers("nats-tls-container-5"));
+    // Kafka in a container serves no TLS either: the links end it in front.
+    if cfg!(feature = "kafka-tls") {
+        let scenario = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scenarios/kafka-tls-terminate.yaml"
+        );
+        let ran = run_drill_with(
+            scenario,
+            "kafka-tls-terminate",
+            &["--runtime", "container"],
+            &images,
+        );
+        ran.say("kafka-tls-terminate in a container");
+        ran.assert_passed();
+        assert_eq!(ran.report["runtime"], "container");
+        assert_eq!(ran.number(&["ledger", "duplicates"]), 0);
+        assert!(no_drill_containers("kafka-tls-terminate-67"));
+    }
 }
 
 #[test]

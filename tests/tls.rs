@@ -278,11 +278,6 @@ fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
             "only a `mqtt` or `nats` or `kafka` destination takes it",
         ),
         (
-            "kafkacontainer",
-            "destination: { kind: kafka, runtime: container, tls: { links: terminate } }",
-            "in a container is not built yet",
-        ),
-        (
             "embedded",
             "destination: { kind: mqtt, runtime: embedded, tls: true }",
             "embedded MQTT broker serves no TLS",

@@ -375,10 +375,6 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
             "drill's embedded MQTT broker serves no TLS; use `runtime: process` (mosquitto)"
                 .to_string(),
         ),
-        Runtime::Container if !raw.kind.value.entry().broker_tls => fail(format!(
-            "TLS ended at the links in front of a {} broker in a container is not built yet; use `runtime: process`",
-            raw.kind.value.name()
-        )),
         _ => Ok(Some(TlsSpec::Minted {
             client_certificates: w.client_certificates.unwrap_or(false),
             names,
