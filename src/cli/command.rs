@@ -45,6 +45,37 @@ enum Command {
         /// Override the scenario's broker runtime.
         #[arg(long, value_enum)]
         runtime: Option<Runtime>,
+        /// Run only shard K of N (e.g. 2/3): a stable split of the selected drills, balanced by
+        /// their planned length (`drill list --shards N` shows it), for CI runners in parallel.
+        #[arg(long, value_name = "K/N")]
+        shard: Option<super::shard::Shard>,
+    },
+    /// List the drills with their planned length and, with --shards N, the shard each falls
+    /// in (to feed a CI matrix).
+    List {
+        /// Scenario files or folders (default: scenarios/).
+        #[arg(default_value = "scenarios")]
+        files: Vec<PathBuf>,
+        /// Only scenarios with one of these tags (repeatable).
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        /// Split them into this many shards.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
+        shards: u16,
+        /// JSON instead of a table: [{name, file, tags, plays_s, shard}], then each shard's total.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put the reports of drills run apart (`drill run --shard K/N` on several runners) back
+    /// together: one summary, one junit.xml, an index report.md; exit code the worst drill's,
+    /// 3 when a shard or a drill's report is missing.
+    Merge {
+        /// The output folders of the runs to merge (each a `drill run --out`).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+        /// Where the merged run goes (each drill's folder, summary.md, report.md, junit.xml).
+        #[arg(long, default_value = "reports/merged")]
+        out: PathBuf,
     },
     /// Run every test-only mutant of the built-in engine against the catalogue and print
     /// mutant × drill → caught / missed (builds with the `mutants` feature only).
@@ -231,6 +262,7 @@ async fn dispatch(command: Command) -> u8 {
             out,
             seed,
             runtime,
+            shard,
         } => {
             let flags = super::run::Flags {
                 paths: files,
@@ -238,9 +270,17 @@ async fn dispatch(command: Command) -> u8 {
                 seed,
                 runtime,
                 tags,
+                shard,
             };
             super::run::run(flags, cancel).await
         }
+        Command::Merge { dirs, out } => super::merge::merge(&dirs, &out),
+        Command::List {
+            files,
+            tags,
+            shards,
+            json,
+        } => super::run::list(&files, &tags, usize::from(shards), json),
         Command::Selftest {
             files,
             tags,

@@ -7,8 +7,10 @@ pub mod check;
 mod command;
 pub mod diff;
 pub mod init;
+pub mod merge;
 pub mod run;
 pub mod selftest;
+pub mod shard;
 
 pub use command::main;
 

@@ -1,4 +1,5 @@
-//! `drill run FILE|DIR... [--tag T]`: every scenario validated before anything starts, then run
+//! `drill run FILE|DIR... [--tag T] [--shard K/N]`: every scenario validated before anything
+//! starts (only shard K of N kept, see [`super::shard`]), then run
 //! one after another, each into `OUT/<scenario name>/`; a summary table at the end when there
 //! were several, and the worst exit code. With `GITHUB_STEP_SUMMARY` set, each drill's
 //! headline, tiles and ledger line are appended to that file.
@@ -29,13 +30,41 @@ pub struct Flags {
     pub seed: Option<u64>,
     pub runtime: Option<Runtime>,
     pub tags: Vec<String>,
+    /// Only this shard of the selected drills.
+    pub shard: Option<super::shard::Shard>,
 }
 
 pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
-    let plans = match plans(&flags.paths, &flags.tags) {
+    let mut plans = match plans(&flags.paths, &flags.tags) {
         Ok(p) => p,
         Err(code) => return code,
     };
+    if let Some(shard) = flags.shard {
+        let of = plans.len();
+        plans = super::shard::keep(plans, shard);
+        let names: Vec<&str> = plans.iter().map(|p| p.name.as_str()).collect();
+        println!(
+            "drill: shard {}/{}: {} of {of} drills{}{}",
+            shard.k,
+            shard.n,
+            plans.len(),
+            if names.is_empty() { "" } else { ": " },
+            names.join(", ")
+        );
+        // The shard declares itself first, so a merge can tell a shard that stopped early
+        // from one that never ran.
+        let drills = plans.iter().map(|p| p.name.clone()).collect();
+        if let Err(e) = super::merge::mark(&flags.out, shard, drills) {
+            eprintln!(
+                "drill: cannot write {}: {e}",
+                flags.out.join("shard.json").display()
+            );
+            return INFRASTRUCTURE;
+        }
+        if plans.is_empty() {
+            return PASS;
+        }
+    }
     let engine_exe = match std::env::current_exe() {
         Ok(p) => p,
         Err(e) => {
@@ -81,6 +110,45 @@ pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
         println!("{}", table(&outcomes));
     }
     outcomes.iter().map(|o| o.code).max().unwrap_or(PASS)
+}
+
+/// `drill list`: every selected drill with its planned length and shard, as a table or JSON
+/// (then each shard's planned total). Exit 2 on an invalid scenario, as `drill run`.
+pub fn list(paths: &[PathBuf], tags: &[String], shards: usize, json: bool) -> u8 {
+    let plans = match plans(paths, tags) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let listed = super::shard::list(&plans, shards);
+    let mut totals = vec![0u64; shards];
+    for l in &listed {
+        totals[l.shard - 1] += l.plays_s;
+    }
+    if json {
+        let doc = serde_json::json!({ "drills": listed, "shards": totals.iter().enumerate().map(|(i, t)| serde_json::json!({ "shard": i + 1, "plays_s": t })).collect::<Vec<_>>() });
+        println!("{doc:#}");
+        return PASS;
+    }
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED)
+        .set_header(vec!["drill", "plays", "shard", "tags", "file"]);
+    for l in &listed {
+        t.add_row(vec![
+            l.name.clone(),
+            format!("{} s", l.plays_s),
+            format!("{}/{shards}", l.shard),
+            l.tags.join(", "),
+            l.file.clone(),
+        ]);
+    }
+    println!("{t}");
+    let each: Vec<String> = totals
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("{}: {s} s", i + 1))
+        .collect();
+    println!("planned per shard: {}", each.join(", "));
+    PASS
 }
 
 /// Every scenario, validated, selected by tag; exit 2 on the first invalid one.
