@@ -75,23 +75,7 @@ fn terminating_links_let_the_tap_read_tls_and_every_fault_still_bites() {
     if !cfg!(feature = "mutants") {
         return;
     }
-    let file = format!(
-        "{}/scenarios/mqtt-tls-terminate.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let ran = common::run::run_drill_with(
-        &file,
-        "mqtt-tls-terminate",
-        &[],
-        &[("DRILL_MUTANT", "memory-only")],
-    );
-    ran.say("memory-only over terminating links");
-    assert_eq!(
-        ran.output.status.code(),
-        Some(1),
-        "{}",
-        common::run::show(&ran.output)
-    );
+    let ran = common::run::catalogue_drill_fails_mutant("mqtt-tls-terminate", "memory-only");
     let lost = ran.number(&["ledger", "lost"]);
     assert!(lost > 0, "{:#}", ran.report);
     let seen = &ran.report["lost_last_seen"];
@@ -128,23 +112,7 @@ fn kafka_over_links_that_terminate_tls_passes_and_a_timer_resending_engine_fails
     if !cfg!(feature = "mutants") {
         return;
     }
-    let file = format!(
-        "{}/scenarios/kafka-tls-terminate.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let ran = common::run::run_drill_with(
-        &file,
-        "kafka-tls-terminate",
-        &[],
-        &[("DRILL_MUTANT", "resend-on-timer")],
-    );
-    ran.say("resend-on-timer over terminating Kafka links");
-    assert_eq!(
-        ran.output.status.code(),
-        Some(1),
-        "{}",
-        common::run::show(&ran.output)
-    );
+    let ran = common::run::catalogue_drill_fails_mutant("kafka-tls-terminate", "resend-on-timer");
     assert!(
         ran.number(&["ledger", "duplicates"]) > 0,
         "{:#}",
@@ -167,22 +135,9 @@ fn an_expired_certificate_is_no_refusal_and_the_engine_that_counts_it_fails() {
     if !cfg!(feature = "mutants") {
         return;
     }
-    let file = format!(
-        "{}/scenarios/mqtt-tls-expired-certificate.yaml",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let ran = common::run::run_drill_with(
-        &file,
+    let ran = common::run::catalogue_drill_fails_mutant(
         "mqtt-tls-expired-certificate",
-        &[],
-        &[("DRILL_MUTANT", "handshake-failure-is-refusal")],
-    );
-    ran.say("handshake-failure-is-refusal against an expired certificate");
-    assert_eq!(
-        ran.output.status.code(),
-        Some(1),
-        "{}",
-        common::run::show(&ran.output)
+        "handshake-failure-is-refusal",
     );
     assert!(ran.number(&["ledger", "failed"]) > 0, "{:#}", ran.report);
 }

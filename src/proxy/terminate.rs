@@ -40,6 +40,23 @@ pub struct Terminate {
     pub upstream: Option<ClientTls>,
 }
 
+impl Terminate {
+    /// The two sides of a link that terminates TLS in front of a broker drill starts with
+    /// `broker`'s certificates: to the engine, the broker's own certificate (under mutual TLS,
+    /// asking for one from the same CA); to the broker, a client of its CA (showing the client
+    /// certificate under mutual TLS) when it serves TLS (`served`), plain TCP when it does not.
+    pub fn in_front_of(broker: &crate::tls::BrokerTls, served: bool) -> Result<Terminate, String> {
+        Ok(Terminate {
+            server: crate::tls::server::link_server(&broker.files, broker.client_certificates)?,
+            upstream: if served {
+                Some(ClientTls::new(&broker.client())?)
+            } else {
+                None
+            },
+        })
+    }
+}
+
 impl std::fmt::Debug for Terminate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Terminate")
@@ -223,14 +240,7 @@ mod tests {
         }));
         let client = ClientTls::new(&broker.client()).unwrap();
         let at = link.listen_addr();
-        let mut tls = crate::tls::client::connect(at, Some(&client))
-            .await
-            .unwrap();
-        tls.write_all(b"hello over tls").await.unwrap();
-        tls.flush().await.unwrap();
-        let mut got = [0u8; 14];
-        tls.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"hello over tls");
+        let mut tls = echoed(at, &client, b"hello over tls").await;
         // The link counted the plaintext both ways (a TLS record would be longer).
         let s = link.status();
         assert_eq!((s.bytes_upstream, s.bytes_downstream), (14, 14), "{s:?}");
@@ -260,14 +270,18 @@ mod tests {
 
         let epoch = link.apply(Fault::Heal, Direction::Both);
         assert!(link.settled(epoch, Duration::from_secs(5)).await);
-        let mut tls = crate::tls::client::connect(at, Some(&client))
-            .await
-            .unwrap();
-        tls.write_all(b"again").await.unwrap();
-        tls.flush().await.unwrap();
-        let mut got = [0u8; 5];
-        tls.read_exact(&mut got).await.unwrap();
-        assert_eq!(&got, b"again");
+        echoed(at, &client, b"again").await;
         link.shutdown().await;
+    }
+
+    /// A TLS connection through the link at `at` that sent `what` and read it back.
+    async fn echoed(at: SocketAddr, client: &ClientTls, what: &[u8]) -> crate::tls::Stream {
+        let mut tls = crate::tls::client::connect(at, Some(client)).await.unwrap();
+        tls.write_all(what).await.unwrap();
+        tls.flush().await.unwrap();
+        let mut got = vec![0u8; what.len()];
+        tls.read_exact(&mut got).await.unwrap();
+        assert_eq!(got, what);
+        tls
     }
 }

@@ -234,7 +234,8 @@ impl DrillTls {
                     ""
                 };
                 let (terminate, links) = if *terminate {
-                    let t = broker.terminate(broker_tls).map_err(RunError::Verifier)?;
+                    let t = crate::proxy::terminate::Terminate::in_front_of(&broker, broker_tls)
+                        .map_err(RunError::Verifier)?;
                     (Some(Arc::new(t)), TERMINATE)
                 } else {
                     (None, PASS)

@@ -98,21 +98,6 @@ impl BrokerTls {
         })
     }
 
-    /// The two TLS sides of a link that terminates TLS in front of this broker: to the engine,
-    /// the broker's own certificate (under mutual TLS, asking for one from the same CA); to the
-    /// broker, a client of its CA (showing the client certificate under mutual TLS) when it
-    /// serves TLS (`served`), plain TCP when it does not.
-    pub fn terminate(&self, served: bool) -> Result<crate::proxy::terminate::Terminate, String> {
-        Ok(crate::proxy::terminate::Terminate {
-            server: server::link_server(&self.files, self.client_certificates)?,
-            upstream: if served {
-                Some(ClientTls::new(&self.client())?)
-            } else {
-                None
-            },
-        })
-    }
-
     /// What a client of this broker trusts and shows: the CA, and the client certificate
     /// under mutual TLS.
     pub fn client(&self) -> TlsConfig {

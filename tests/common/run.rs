@@ -79,6 +79,16 @@ pub fn catalogue_drill_passes(name: &str) -> Ran {
     ran
 }
 
+/// Runs the catalogue's `scenarios/NAME.yaml` against the engine `mutant` (a build with the
+/// `mutants` feature), says what it found, and asserts the drill failed it (exit 1).
+pub fn catalogue_drill_fails_mutant(name: &str, mutant: &str) -> Ran {
+    let file = format!("{}/scenarios/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    let ran = run_drill_with(&file, name, &[], &[("DRILL_MUTANT", mutant)]);
+    ran.say(&format!("{name} against {mutant}"));
+    assert_eq!(ran.output.status.code(), Some(1), "{}", show(&ran.output));
+    ran
+}
+
 /// Runs `drill run FILE --out <temp> EXTRA...` and reads back scenario `name`'s reports.
 pub fn run_drill(file: &str, name: &str, extra: &[&str]) -> Ran {
     run_drill_with(file, name, extra, &[])
