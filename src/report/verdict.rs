@@ -381,7 +381,13 @@ fn notes(facts: &Facts, verifier_fault: Option<&str>) -> Vec<String> {
         });
     }
     if facts.tapped.is_none() {
-        notes.push("the links carry no protocol tap for this destination kind: where lost records were last seen cannot be told, and a bypass of the proxy is judged by arrival times alone".to_string());
+        // A kind with a tap whose links carry TLS untouched: the tap cannot read ciphertext.
+        let why = if facts.plan.destination.kind.entry().taps.is_some() {
+            "the links pass TLS untouched, so their protocol tap cannot read it (`tls: { links: terminate }` lets it)"
+        } else {
+            "the links carry no protocol tap for this destination kind"
+        };
+        notes.push(format!("{why}: where lost records were last seen cannot be told, and a bypass of the proxy is judged by arrival times alone"));
     }
     if let Some(n) = facts.engine.as_ref().map(|a| a.errors).filter(|n| *n > 0) {
         notes.push(format!("the engine reported {n} failed writes of its attempt journal, delivery marks or failed store (see its log): the verdict's allowance for extra copies may be wrong"));

@@ -214,7 +214,19 @@ impl NodeSpawner {
             ))
             .kill_on_drop(true);
         let mut child = dies_with_drill(&mut command).spawn()?;
-        wait_listening(self.addr, &mut child, &self.name).await?;
+        if let Err(e) = wait_listening(self.addr, &mut child, &self.name).await {
+            // The server's own last word says why (a port taken, most often).
+            let said = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let last = said
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            return Err(DestError::Start(crate::process::StartError {
+                why: format!("{}; its log: {last}", e.why),
+                ..e
+            }));
+        }
         Ok(LocalProcess::new(child))
     }
 }
@@ -387,7 +399,25 @@ async fn local_servers(
         let running = Running::new(arc, vec![server.addr], "process", server.version, place);
         return Ok((running, links, 1));
     }
-    let nodes = start_nats_cluster(p.work, &ports, &advertised, p.tls).await?;
+    // Ports are picked free and given to the servers: another process may take one between
+    // (with many drills at once, seen in CI: "n3 did not start"). Then the cluster starts
+    // again on fresh ports and fresh stores, twice at most.
+    let mut attempt = 0;
+    let nodes = loop {
+        match start_nats_cluster(p.work, &ports, &advertised, p.tls).await {
+            Ok(nodes) => break nodes,
+            Err(e) if attempt < 2 => {
+                attempt += 1;
+                eprintln!("drill: the NATS cluster did not start ({e}); again on fresh ports");
+                for (i, (link, port)) in links.iter().zip(ports.iter_mut()).enumerate() {
+                    *port = free_port()?;
+                    link.set_upstream(SocketAddr::from(([127, 0, 0, 1], *port)));
+                    let _ = std::fs::remove_dir_all(p.work.join(format!("nats-n{}", i + 1)));
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let version = format!("nats-server cluster of {} nodes", nodes.len());
     let addrs = nodes.iter().map(|n| n.addr).collect();
     let replicas = nodes.len().clamp(1, 3);
@@ -465,5 +495,41 @@ impl From<LocalNats> for crate::dest::BenchBroker {
             version: b.version,
             process: Some(b.process),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node that cannot start says why in nats-server's own words (its port taken, here),
+    /// which is what the cluster's start on fresh ports answers.
+    #[tokio::test]
+    async fn a_node_whose_port_is_taken_says_so_from_its_log() {
+        if nats_server_path().is_none() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI=true and no nats-server"
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        // Bound, not listening: the port is taken, and nothing answers on it.
+        let taken =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        taken
+            .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .unwrap();
+        let port = taken.local_addr().unwrap().as_socket().unwrap().port();
+        let advertise = SocketAddr::from(([127, 0, 0, 1], port));
+        let Err(e) = start_nats_cluster(dir.path(), &[port], &[advertise], None).await else {
+            panic!("a node started on a taken port");
+        };
+        let e = e.to_string();
+        assert!(
+            e.contains("n1 did not start") && e.contains("its log:"),
+            "{e}"
+        );
+        assert!(e.contains("address already in use"), "{e}");
     }
 }
