@@ -323,19 +323,12 @@ async fn dispatch(command: Command) -> u8 {
             copy_only,
         } => {
             crate::proxy::zero_copy(!copy_only);
-            let token = match crate::control::token_for(api, token) {
-                Ok(t) => t,
-                Err(e) => {
-                    eprintln!("drill proxy: {e}");
-                    return INVALID;
-                }
-            };
-            let specs = links
+            let links = links
                 .into_iter()
                 .map(|l| (l, false))
                 .chain(kafka_links.into_iter().map(|l| (l, true)))
                 .collect();
-            proxy(specs, api, token, cancel).await
+            proxy_with_token(links, api, token, cancel).await
         }
         Command::Bench {
             what,
@@ -528,6 +521,22 @@ async fn start_links(proxy: &Proxy, specs: &[(String, bool)]) -> Result<(), u8> 
         }
     }
     Ok(())
+}
+
+/// `drill proxy`: the API's token checked first (a token is required off loopback).
+async fn proxy_with_token(
+    specs: Vec<(String, bool)>,
+    api: SocketAddr,
+    token: Option<String>,
+    cancel: CancellationToken,
+) -> u8 {
+    match crate::control::token_for(api, token) {
+        Ok(token) => proxy(specs, api, token, cancel).await,
+        Err(e) => {
+            eprintln!("drill proxy: {e}");
+            INVALID
+        }
+    }
 }
 
 async fn proxy(
