@@ -61,7 +61,8 @@ impl EngineOptions {
                 .map(|v| v.split(',').filter_map(|k| Kind::parse(k.trim())).collect())
                 .unwrap_or_else(|| {
                     Kind::ALL
-                        .into_iter()
+                        .iter()
+                        .copied()
                         .filter(|k| k.entry().bench.is_some())
                         .collect()
                 }),

@@ -54,7 +54,7 @@ pub fn measure(records: u64, runs: usize) -> Result<String, BenchError> {
         "\nWhat a protocol tap costs a healed link: {records} records of {RECORD_BYTES} B per run through an untapped and a tapped link (two brokers alike), the kind's raw client, median of {} runs, paths interleaved\n\n| destination | untapped records/s | tapped records/s | tapped / untapped | records the tap noted |\n|---|---:|---:|---:|---:|\n",
         runs.max(1)
     );
-    for kind in Kind::ALL {
+    for &kind in Kind::ALL {
         if kind.entry().bench.is_none() {
             continue;
         }

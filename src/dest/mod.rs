@@ -1,4 +1,5 @@
-//! Destination kinds, one folder each: `mqtt/`, `nats/`, `kafka/`, `syslog/`.
+//! Destination kinds, one folder each: `mqtt/`, `nats/`, `kafka/`, `syslog/`, `http/`,
+//! `postgres/`.
 //!
 //! A kind's folder holds all that is that kind's, as vector's `src/sinks/<name>/` does:
 //!
@@ -17,7 +18,9 @@
 //!
 //! 1. A folder `src/dest/<kind>/` with `mod.rs`, `broker.rs`, `read.rs`, `sink.rs`, and its
 //!    client crate in `Cargo.toml`.
-//! 2. One variant of [`Kind`] and one arm of [`Kind::entry`] (the registration).
+//! 2. One line in the [`kinds!`] list below: the kind's variant and its folder (the
+//!    registration; the macro makes the module, the [`Kind`] variant, its place in
+//!    [`Kind::ALL`] and its arm of [`Kind::entry`]).
 //! 3. What each part must guarantee:
 //!    - the validator ([`Entry::validate`]) refuses every field the kind cannot honour, with
 //!      its location, and may not claim a promise the kind cannot keep;
@@ -37,14 +40,8 @@
 
 mod bench;
 mod external;
-pub mod http;
-pub mod kafka;
-pub mod mqtt;
-pub mod nats;
-pub mod postgres;
 mod running;
 mod spec;
-pub mod syslog;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -66,48 +63,51 @@ pub use external::reach;
 pub use running::{Halt, Node, Running};
 pub use spec::{Common, External, RawCredentials, RawDestination, Spec, TlsSpec, validate};
 
-/// A destination kind, as a scenario and `engine.yaml` name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    Mqtt,
-    Kafka,
-    Nats,
-    Syslog,
-    Http,
-    Postgres,
+/// Makes the registration from one list of `Variant => folder` lines: the `pub mod`, the
+/// [`Kind`] enum, [`Kind::ALL`] in the list's order, and [`Kind::entry`].
+macro_rules! kinds {
+    ($($variant:ident => $folder:ident,)+) => {
+        $(pub mod $folder;)+
+
+        /// A destination kind, as a scenario and `engine.yaml` name it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+        #[serde(rename_all = "snake_case")]
+        pub enum Kind {
+            $($variant,)+
+        }
+
+        impl Kind {
+            /// Every kind this build has.
+            pub const ALL: &'static [Kind] = &[$(Kind::$variant,)+];
+
+            /// The kind's implementation: the one place a kind is mapped to it.
+            pub fn entry(self) -> &'static Entry {
+                match self {
+                    $(Kind::$variant => &$folder::ENTRY,)+
+                }
+            }
+        }
+    };
+}
+
+// The registration: one line per destination kind.
+kinds! {
+    Mqtt => mqtt,
+    Nats => nats,
+    Kafka => kafka,
+    Syslog => syslog,
+    Http => http,
+    Postgres => postgres,
 }
 
 impl Kind {
-    /// Every kind this build has.
-    pub const ALL: [Kind; 6] = [
-        Kind::Mqtt,
-        Kind::Nats,
-        Kind::Kafka,
-        Kind::Syslog,
-        Kind::Http,
-        Kind::Postgres,
-    ];
-
-    /// The kind's implementation: the one place a kind is mapped to it.
-    pub fn entry(self) -> &'static Entry {
-        match self {
-            Kind::Mqtt => &mqtt::ENTRY,
-            Kind::Nats => &nats::ENTRY,
-            Kind::Kafka => &kafka::ENTRY,
-            Kind::Syslog => &syslog::ENTRY,
-            Kind::Http => &http::ENTRY,
-            Kind::Postgres => &postgres::ENTRY,
-        }
-    }
-
     pub fn name(self) -> &'static str {
         self.entry().name
     }
 
     /// The kind called `name`.
     pub fn parse(name: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.name() == name)
+        Kind::ALL.iter().copied().find(|k| k.name() == name)
     }
 
     /// The engine's side of the kind: its sink.

@@ -1321,7 +1321,7 @@ mod tests {
     }
 
     /// A destination whose links carry datagrams: the MQTT one, but answering `true` to
-    /// `datagram_links` (no kind does yet; syslog's `transport: udp` will).
+    /// `datagram_links` (as syslog's `transport: udp` does), without starting an rsyslog.
     #[derive(Debug)]
     struct OverUdp(std::sync::Arc<dyn crate::dest::Destination>);
 
