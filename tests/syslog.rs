@@ -353,3 +353,42 @@ fn what_a_syslog_destination_cannot_honour_exits_2_located() {
         refused_at(dir.path(), name, &text, says, points_at, &[]);
     }
 }
+
+/// rsyslog missing, or without its RELP module, when a drill needs it: exit 3 (the drill could
+/// not be set up, not a verdict), one line naming the Debian package to install. Shown with
+/// `DRILL_RSYSLOGD` pointing nowhere, and at a root that has rsyslog's modules but not
+/// `rsyslog-relp`'s `imrelp.so`, so the test does not depend on what the machine has.
+#[test]
+fn a_missing_rsyslog_or_relp_module_exits_3_naming_the_package() {
+    let root = tempfile::tempdir().unwrap();
+    let sbin = root.path().join("usr/sbin");
+    let modules = root.path().join("usr/lib/x86_64-linux-gnu/rsyslog");
+    std::fs::create_dir_all(&sbin).unwrap();
+    std::fs::create_dir_all(&modules).unwrap();
+    std::fs::write(sbin.join("rsyslogd"), "#!/bin/sh\nexit 1\n").unwrap();
+    std::fs::write(modules.join("imtcp.so"), "").unwrap();
+    let without_relp = sbin.join("rsyslogd").display().to_string();
+    let nowhere = root.path().join("no-such-rsyslogd").display().to_string();
+    let file = scenario(
+        root.path(),
+        "needs-rsyslog",
+        "name: needs-rsyslog\ndestination: { kind: syslog, transport: relp }\nworkload: { rate: 10/s, duration: 2s }\n",
+    );
+    for (rsyslogd, says) in [
+        (nowhere.as_str(), "apt-get install rsyslog rsyslog-relp"),
+        (without_relp.as_str(), "install rsyslog-relp (Debian)"),
+    ] {
+        let ran = run_drill_with(
+            &file,
+            "needs-rsyslog",
+            &["--runtime", "process"],
+            &[("DRILL_RSYSLOGD", rsyslogd)],
+        );
+        let o = &ran.output;
+        assert_eq!(o.status.code(), Some(3), "{}", show(o));
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        let errors: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(errors.len(), 1, "one line: {}", show(o));
+        assert!(errors[0].contains(says), "{}", show(o));
+    }
+}

@@ -124,33 +124,44 @@ pub(super) async fn provision(
 /// What to install when rsyslogd is not found.
 pub const MISSING: &str = "rsyslogd is not installed (looked at DRILL_RSYSLOGD, on PATH, in /usr/sbin and in ~/.cache/drill/rsyslog); install it (Debian: apt-get install rsyslog rsyslog-relp, or run ci/setup.sh, which unpacks them into ~/.cache/drill/rsyslog without installing a daemon)";
 
-/// rsyslogd and, for an unpacked one, its module folder.
+/// rsyslogd and, for an unpacked one, its module folder. `DRILL_RSYSLOGD`, when set, is the
+/// only place looked at: a wrong path there is an error, not a reason to run another rsyslogd.
 pub fn find_rsyslogd() -> Option<(PathBuf, Option<PathBuf>)> {
-    let unpacked = std::env::var_os("HOME")
-        .map(|h| PathBuf::from(h).join(".cache/drill/rsyslog/usr/sbin"))
-        .into_iter()
-        .collect::<Vec<_>>();
-    let bin = std::env::var_os("DRILL_RSYSLOGD")
-        .map(PathBuf::from)
-        .filter(|p| p.is_file())
-        .or_else(|| {
+    let bin = match std::env::var_os("DRILL_RSYSLOGD") {
+        Some(named) => Some(PathBuf::from(named)).filter(|p| p.is_file())?,
+        None => {
             let mut more = vec![PathBuf::from("/usr/sbin")];
-            more.extend(unpacked);
-            crate::process::find_binary("rsyslogd", &more)
-        })?;
-    // <root>/usr/sbin/rsyslogd → <root>/usr/lib/<triplet>/rsyslog, when it is not the
-    // system's own (whose module folder is compiled in).
-    let modules = bin
-        .parent()
-        .and_then(Path::parent)
-        .filter(|usr| *usr != Path::new("/usr"))
-        .and_then(|usr| std::fs::read_dir(usr.join("lib")).ok())
-        .into_iter()
-        .flatten()
+            more.extend(
+                std::env::var_os("HOME")
+                    .map(|h| PathBuf::from(h).join(".cache/drill/rsyslog/usr/sbin")),
+            );
+            crate::process::find_binary("rsyslogd", &more)?
+        }
+    };
+    // The system's own rsyslogd has its module folder compiled in; an unpacked one is told.
+    let modules = module_folder(&bin).filter(|m| !m.starts_with("/usr/lib") && !m.starts_with("/lib"));
+    Some((bin, modules))
+}
+
+/// `<root>/usr/sbin/rsyslogd` → `<root>/usr/lib/<triplet>/rsyslog`, where its modules are.
+fn module_folder(bin: &Path) -> Option<PathBuf> {
+    let usr = bin.parent()?.parent()?;
+    std::fs::read_dir(usr.join("lib"))
+        .ok()?
         .flatten()
         .map(|e| e.path().join("rsyslog"))
-        .find(|p| p.join("imtcp.so").is_file());
-    Some((bin, modules))
+        .find(|p| p.join("imtcp.so").is_file())
+}
+
+/// Why no rsyslogd was found, naming `DRILL_RSYSLOGD` when it points nowhere.
+fn missing() -> String {
+    match std::env::var_os("DRILL_RSYSLOGD") {
+        Some(named) => format!(
+            "DRILL_RSYSLOGD names {}, which is not a file; point it at rsyslogd or unset it. {MISSING}",
+            PathBuf::from(named).display()
+        ),
+        None => MISSING.to_string(),
+    }
 }
 
 /// The config: one input on `listen`, every message to `received.log` in `work`, rsyslog's own
@@ -179,9 +190,9 @@ pub async fn start(
     transport: Transport,
     work: &Path,
 ) -> Result<(Rsyslog, LocalProcess), DestError> {
-    let (bin, modules) = find_rsyslogd().ok_or_else(|| DestError::Missing(MISSING.to_string()))?;
+    let (bin, modules) = find_rsyslogd().ok_or_else(|| DestError::Missing(missing()))?;
     if transport == Transport::Relp
-        && let Some(m) = &modules
+        && let Some(m) = module_folder(&bin)
         && !m.join("imrelp.so").is_file()
     {
         return Err(DestError::Missing(format!(
