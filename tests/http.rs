@@ -71,6 +71,23 @@ fn an_engine_that_counts_503_as_a_refusal_fails_with_records_failed() {
     assert_eq!(broken, ["failed"], "{:#}", r["expectations"]);
 }
 
+/// An endpoint that answers every write 4xx (401 for 10 s, then 422 for 8 s) is away, not
+/// refusing records: the probe sent after each 4xx gets the same answer, so nothing is
+/// refused and nothing ends in Failed messages. The engine before this rule (a 4xx counted as
+/// a refusal whenever a write had been taken in the last minute) failed 29 records here.
+#[test]
+fn an_endpoint_that_answers_everything_4xx_is_away_not_refusing() {
+    let ran = catalogue_drill_passes("http-unauthorized");
+    assert_eq!(ran.number(&["ledger", "failed"]), 0);
+    assert_eq!(ran.number(&["ledger", "lost"]), 0);
+    assert_eq!(
+        ran.number(&["attempts", "refused"]),
+        0,
+        "{:#}",
+        ran.report["attempts"]
+    );
+}
+
 /// Late answers past the answer timeout: resends with the same Idempotency-Key. With dedupe the
 /// endpoint stores each record once (no duplicate at all); without, the copies are stored and
 /// each is within at_least_once.
@@ -179,6 +196,12 @@ fn what_an_http_destination_cannot_honour_exits_2_located() {
             "destination: { kind: http, key_header: \"Idem Key\" }\n".to_string(),
             "not an HTTP header name",
             "\"Idem Key\"",
+        ),
+        (
+            "engine-key-in-another-header",
+            "destination: { kind: http, dedupe: true, key_header: X-Write-Key }\nsystem: { command: [x, \"{ingest}\"], ingest: { kind: http }, write_key: { http_header: Idempotency-Key } }\n".to_string(),
+            "recognises a repeat by the header `x-write-key`",
+            "{ http_header",
         ),
     ];
     for (name, body, says, points_at) in cases {

@@ -2,9 +2,10 @@
 //!
 //! `POST {path}`: each non-empty line of the body (JSON or NDJSON) is stored as one copy, with
 //! the request's headers and the instant it arrived. With `dedupe`, a write key (the
-//! `key_header` header) already stored is answered `200` and not stored again. A body larger
-//! than the drill's message limit (a poison record) is answered `422` and not stored, while
-//! every other write is taken. `HEAD {path}` answers `200`: the engine's data-free probe.
+//! `key_header` header) already stored is answered `200` and not stored again. A record (a
+//! line) larger than the drill's message limit (a poison record) makes its request answered
+//! `422` and not stored, while every other write is taken; the limit is per record, so a
+//! batch of many small records is taken whatever its size. `HEAD {path}` answers `200`: the engine's data-free probe.
 //!
 //! A destination fault ([`AnswerFault`]) changes the answers for a window: a status (nothing
 //! stored; a probe gets it too), or a late answer to each write (stored at once, answered
@@ -231,9 +232,36 @@ fn status(code: u16, retry_after: Option<Duration>) -> Response {
     }
 }
 
-/// Stores one POST's lines (or recognises a repeat, or refuses a poison body).
+/// The body's records: its non-empty lines (one for a JSON body, one per line for NDJSON).
+fn records(body: &Bytes) -> Vec<Bytes> {
+    let mut lines = Vec::new();
+    let mut start = 0;
+    for (i, b) in body
+        .iter()
+        .copied()
+        .enumerate()
+        .chain([(body.len(), b'\n')])
+    {
+        if b == b'\n' {
+            let line = body.slice(start..i);
+            start = i + 1;
+            if !line.iter().all(u8::is_ascii_whitespace) {
+                lines.push(line);
+            }
+        }
+    }
+    lines
+}
+
+/// Stores one POST's records (or recognises a repeat, or refuses a poison record). A record
+/// over the message limit is poison: the request holding it is answered 422 and nothing of it
+/// is stored — one answer cannot take some records of a batch and refuse others. The limit is
+/// per record, not per body: a batch of many small records is taken.
 fn store_write(store: &Store, headers: &HeaderMap, body: Bytes, at: Instant) -> StatusCode {
-    if store.message_limit.is_some_and(|limit| body.len() > limit) {
+    let lines = records(&body);
+    if let Some(limit) = store.message_limit
+        && lines.iter().any(|l| l.len() > limit)
+    {
         store.lock().refused += 1;
         return StatusCode::UNPROCESSABLE_ENTITY;
     }
@@ -255,25 +283,12 @@ fn store_write(store: &Store, headers: &HeaderMap, body: Bytes, at: Instant) -> 
         inner.repeats += 1;
         return StatusCode::OK;
     }
-    let mut start = 0;
-    for (i, b) in body
-        .iter()
-        .copied()
-        .enumerate()
-        .chain([(body.len(), b'\n')])
-    {
-        if b == b'\n' {
-            let line = body.slice(start..i);
-            start = i + 1;
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            inner.copies.push(Copy {
-                line,
-                headers: kept.clone(),
-                at,
-            });
-        }
+    for line in lines {
+        inner.copies.push(Copy {
+            line,
+            headers: kept.clone(),
+            at,
+        });
     }
     StatusCode::OK
 }
@@ -363,6 +378,19 @@ mod tests {
         assert_eq!(s.lock().repeats, 1);
         let poison = "x".repeat(101);
         assert_eq!(post(&client, addr, "k2", &poison).await.status(), 422);
+        // The limit is per record: a batch of small records over 100 bytes in all is taken,
+        // one holding a poison line is refused whole.
+        let small = "{\"id\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}\n".repeat(4);
+        assert!(small.len() > 100);
+        assert_eq!(post(&client, addr, "k5", &small).await.status(), 200);
+        assert_eq!(
+            post(&client, addr, "k6", &format!("{small}{poison}\n"))
+                .await
+                .status(),
+            422
+        );
+        assert_eq!(s.lock().copies.len(), 6, "4 small records stored, the poison batch not");
+        assert_eq!(s.lock().refused, 2);
         s.set(Some(AnswerFault::Status {
             code: 503,
             retry_after: Some(Duration::from_secs(7)),
@@ -385,7 +413,7 @@ mod tests {
         });
         assert_eq!(r.status(), 200);
         assert!(started.elapsed() >= Duration::from_millis(300));
-        assert_eq!(stored_before, 3, "stored before the late answer");
+        assert_eq!(stored_before, 7, "stored before the late answer");
         s.set(None);
         assert_eq!(
             client

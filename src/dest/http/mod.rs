@@ -152,6 +152,10 @@ impl Destination for Http {
 
     fn write_key_place(&self, value: &serde_json::Value) -> Result<WriteKeyPlace, String> {
         match value.as_str().map(str::trim).filter(|s| !s.is_empty()) {
+            Some(name) if self.dedupe && !name.eq_ignore_ascii_case(&self.key_header) => Err(format!(
+                "the endpoint recognises a repeat by the header `{}` (`destination.key_header`), so a key in `{name}` would never be recognised: name the same header here, or set `destination.key_header: {name}`",
+                self.key_header
+            )),
             Some(name) => Ok(WriteKeyPlace::Meta(name.to_ascii_lowercase())),
             None => Err("the request header, e.g. http_header: Idempotency-Key".to_string()),
         }

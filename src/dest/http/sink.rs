@@ -4,7 +4,8 @@
 //! | answer | outcome |
 //! |---|---|
 //! | 2xx | delivered |
-//! | another 4xx (not 408, not 429) | refused and counted — only while the endpoint takes other writes (it took one in the last minute): one that answers every write 4xx is misconfigured or away, not refusing a record, and the session ends with the record held |
+//! | 401, 403, 404, 405, 407, 411, 426 | about the request (credentials, address, method, framing), never one record: the destination is away for this engine, as for a 5xx |
+//! | another 4xx (400, 409, 413, 422, …) | refused and counted — only while the endpoint takes requests: the probe (`HEAD`), sent right after that answer, answers 2xx. An endpoint that answers its probe 4xx or 5xx too refuses everything, which is not a refusal of a record: the session ends with the record held and no attempt spent |
 //! | 5xx, 408, 429, a transport error | the destination is away: the session ends, its open attempts end `possibly_sent` (a 5xx may come from a gateway after the write landed), and **no attempt is spent**; the next session starts with a probe |
 //! | no answer within the answer timeout | `possibly_sent` (the tick ends the session) |
 //!
@@ -15,7 +16,6 @@
 //! (`window: 1`): requests in flight together travel on separate connections and may land in
 //! any order, which `in_order` cannot allow.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -33,31 +33,13 @@ use crate::engine::mutant::{self, Mutant};
 /// The longest `Retry-After` the probe waits out.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(30);
 
-/// A 4xx refuses a record only if the endpoint took a write this recently.
-const ACCEPTING_WITHIN: Duration = Duration::from_secs(60);
-
-/// When each endpoint (by URL) last took a write, across sessions.
-static LAST_TAKEN: std::sync::Mutex<Option<HashMap<String, Instant>>> = std::sync::Mutex::new(None);
-
-fn taken_now(url: &str) {
-    let mut map = LAST_TAKEN.lock().unwrap_or_else(|p| p.into_inner());
-    map.get_or_insert_with(HashMap::new)
-        .insert(url.to_string(), Instant::now());
-}
-
-fn taken_recently(url: &str) -> bool {
-    let map = LAST_TAKEN.lock().unwrap_or_else(|p| p.into_inner());
-    map.as_ref()
-        .and_then(|m| m.get(url))
-        .is_some_and(|at| at.elapsed() < ACCEPTING_WITHIN)
-}
-
 /// The HTTP sink (stateless: the path and header are in the output's config).
 #[derive(Clone, Copy)]
 pub struct HttpSink;
 
-/// What one request came back with.
-type Reply = Result<(StatusCode, Option<Duration>), String>;
+/// What one request came back with: its status, its `Retry-After`, and after a record-level
+/// 4xx what the probe sent right after it answered (`None`: no answer).
+type Reply = Result<(StatusCode, Option<Duration>, Option<StatusCode>), String>;
 
 impl Sink for HttpSink {
     type Session = HttpSession;
@@ -123,7 +105,6 @@ impl Sink for HttpSink {
             requests: JoinSet::new(),
             done,
             replies,
-            deferred: HashMap::new(),
         })
     }
 }
@@ -133,6 +114,18 @@ fn away(status: StatusCode) -> bool {
     status.is_server_error()
         || status == StatusCode::REQUEST_TIMEOUT
         || status == StatusCode::TOO_MANY_REQUESTS
+}
+
+/// A 4xx about the request itself — its credentials, address, method or framing — which no
+/// record's content can cause: every write of this engine gets it, so the destination is away
+/// for it, not refusing a record.
+fn about_the_request(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 401 | 403 | 404 | 405 | 407 | 411 | 426)
+}
+
+/// Whether a 4xx may be a refusal of the record, to be checked with a probe.
+fn about_the_record(status: StatusCode) -> bool {
+    status.is_client_error() && !away(status) && !about_the_request(status)
 }
 
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
@@ -156,38 +149,41 @@ pub struct HttpSession {
     requests: JoinSet<()>,
     done: mpsc::UnboundedSender<(u16, Reply)>,
     replies: mpsc::UnboundedReceiver<(u16, Reply)>,
-    /// 4xx answers that came while the endpoint took no write, by tag: refusals only once it
-    /// is seen taking writes.
-    deferred: HashMap<u16, String>,
 }
 
 impl HttpSession {
-    /// What one reply means: an answer for the attempt, `Ok(None)` for a 4xx held back until
-    /// the endpoint takes a write, or `Err` when the destination is away.
-    fn classify(&mut self, tag: u16, reply: Reply) -> Result<Option<Answer>, String> {
-        let (status, retry) = reply?;
+    /// What one reply means: an answer for the attempt, or `Err` when the destination is away.
+    fn classify(reply: Reply) -> Result<Answer, String> {
+        let (status, retry, probe) = reply?;
         if status.is_success() {
-            taken_now(&self.url);
-            return Ok(Some(Answer::Accepted));
+            return Ok(Answer::Accepted);
         }
         if away(status) {
             #[cfg(feature = "mutants")]
             if mutant::is(Mutant::OutageStatusSpendsAttempts) {
                 // MUTANT: the destination's "away" answer counted as a refusal of the record
                 // (DESIGN.md §1.2: only a destination's refusal counts).
-                return Ok(Some(Answer::Refused(format!("HTTP {status}"))));
+                return Ok(Answer::Refused(format!("HTTP {status}")));
             }
             let retry = retry.map_or(String::new(), |d| {
                 format!(" (Retry-After {}s)", d.as_secs())
             });
             return Err(format!("HTTP {status}{retry}: the destination is away"));
         }
-        let refusal = format!("HTTP {status}");
-        if taken_recently(&self.url) {
-            return Ok(Some(Answer::Refused(refusal)));
+        if about_the_request(status) {
+            return Err(format!(
+                "HTTP {status}: about the request, not the record — the endpoint takes no write from this engine"
+            ));
         }
-        self.deferred.insert(tag, refusal);
-        Ok(None)
+        match probe {
+            Some(p) if p.is_success() => Ok(Answer::Refused(format!("HTTP {status}"))),
+            Some(p) => Err(format!(
+                "HTTP {status}, and the probe answered {p}: the endpoint is not taking requests"
+            )),
+            None => Err(format!(
+                "HTTP {status}, and the probe got no answer: the endpoint is not taking requests"
+            )),
+        }
     }
 }
 
@@ -205,9 +201,15 @@ impl Session for HttpSession {
                 .header(self.key_header.as_str(), record.key.as_str())
                 .body(record.data.clone());
             let done = self.done.clone();
+            let probe = self.client.head(&self.url).timeout(self.answer_timeout);
             self.requests.spawn(async move {
                 let reply = match request.send().await {
-                    Ok(r) => Ok((r.status(), retry_after(r.headers()))),
+                    Ok(r) if about_the_record(r.status()) => {
+                        // Is the endpoint taking requests at all? Its data-free probe, now.
+                        let up = probe.send().await.ok().map(|p| p.status());
+                        Ok((r.status(), retry_after(r.headers()), up))
+                    }
+                    Ok(r) => Ok((r.status(), retry_after(r.headers()), None)),
                     Err(e) => Err(format!("request failed: {e}")),
                 };
                 let _ = done.send((tag, reply));
@@ -222,18 +224,8 @@ impl Session for HttpSession {
         };
         let mut next = Some((tag, reply));
         while let Some((tag, reply)) = next {
-            if let Some(answer) = self.classify(tag, reply)? {
-                into.push((tag, answer));
-            }
+            into.push((tag, HttpSession::classify(reply)?));
             next = self.replies.try_recv().ok();
-        }
-        if !self.deferred.is_empty() && taken_recently(&self.url) {
-            // Held-back 4xx answers are refusals now that the endpoint takes writes.
-            into.extend(
-                self.deferred
-                    .drain()
-                    .map(|(tag, why)| (tag, Answer::Refused(why))),
-            );
         }
         Ok(())
     }
@@ -243,19 +235,45 @@ impl Session for HttpSession {
         if let Some(tick) = mutant::session_tick(self.answer_timeout) {
             return tick;
         }
-        if !self.deferred.is_empty() && open.in_flight == self.deferred.len() {
-            // Every write of this session answered 4xx and none taken: the endpoint refuses
-            // everything, which is not a refusal of a record.
-            return Tick::Lost(format!(
-                "every write answered {} and none taken: the endpoint is not taking writes",
-                self.deferred.values().next().map_or("", String::as_str)
-            ));
-        }
         match open.oldest_waited {
             Some(waited) if waited > self.answer_timeout => {
                 Tick::Lost(format!("no answer within {:?}", self.answer_timeout))
             }
             _ => Tick::Fine,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(status: u16, probe: Option<u16>) -> Reply {
+        Ok((
+            StatusCode::from_u16(status).unwrap(),
+            None,
+            probe.map(|p| StatusCode::from_u16(p).unwrap()),
+        ))
+    }
+
+    /// The answer table of the module's doc: a 4xx refuses the record only when the probe sent
+    /// right after it says the endpoint takes requests; a 4xx about the request, a 5xx, 408
+    /// and 429 say the destination is away (no attempt spent).
+    #[test]
+    fn a_4xx_is_a_refusal_only_while_the_endpoint_takes_requests() {
+        let classify = HttpSession::classify;
+        assert!(matches!(classify(reply(201, None)), Ok(Answer::Accepted)));
+        assert!(matches!(classify(reply(422, Some(200))), Ok(Answer::Refused(_))));
+        assert!(matches!(classify(reply(400, Some(204))), Ok(Answer::Refused(_))));
+        assert!(classify(reply(422, Some(422))).is_err(), "everything refused");
+        assert!(classify(reply(422, Some(503))).is_err());
+        assert!(classify(reply(422, None)).is_err(), "the probe got no answer");
+        for away in [401, 403, 404, 405, 407, 408, 429, 500, 502, 503] {
+            assert!(classify(reply(away, Some(200))).is_err(), "{away}");
+        }
+        assert!(classify(Err("request failed".to_string())).is_err());
+        assert!(about_the_record(StatusCode::UNPROCESSABLE_ENTITY));
+        assert!(!about_the_record(StatusCode::UNAUTHORIZED));
+        assert!(!about_the_record(StatusCode::TOO_MANY_REQUESTS));
     }
 }
