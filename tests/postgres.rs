@@ -368,6 +368,7 @@ async fn what_only_the_database_can_tell_exits_2() {
         println!("{name}: {}", said.trim());
         assert_eq!(o.status.code(), Some(2), "{name}: {}", show(&o));
         assert!(said.contains(says), "{name}: {said}");
+        assert_eq!(said.trim().lines().count(), 1, "{name}: one line: {said}");
     }
     let tables: i64 = client
         .query_one(
@@ -407,4 +408,26 @@ fn the_database_in_a_container_crashes_and_comes_back() {
         "{broker}"
     );
     assert_eq!(ran.number(&["ledger", "failed"]), 0);
+}
+
+/// A database that cannot be reached is not bad input but a drill that could not be set up:
+/// exit 3, one line naming the address, before anything is started. The connection string
+/// points at a port bound and not listening, so nothing can answer there.
+#[test]
+fn an_external_database_that_cannot_be_reached_exits_3() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    drop(held);
+    let dir = tempfile::tempdir().unwrap();
+    let file = external_drill(dir.path(), "pg-unreachable", "");
+    let dsn = format!("host=127.0.0.1 port={port} user=drill dbname=drill connect_timeout=3");
+    let o = drill_with(
+        &["run", &file, "--out", &dir.path().display().to_string()],
+        &[("PLANT_DSN", dsn.as_str())],
+    );
+    let said = String::from_utf8_lossy(&o.stderr);
+    println!("{}", said.trim());
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    assert_eq!(said.trim().lines().count(), 1, "one line: {said}");
+    assert!(said.contains(&format!("127.0.0.1:{port}")), "{said}");
 }

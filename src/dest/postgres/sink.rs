@@ -221,3 +221,30 @@ impl Session for PostgresSession {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(code: &str) -> Reply {
+        Err((Some(code.to_string()), "why".to_string()))
+    }
+
+    /// SQLSTATE classes 22 (data exception: a value the column cannot hold) and 23 (integrity:
+    /// a CHECK, a NOT NULL) refuse the record; anything else — a shutdown (57P01), a lost
+    /// connection (08006), a full disk (53100), no code at all — says the database is away.
+    #[test]
+    fn only_data_and_integrity_errors_refuse_a_record() {
+        assert!(matches!(classify(Ok(())), Ok(Answer::Accepted)));
+        for code in ["22P02", "22001", "22P05", "23514", "23502"] {
+            assert!(
+                matches!(classify(state(code)), Ok(Answer::Refused(ref w)) if w.contains(code)),
+                "{code}"
+            );
+        }
+        for code in ["57P01", "08006", "53100", "40001", "42P01"] {
+            assert!(classify(state(code)).is_err(), "{code}");
+        }
+        assert!(classify(Err((None, "connection reset".to_string()))).is_err());
+    }
+}
