@@ -131,6 +131,37 @@ fn three_shards_merged_give_the_unsharded_runs_drills_verdicts_and_exit_code() {
         "{}",
         show(&o)
     );
+    // Shards of another drill version, or of another set of drills, are not one run: exit 2.
+    let mark = Path::new(&outs[1]).join("shard.json");
+    let original = std::fs::read_to_string(&mark).unwrap();
+    let mut doc: serde_json::Value = serde_json::from_str(&original).unwrap();
+    for (field, value, says) in [
+        ("version", serde_json::json!("0.0.1"), "one drill version"),
+        (
+            "selection",
+            serde_json::json!(["another"]),
+            "different sets of drills",
+        ),
+    ] {
+        let kept = doc[field].clone();
+        doc[field] = value;
+        std::fs::write(&mark, doc.to_string()).unwrap();
+        let o = drill(&[
+            "merge",
+            &outs[0],
+            &outs[1],
+            &outs[2],
+            "--out",
+            &dir.path().join("mixed").display().to_string(),
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{field}: {}", show(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(says),
+            "{}",
+            show(&o)
+        );
+        doc[field] = kept;
+    }
 }
 
 /// `drill list --shards 3` over the `ci` catalogue: every drill in exactly one shard, and the
@@ -187,4 +218,127 @@ fn a_shard_that_is_not_k_of_n_is_refused() {
             show(&o)
         );
     }
+}
+
+/// `drill selftest --shard K/N`: the mutant × drill cells split in two, run one shard after
+/// the other, and merged: the same matrix verdict as the unsharded selftest — the correct
+/// engine passes both drills and `memory-only` is caught (lost) by the drill that kills the
+/// engine mid-outage, whichever shard ran that cell. A shard alone is missing its twin (exit
+/// 3, named), and a selftest shard is not merged with a drill run (exit 2).
+#[test]
+fn selftest_shards_merged_give_the_unsharded_matrix() {
+    let dir = tempfile::tempdir().unwrap();
+    let drills = dir.path().join("drills");
+    std::fs::create_dir(&drills).unwrap();
+    let head = |name: &str| {
+        format!(
+            "name: {name}\ndestination: {{ kind: mqtt, runtime: embedded, topic: drill/{name} }}\nsystem: {{ builtin: {{ keepalive: 1s, answer_timeout: 2s }} }}\nworkload: {{ rate: 50/s, duration: 6s, keys: 2 }}\nexpect: {{ lost: 0, ledger: closes }}\nfaults:\n  - {{ at: 1s, link: mqtt, fault: refuse, for: 3s }}\n"
+        )
+    };
+    std::fs::write(drills.join("refused.yaml"), head("st-refused")).unwrap();
+    std::fs::write(
+        drills.join("killed.yaml"),
+        head("st-killed") + "  - { at: 2s, target: engine, action: kill, restart_after: 1s }\n",
+    )
+    .unwrap();
+    let d = drills.display().to_string();
+    let selftest = |out: &Path, shard: Option<&str>| {
+        let out = out.display().to_string();
+        let mut args = vec![
+            "selftest",
+            &d,
+            "--mutant",
+            "memory-only",
+            "--jobs",
+            "2",
+            "--out",
+            &out,
+        ];
+        if let Some(s) = shard {
+            args.extend(["--shard", s]);
+        }
+        drill(&args)
+    };
+    let read = |out: &Path| -> serde_json::Value {
+        let text = std::fs::read_to_string(out.join("selftest/selftest.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    };
+    let caught_by = |doc: &serde_json::Value| -> Vec<String> {
+        doc["rows"][1]["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["outcome"] == "caught")
+            .map(|c| c["scenario"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let whole = dir.path().join("whole");
+    let o = selftest(&whole, None);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let whole = read(&whole);
+    assert_eq!(caught_by(&whole), ["st-killed"], "{whole:#}");
+
+    let shards: Vec<std::path::PathBuf> = (1..=2)
+        .map(|k| dir.path().join(format!("shard-{k}")))
+        .collect();
+    for (k, out) in shards.iter().enumerate() {
+        let o = selftest(out, Some(&format!("{}/2", k + 1)));
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "a shard fails only on a false alarm: {}",
+            show(&o)
+        );
+        let part = read(out);
+        let elsewhere = part["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["cells"].as_array().unwrap().iter())
+            .filter(|c| c["outcome"] == "elsewhere")
+            .count();
+        assert!(elsewhere > 0 && elsewhere < 4, "{part:#}");
+    }
+    let merged = dir.path().join("merged");
+    let (a, b) = (
+        shards[0].display().to_string(),
+        shards[1].display().to_string(),
+    );
+    let m = merged.display().to_string();
+    let o = drill(&["merge", &a, &b, "--out", &m]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let merged = read(&merged);
+    assert_eq!(caught_by(&merged), caught_by(&whole));
+    assert_eq!(merged["missed"], whole["missed"]);
+    assert_eq!(merged["ok"], true);
+    let correct: Vec<&str> = merged["rows"][0]["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(correct, ["pass", "pass"], "{merged:#}");
+
+    let o = drill(&[
+        "merge",
+        &a,
+        "--out",
+        &dir.path().join("half").display().to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("selftest shard 2/2 is missing"),
+        "{}",
+        show(&o)
+    );
+    let run = dir.path().join("a-run");
+    std::fs::create_dir(&run).unwrap();
+    let o = drill(&[
+        "merge",
+        &a,
+        &run.display().to_string(),
+        "--out",
+        &dir.path().join("mixed").display().to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
 }

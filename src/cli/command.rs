@@ -104,6 +104,10 @@ enum Command {
         /// Override every scenario's seed.
         #[arg(long)]
         seed: Option<u64>,
+        /// Only shard K of N of the mutant × drill cells (e.g. 2/3); `drill merge` puts the
+        /// shards' matrices back together and says which mutants no shard caught.
+        #[arg(long, value_name = "K/N")]
+        shard: Option<super::shard::Shard>,
     },
     /// Compare two runs' reports (a pull request's against main's): verdict, lost, duplicates
     /// beyond the promise, reordered, recovery and drain per fault, peak delivery, with the change.
@@ -290,6 +294,7 @@ async fn dispatch(command: Command) -> u8 {
             mutants,
             no_mutants,
             seed,
+            shard,
         } => {
             let flags = super::selftest::Flags {
                 paths: files,
@@ -300,6 +305,7 @@ async fn dispatch(command: Command) -> u8 {
                 mutants,
                 no_mutants,
                 seed,
+                shard,
             };
             super::selftest::run(flags, cancel).await
         }

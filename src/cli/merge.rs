@@ -5,7 +5,9 @@
 //!
 //! A shard declares itself in `OUT_DIR/shard.json` before its first drill starts (which shard
 //! of how many, and its drills). A shard that is missing among 1..N, or a drill a shard declared
-//! with no report, is named, and the merge exits 3 (what was there is still merged).
+//! with no report, is named, and the merge exits 3 (what was there is still merged). Shards of
+//! different drill versions or drill sets are not one run: exit 2. Selftest shards
+//! (`drill selftest --shard`) are merged by [`super::selftest::merge`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,16 +22,31 @@ use super::{FAIL, INFRASTRUCTURE, PASS};
 pub struct ShardMark {
     pub shard: usize,
     pub of: usize,
+    /// This shard's drills.
     pub drills: Vec<String>,
+    /// The drill that ran it.
+    #[serde(default)]
+    pub version: String,
+    /// Every drill of the selection the shards split.
+    #[serde(default)]
+    pub selection: Vec<String>,
 }
 
-/// Writes the mark of `shard` with its `drills` into `out`.
-pub fn mark(out: &Path, shard: super::shard::Shard, drills: Vec<String>) -> std::io::Result<()> {
+/// Writes the mark of `shard` with its `drills`, of all those in `selection`, into `out`.
+pub fn mark(
+    out: &Path,
+    shard: super::shard::Shard,
+    drills: Vec<String>,
+    mut selection: Vec<String>,
+) -> std::io::Result<()> {
     std::fs::create_dir_all(out)?;
+    selection.sort();
     let mark = ShardMark {
         shard: shard.k,
         of: shard.n,
         drills,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        selection,
     };
     let text = serde_json::to_string_pretty(&mark).map_err(std::io::Error::other)?;
     std::fs::write(out.join("shard.json"), text)
@@ -54,6 +71,20 @@ impl Found {
 }
 
 pub fn merge(inputs: &[PathBuf], out: &Path) -> u8 {
+    let selftests = inputs
+        .iter()
+        .filter(|d| super::selftest::is_selftest(d))
+        .count();
+    if selftests == inputs.len() {
+        return super::selftest::merge(inputs, out);
+    }
+    if selftests > 0 {
+        eprintln!(
+            "drill merge: {selftests} of the {} folders hold a selftest and the rest drill runs: merge the shards of one kind of run",
+            inputs.len()
+        );
+        return super::INVALID;
+    }
     let mut problems = Vec::new();
     let mut found: BTreeMap<String, Found> = BTreeMap::new();
     let mut marks = Vec::new();
@@ -108,6 +139,10 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> u8 {
             marks.push(m);
         }
     }
+    if let Err(why) = one_run(&marks) {
+        eprintln!("drill merge: {why}");
+        return super::INVALID;
+    }
     problems.extend(missing_shards(&marks));
     if found.is_empty() {
         problems
@@ -142,6 +177,28 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> u8 {
     } else {
         INFRASTRUCTURE.max(worst)
     }
+}
+
+/// The shards must be of one run: one drill version, one selection of drills.
+fn one_run(marks: &[ShardMark]) -> Result<(), String> {
+    let Some(first) = marks.first() else {
+        return Ok(());
+    };
+    for m in &marks[1..] {
+        if m.version != first.version {
+            return Err(format!(
+                "shard {}/{} was run by drill {} and shard {}/{} by drill {}: merge the shards of one drill version",
+                first.shard, first.of, first.version, m.shard, m.of, m.version
+            ));
+        }
+        if m.selection != first.selection {
+            return Err(format!(
+                "shards {}/{} and {}/{} split different sets of drills: merge the shards of one run (same files and tags)",
+                first.shard, first.of, m.shard, m.of
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Shards of 1..N that no input declared, and inputs that disagree on N.

@@ -41,6 +41,7 @@ pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
     };
     if let Some(shard) = flags.shard {
         let of = plans.len();
+        let selection: Vec<String> = plans.iter().map(|p| p.name.clone()).collect();
         plans = super::shard::keep(plans, shard);
         let names: Vec<&str> = plans.iter().map(|p| p.name.as_str()).collect();
         println!(
@@ -54,7 +55,7 @@ pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
         // The shard declares itself first, so a merge can tell a shard that stopped early
         // from one that never ran.
         let drills = plans.iter().map(|p| p.name.clone()).collect();
-        if let Err(e) = super::merge::mark(&flags.out, shard, drills) {
+        if let Err(e) = super::merge::mark(&flags.out, shard, drills, selection) {
             eprintln!(
                 "drill: cannot write {}: {e}",
                 flags.out.join("shard.json").display()

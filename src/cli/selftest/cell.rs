@@ -9,10 +9,10 @@
 //!
 //! Pure: it reads a `report.json` already parsed, so every rule is unit-tested.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What one drill said of one engine.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Cell {
     pub scenario: String,
     pub outcome: CellOutcome,
@@ -50,6 +50,7 @@ impl Cell {
             CellOutcome::Pass => "pass".to_string(),
             CellOutcome::Error => "error".to_string(),
             CellOutcome::NotRun => "·".to_string(),
+            CellOutcome::Elsewhere => "(shard)".to_string(),
         }
     }
 }
@@ -60,7 +61,7 @@ fn first_word(s: Option<&String>) -> String {
 }
 
 /// A signature expectation that failed, with its count.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finding {
     /// The signature's word: `lost`, `duplicates`, `keyless_copies`, `recovery` …
     pub check: String,
@@ -77,7 +78,7 @@ impl Finding {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CellOutcome {
     /// Every expectation held (for a mutant: missed).
@@ -91,6 +92,8 @@ pub enum CellOutcome {
     Error,
     /// Not run: the mutant was already caught by an earlier drill.
     NotRun,
+    /// Another shard's cell (`drill selftest --shard K/N`): `drill merge` puts its outcome here.
+    Elsewhere,
 }
 
 /// Judges one drill: its exit code, its report (`None` if it wrote none), the engine's

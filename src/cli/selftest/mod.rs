@@ -11,21 +11,28 @@
 //! brokers on their own ports and cannot disturb each other (`play.rs`). Unless `--full`, a
 //! mutant's row stops at its first catch and drills are tried shortest first: CI pays for one
 //! catch per mutant, not for the whole matrix. `render.rs` draws the matrix and `selftest.md`.
+//!
+//! `--shard K/N` runs only shard K of the mutant × drill cells (a stable split by each drill's
+//! planned length, as `drill run --shard`); the other cells are `elsewhere`. A shard cannot
+//! tell a missed mutant (another shard may catch it): it fails only on a false alarm, and
+//! `drill merge` puts the shards' cells back into one matrix and judges it whole (`merge.rs`).
 
 mod cell;
+mod merge;
 mod play;
 mod render;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::scenario::Plan;
 
 use super::{FAIL, INFRASTRUCTURE, INVALID, PASS};
 pub use cell::{Cell, CellOutcome};
+pub use merge::{is_selftest, merge};
 use play::Jobs;
 use render::{markdown, matrix, summary_lines};
 
@@ -40,10 +47,12 @@ pub struct Flags {
     /// Only the correct engine's row: the catalogue's false-alarm check.
     pub no_mutants: bool,
     pub seed: Option<u64>,
+    /// Only this shard of the cells.
+    pub shard: Option<super::shard::Shard>,
 }
 
 /// One engine's row: the correct engine (`mutant: None`) or one mutant.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Row {
     pub engine: String,
     pub description: String,
@@ -56,8 +65,14 @@ pub struct Row {
     pub first: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Selftest {
+    /// The drill that ran it (`drill merge` refuses to mix versions).
+    #[serde(default)]
+    pub version: String,
+    /// `[K, N]` for a shard's part of the matrix.
+    #[serde(default)]
+    pub shard: Option<(usize, usize)>,
     pub scenarios: Vec<String>,
     pub rows: Vec<Row>,
     /// Mutants no drill caught by their signature.
@@ -119,6 +134,15 @@ pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
         }
     );
     let mut rows = empty_rows(&mutants, &plans);
+    if let Some(shard) = flags.shard {
+        let mine = keep_shard(&mut rows, &plans, shard);
+        println!(
+            "drill selftest: shard {}/{}: {mine} of {} cells",
+            shard.k,
+            shard.n,
+            rows.len() * plans.len()
+        );
+    }
     let jobs = Jobs {
         exe: &exe,
         dir: &dir,
@@ -131,11 +155,16 @@ pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
         eprintln!("drill selftest: interrupted");
         return INFRASTRUCTURE;
     }
-    let result = conclude(
+    let mut result = conclude(
         plans.iter().map(|p| p.name.clone()).collect(),
         rows,
-        started,
+        started.elapsed().as_secs_f64(),
     );
+    result.shard = flags.shard.map(|s| (s.k, s.n));
+    if result.shard.is_some() {
+        // Whether a mutant is missed is the merge's to say: another shard may catch it.
+        result.ok = result.false_alarms.is_empty() && result.errors.is_empty();
+    }
     if let Err(code) = publish(&result, &dir) {
         return code;
     }
@@ -172,6 +201,30 @@ fn empty_rows(mutants: &[MutantRow], plans: &[Plan]) -> Vec<Row> {
         first,
     })
     .collect()
+}
+
+/// Marks every cell outside `shard` as `elsewhere`; returns how many are this shard's. Each
+/// cell (engine × drill) weighs its drill's planned length, so the split is as stable as
+/// `drill run --shard`'s and every cell is in exactly one shard for any N.
+fn keep_shard(rows: &mut [Row], plans: &[Plan], shard: super::shard::Shard) -> usize {
+    let cells: Vec<(String, std::time::Duration)> = rows
+        .iter()
+        .flat_map(|r| {
+            plans
+                .iter()
+                .map(move |p| (format!("{} × {}", r.engine, p.name), p.plays_for()))
+        })
+        .collect();
+    let of = super::shard::partition(&cells, shard.n);
+    let mut mine = 0;
+    for (i, cell) in rows.iter_mut().flat_map(|r| r.cells.iter_mut()).enumerate() {
+        if of[i] == shard.k {
+            mine += 1;
+        } else {
+            cell.outcome = CellOutcome::Elsewhere;
+        }
+    }
+    mine
 }
 
 /// Prints the matrix and the summary, and writes `selftest.md` and `selftest.json` into `dir`.
@@ -236,7 +289,7 @@ fn mutants(only: &[String]) -> Option<Vec<MutantRow>> {
     )
 }
 
-fn conclude(scenarios: Vec<String>, rows: Vec<Row>, started: Instant) -> Selftest {
+fn conclude(scenarios: Vec<String>, rows: Vec<Row>, took_s: f64) -> Selftest {
     let mut missed = Vec::new();
     let mut false_alarms = Vec::new();
     let mut errors = Vec::new();
@@ -259,17 +312,21 @@ fn conclude(scenarios: Vec<String>, rows: Vec<Row>, started: Instant) -> Selftes
             missed.push(row.engine.clone());
         }
     }
-    let correct_ran_all = rows
-        .first()
-        .is_some_and(|r| r.cells.iter().all(|c| c.outcome == CellOutcome::Pass));
+    let correct_ran_all = rows.first().is_some_and(|r| {
+        r.cells
+            .iter()
+            .all(|c| matches!(c.outcome, CellOutcome::Pass | CellOutcome::Elsewhere))
+    });
     let ok = missed.is_empty() && false_alarms.is_empty() && correct_ran_all;
     Selftest {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        shard: None,
         scenarios,
         rows,
         missed,
         false_alarms,
         errors,
-        took_s: started.elapsed().as_secs_f64(),
+        took_s,
         ok,
     }
 }
@@ -342,7 +399,7 @@ mod tests {
                     ],
                 ),
             ],
-            Instant::now(),
+            0.0,
         );
         assert!(ok.ok, "{ok:?}");
         assert_eq!(row_result(1, &ok.rows[1]), "caught by b (lost 3)");
@@ -369,7 +426,7 @@ mod tests {
                     vec![cell("a", CellOutcome::Error, None, &["exit 3"])],
                 ),
             ],
-            Instant::now(),
+            0.0,
         );
         assert!(!missed.ok);
         assert_eq!(
@@ -407,7 +464,7 @@ mod tests {
                     vec![cell("a", CellOutcome::Caught, Some(("lost", 9)), &[])],
                 ),
             ],
-            Instant::now(),
+            0.0,
         );
         assert!(!alarm.ok);
         assert_eq!(alarm.false_alarms.len(), 1);

@@ -35,7 +35,9 @@ impl Jobs<'_> {
         // The correct engine's row first (every cell), then each mutant's cells in order.
         let mut queue: VecDeque<(usize, usize)> = VecDeque::new();
         for c in 0..self.plans.len() {
-            queue.push_back((0, c));
+            if rows[0].cells[c].outcome == CellOutcome::NotRun {
+                queue.push_back((0, c));
+            }
         }
         // Each mutant's drills in order: the one it names first, then shortest first.
         let orders: Vec<Vec<usize>> = rows
@@ -50,6 +52,8 @@ impl Jobs<'_> {
                     order.retain(|c| *c != i);
                     order.insert(0, i);
                 }
+                // Under --shard, only this shard's cells.
+                order.retain(|c| row.cells[*c].outcome == CellOutcome::NotRun);
                 order
             })
             .collect();
@@ -239,5 +243,6 @@ fn describe(row: usize, cell: &Cell) -> String {
             cell.exit.map_or("-".to_string(), |c| c.to_string())
         ),
         (_, CellOutcome::NotRun) => "not run".to_string(),
+        (_, CellOutcome::Elsewhere) => "another shard's".to_string(),
     }
 }

@@ -47,7 +47,7 @@ pub fn row_result(i: usize, row: &Row) -> String {
         let failed = row
             .cells
             .iter()
-            .filter(|c| c.outcome != CellOutcome::Pass)
+            .filter(|c| !matches!(c.outcome, CellOutcome::Pass | CellOutcome::Elsewhere))
             .count();
         return if failed == 0 {
             "passes every drill".to_string()
@@ -91,7 +91,15 @@ pub fn summary_lines(result: &Selftest) -> Vec<String> {
         },
         result.took_s
     ));
-    lines.extend(result.missed.iter().map(|m| format!("  missed: {m}")));
+    match result.shard {
+        Some((k, n)) => {
+            lines.push(format!(
+                "  shard {k}/{n}: not caught in this shard's cells: {}; whether any is missed is `drill merge`'s to say",
+                if result.missed.is_empty() { "none".to_string() } else { result.missed.join(", ") }
+            ));
+        }
+        None => lines.extend(result.missed.iter().map(|m| format!("  missed: {m}"))),
+    }
     lines.extend(
         result
             .false_alarms
@@ -104,7 +112,12 @@ pub fn summary_lines(result: &Selftest) -> Vec<String> {
 
 /// `selftest.md`: the matrix with full names, and what caught each mutant.
 pub fn markdown(result: &Selftest) -> String {
-    let mut md = String::from("# drill selftest\n\n");
+    let mut md = match result.shard {
+        Some((k, n)) => format!(
+            "# drill selftest, shard {k}/{n}\n\nThis shard's cells only (`(shard)`: another shard's). A mutant not caught here may be caught in another shard: `drill merge` judges the whole matrix.\n\n"
+        ),
+        None => String::from("# drill selftest\n\n"),
+    };
     md.push_str(&format!(
         "**{}** — {} mutants, {} drills, {:.0} s. Each cell: the signature expectation that caught the mutant, with its count (`missed`: the drill passed it; `other: …`: it failed the mutant for another reason, which is not a catch; `·`: not run, already caught).\n\n",
         if result.ok { "PASS" } else { "FAIL" },
