@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::{drill_proxy, echo, link_status};
@@ -85,4 +86,357 @@ async fn a_leased_fault_holds_while_renewed_and_heals_when_its_driver_stops() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(fault_on(proxy.api).await, "swallow");
+}
+
+/// A process the test started, killed (with its process group) when the test ends.
+struct Started(std::process::Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `argv`, run inside the network namespace `ns` when given (`ip netns exec`).
+fn command(ns: Option<&str>, argv: &[&str]) -> std::process::Command {
+    let mut c = match ns {
+        Some(ns) => {
+            let mut c = std::process::Command::new("ip");
+            c.args(["netns", "exec", ns]);
+            c.args(argv);
+            c
+        }
+        None => {
+            let mut c = std::process::Command::new(argv[0]);
+            c.args(&argv[1..]);
+            c
+        }
+    };
+    c.stdout(std::process::Stdio::null());
+    c
+}
+
+/// Waits (at most 15 s) until `check` holds.
+fn until(what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An anonymous mosquitto listening on `addr` (in `ns` when given), or `None` outside CI
+/// when mosquitto is not installed.
+fn mosquitto(dir: &std::path::Path, ns: Option<&str>, addr: SocketAddr) -> Option<Started> {
+    let Some(bin) = drill::dest::mqtt::broker::mosquitto_path() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI=true and mosquitto is missing: ci/setup.sh installs it"
+        );
+        println!("skipped: mosquitto is not installed");
+        return None;
+    };
+    let conf = dir.join(format!("mosquitto-{}.conf", addr.port()));
+    std::fs::write(
+        &conf,
+        format!(
+            "listener {} {}\nallow_anonymous true\npersistence false\nmax_queued_messages 0\n",
+            addr.port(),
+            addr.ip()
+        ),
+    )
+    .unwrap();
+    let bin = bin.display().to_string();
+    let conf = conf.display().to_string();
+    let child = command(ns, &[&bin, "-c", &conf])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Started(child);
+    until("mosquitto did not listen", || in_ns_connects(ns, addr));
+    Some(started)
+}
+
+/// Whether something listens on `addr` (seen from `ns`).
+fn in_ns_connects(ns: Option<&str>, addr: SocketAddr) -> bool {
+    match ns {
+        None => std::net::TcpStream::connect(addr).is_ok(),
+        Some(_) => command(
+            ns,
+            &[
+                "bash",
+                "-c",
+                &format!("exec 3<>/dev/tcp/{}/{}", addr.ip(), addr.port()),
+            ],
+        )
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success()),
+    }
+}
+
+/// `drill proxy` with the link `mqtt` from `listen` to `upstream`, its API on `api` behind
+/// `token` (in `ns` when given).
+fn remote_proxy(
+    ns: Option<&str>,
+    api: SocketAddr,
+    token: &str,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+) -> Started {
+    let (api_s, link) = (api.to_string(), format!("mqtt={listen},{upstream}"));
+    let child = command(
+        ns,
+        &[
+            env!("CARGO_BIN_EXE_drill"),
+            "proxy",
+            "--api",
+            &api_s,
+            "--token",
+            token,
+            "--link",
+            &link,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let started = Started(child);
+    until("drill proxy did not listen", || in_ns_connects(ns, api));
+    started
+}
+
+/// The drill the single-host and two-host runs share: through the remote link, a refusal, a
+/// half-open link (answers swallowed) and a SIGKILL of the engine in the middle of it.
+fn remote_drill(dir: &std::path::Path, broker: SocketAddr, api: SocketAddr) -> String {
+    common::run::scenario(
+        dir,
+        "remote-link",
+        &format!(
+            "name: remote-link\n\
+             seed: 5\n\
+             destination: {{ kind: mqtt, runtime: external, address: \"{broker}\", topic: drill/remote }}\n\
+             links: {{ mqtt: {{ remote: \"http://{api}\", token_env: DRILL_TEST_PROXY_TOKEN }} }}\n\
+             system: {{ builtin: {{ keepalive: 2s, answer_timeout: 3s }} }}\n\
+             workload: {{ rate: 100/s, duration: 24s, keys: 4 }}\n\
+             faults:\n\
+             \x20 - {{ at: 3s, link: mqtt, fault: refuse, for: 4s }}\n\
+             \x20 - {{ at: 10s, link: mqtt, fault: swallow, direction: downstream, for: 8s }}\n\
+             \x20 - {{ at: 13s, target: engine, action: kill, restart_after: 2s }}\n\
+             expect: {{ lost: 0, ledger: closes }}\n"
+        ),
+    )
+}
+
+/// `GET /links` on the proxy at `api` (from this host's network).
+fn proxy_links(api: SocketAddr, token: &str) -> serde_json::Value {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        reqwest::Client::new()
+            .get(format!("http://{api}/links"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    })
+}
+
+fn free() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A drill through a link served by a `drill proxy` it did not start (here on this host):
+/// the faults are applied over the token-protected API and bite (the engine's traffic crosses
+/// the remote link), the report names the link and its calls' round trips, and nothing is
+/// left applied on the proxy. A refused token and a link the proxy lacks exit 2, an API that
+/// does not answer exits 3 — one line each, nothing applied.
+#[test]
+fn a_drill_through_a_remote_link_passes_and_leaves_nothing_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = free();
+    let Some(_broker) = mosquitto(dir.path(), None, broker) else {
+        return;
+    };
+    let (api, listen) = (free(), free());
+    let _proxy = remote_proxy(None, api, "s3cret", listen, broker);
+    let file = remote_drill(dir.path(), broker, api);
+    let ran = common::run::run_drill_with(
+        &file,
+        "remote-link",
+        &[],
+        &[("DRILL_TEST_PROXY_TOKEN", "s3cret")],
+    );
+    let o = &ran.output;
+    assert_eq!(o.status.code(), Some(0), "{}", common::run::show(o));
+    assert_eq!(ran.number(&["ledger", "lost"]), 0);
+    // 2400 offered; about 200 are refused at ingest while the killed engine is down.
+    assert!(
+        ran.number(&["ledger", "delivered"]) >= 2000,
+        "{}",
+        ran.markdown
+    );
+    assert!(
+        ran.number(&["link", "bytes_upstream"]) > 0,
+        "{:#}",
+        ran.report["link"]
+    );
+    assert!(
+        ran.number(&["link", "bytes_swallowed_downstream"]) > 0,
+        "{:#}",
+        ran.report["link"]
+    );
+    assert!(
+        ran.markdown
+            .contains("remote link mqtt on the drill proxy at http://"),
+        "{}",
+        ran.markdown
+    );
+    assert!(
+        ran.markdown.contains("round trip median"),
+        "{}",
+        ran.markdown
+    );
+    let links = proxy_links(api, "s3cret");
+    assert_eq!(links[0]["fault"], "pass", "{links:#}");
+
+    // Bad input and an unreachable proxy: one line each, nothing applied.
+    let closed = free();
+    for (token, at, code, says) in [
+        ("wrong", api, 2, "refused the token"),
+        ("s3cret", closed, 3, "check that drill proxy runs there"),
+    ] {
+        let file = remote_drill(dir.path(), broker, at);
+        let ran = common::run::run_drill_with(
+            &file,
+            "remote-link",
+            &[],
+            &[("DRILL_TEST_PROXY_TOKEN", token)],
+        );
+        let o = &ran.output;
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{}", common::run::show(o));
+        assert_eq!(said.trim().lines().count(), 1, "one line: {said}");
+        assert!(said.contains(says), "{said}");
+    }
+}
+
+/// A drill stopped in the middle of a fault on a remote link leaves nothing applied: after
+/// Ctrl-C (SIGINT) drill heals the link as it stops; after SIGKILL (a crash: drill can do
+/// nothing) the proxy heals it once the lease is no longer renewed — not at once, and within
+/// the 5 s lease and a generous margin.
+#[test]
+fn a_drill_stopped_mid_fault_leaves_no_fault_on_the_remote_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = free();
+    let Some(_broker) = mosquitto(dir.path(), None, broker) else {
+        return;
+    };
+    let (api, listen) = (free(), free());
+    let _proxy = remote_proxy(None, api, "s3cret", listen, broker);
+    let file = remote_drill(dir.path(), broker, api);
+    let fault_now = || {
+        proxy_links(api, "s3cret")[0]["fault"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    for (signal, at_least, at_most) in [
+        (
+            nix::sys::signal::Signal::SIGINT,
+            Duration::ZERO,
+            Duration::from_secs(3),
+        ),
+        (
+            nix::sys::signal::Signal::SIGKILL,
+            Duration::from_secs(3),
+            Duration::from_secs(9),
+        ),
+    ] {
+        let out = dir.path().join(format!("out-{signal}"));
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_drill"))
+            .args(["run", &file, "--out", &out.display().to_string()])
+            .env("DRILL_TEST_PROXY_TOKEN", "s3cret")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut drill = Started(child);
+        until("the drill's swallow never reached the remote link", || {
+            fault_now() == "swallow"
+        });
+        let pid = nix::unistd::Pid::from_raw(drill.0.id() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+        let stopped = Instant::now();
+        let _ = drill.0.wait();
+        until("the remote link kept the dead drill's fault", || {
+            fault_now() == "pass"
+        });
+        let healed = stopped.elapsed();
+        println!("{signal}: the remote link was healed {healed:?} after the drill was stopped");
+        assert!(
+            healed >= at_least && healed <= at_most,
+            "{signal}: {healed:?}"
+        );
+    }
+}
+
+/// What a remote link cannot do is an invalid scenario: exit 2, one line with file:line:col,
+/// before anything starts.
+#[test]
+fn what_a_remote_link_cannot_do_exits_2_located() {
+    let dir = tempfile::tempdir().unwrap();
+    let ext = "destination: { kind: mqtt, runtime: external, address: \"127.0.0.1:1883\" }\n";
+    let link = "links: { mqtt: { remote: \"http://127.0.0.1:8474\" } }\n";
+    let faults = |f: &str| format!("{ext}{link}faults:\n{f}");
+    let cases = [
+        (
+            "not-external",
+            format!("destination: {{ kind: mqtt }}\n{link}"),
+            "use `destination.runtime: external`",
+            "\"http://",
+        ),
+        (
+            "not-a-url",
+            format!("{ext}links: {{ mqtt: {{ remote: \"proxy-host\" }} }}\n"),
+            "give http://HOST:PORT",
+            "\"proxy-host\"",
+        ),
+        (
+            "another-link",
+            format!("{ext}links: {{ nats: {{ remote: \"http://127.0.0.1:8474\" }} }}\n"),
+            "the destination's link is `mqtt`",
+            "{ remote",
+        ),
+        (
+            "token-unset",
+            format!(
+                "{ext}links: {{ mqtt: {{ remote: \"http://127.0.0.1:8474\", token_env: DRILL_TEST_NO_SUCH_TOKEN }} }}\n"
+            ),
+            "`DRILL_TEST_NO_SUCH_TOKEN` is not set",
+            "DRILL_TEST_NO_SUCH_TOKEN",
+        ),
+        (
+            "overlapping",
+            faults(
+                "  - { at: 1s, link: mqtt, fault: refuse, for: 3s }\n  - { at: 2s, link: mqtt, fault: swallow, for: 1s }\n",
+            ),
+            "holds one fault at a time",
+            "{ at: 2s",
+        ),
+        (
+            "proxy-restart",
+            faults("  - { at: 1s, target: proxy, action: restart, down_for: 1s }\n"),
+            "a proxy restart acts on drill's own links",
+            "{ at: 1s",
+        ),
+    ];
+    for (name, body, says, points_at) in cases {
+        let text = format!("name: {name}\n{body}workload: {{ rate: 10/s, duration: 5s }}\n");
+        common::run::refused_at(dir.path(), name, &text, says, points_at, &[]);
+    }
 }

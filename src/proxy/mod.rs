@@ -17,6 +17,7 @@
 pub mod api;
 mod connection;
 pub mod kafka;
+pub mod remote;
 mod splice;
 pub mod tap;
 pub mod terminate;

@@ -382,7 +382,9 @@ fn notes(facts: &Facts, verifier_fault: Option<&str>) -> Vec<String> {
     }
     if facts.tapped.is_none() {
         // A kind with a tap whose links carry TLS untouched: the tap cannot read ciphertext.
-        let why = if facts.plan.destination.kind.entry().taps.is_some() {
+        let why = if !facts.plan.remote_links.is_empty() {
+            "the link is served by a drill proxy on another host, which reads no protocol"
+        } else if facts.plan.destination.kind.entry().taps.is_some() {
             "the links pass TLS untouched, so their protocol tap cannot read it (`tls: { links: terminate }` lets it)"
         } else {
             "the links carry no protocol tap for this destination kind"

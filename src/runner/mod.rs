@@ -371,6 +371,12 @@ async fn finish(
         }
     }
     let end_ms = ms(t0.elapsed());
+    if let Some(r) = &rig.remote {
+        // Anything still in force is healed now; the counters read after it are the link's last.
+        r.close().await;
+        let _ = r.refresh().await;
+        notes.push(r.summary());
+    }
     let running = &rig.running;
     if let Some(note) = &running.note {
         notes.push(note.clone());
@@ -397,12 +403,12 @@ async fn finish(
         // Bypass is judged where arrival times are the destination's own and where one link
         // is the only way to the broker.
         bypass_is_judged: plan.destination.imp.arrivals_timed_by_destination()
-            && rig.links.len() == 1,
+            && rig.link_count() == 1,
         drain_ms,
         engine: final_stats,
         gives_account,
         system: system.describe(),
-        link: rig.link.family_status(),
+        link: rig.link_status(),
         versions,
         notes,
         end_ms,

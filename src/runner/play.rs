@@ -165,7 +165,16 @@ impl<'a> Drill<'a> {
 
     async fn link_fault(&mut self, index: usize, name: &str, spec: &FaultSpec, now: Duration) {
         let mut bit = None;
-        if let Some(l) = self.rig.links.iter().find(|l| l.name() == name) {
+        if let Some(r) = self.rig.remote.clone().filter(|r| r.name() == name) {
+            if spec.fault.instantaneous() {
+                let _ = r.refresh().await;
+                bit = Some(r.status().connections_open > 0);
+            }
+            if let Err(e) = r.apply(spec).await {
+                self.notes
+                    .push(format!("fault {index} on the remote link {name}: {e}"));
+            }
+        } else if let Some(l) = self.rig.links.iter().find(|l| l.name() == name) {
             if spec.fault.instantaneous() {
                 // A strand bites only the connections open at this instant (on a Kafka-aware
                 // link, on any of its broker links).
@@ -261,6 +270,12 @@ impl<'a> Drill<'a> {
         now: Duration,
     ) -> Result<(), RunError> {
         let mut still = String::new();
+        if let Some(r) = self.rig.remote.clone().filter(|r| r.name() == name)
+            && let Err(e) = r.heal().await
+        {
+            self.notes
+                .push(format!("heal of the remote link {name}: {e}"));
+        }
         for l in self
             .rig
             .links
@@ -285,7 +300,7 @@ impl<'a> Drill<'a> {
             }
             l.listening()?;
         }
-        if !self.rig.links.iter().any(|l| l.name() == name) {
+        if self.rig.remote.is_none() && !self.rig.links.iter().any(|l| l.name() == name) {
             self.rig
                 .link
                 .apply_member(name, FaultSpec::new(Fault::Heal, Direction::Both))
@@ -616,12 +631,11 @@ pub async fn play(
             }
             _ = progress.tick() => {
                 let accepted = sent.lock().map(|s| s.accepted().count()).unwrap_or(0);
-                let link = &drill.rig.link;
-                let status = link.status();
+                let status = drill.rig.link_status();
                 let read_back = reader.count().await.map_or("-".to_string(), |n| n.to_string());
                 let state = format!(
                     "link {}: {}{}",
-                    link.name(),
+                    status.name,
                     status.fault,
                     status.direction.map(|d| format!(" {d}")).unwrap_or_default()
                 );

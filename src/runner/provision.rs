@@ -14,8 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{RunError, Tapped, say};
 use crate::dest::{Needs, Provision, Provisioned, Running, Runtime};
-use crate::proxy::Link;
+use crate::proxy::remote::{RemoteError, RemoteLink};
 use crate::proxy::tap::{TapId, TapLog, Tapping};
+use crate::proxy::{Link, LinkStatus};
 use crate::scenario::{FaultAction, Plan, ProcessAction, longest_outage};
 
 /// Everything a drill started outside the system under test.
@@ -33,6 +34,11 @@ pub struct Rig {
     tap: Option<(&'static str, Arc<TapLog>, String)>,
     /// Cancels every link's tasks.
     link_cancel: CancellationToken,
+    /// The link served by a `drill proxy` on another host (`links:`), in place of drill's own:
+    /// then `links` is empty and `link` is drill's own link, stopped.
+    pub remote: Option<Arc<RemoteLink>>,
+    /// Stops the remote link's keeper (its own: stopping drill's links cancels theirs).
+    remote_cancel: CancellationToken,
 }
 
 impl Rig {
@@ -108,16 +114,63 @@ impl Rig {
             }
             (maker.protocol(), log, run_id.to_string())
         });
-        let rig = Rig {
+        let mut rig = Rig {
             link,
             links,
             running,
             notes,
             tap,
             link_cancel,
+            remote: None,
+            remote_cancel: cancel.child_token(),
         };
+        if let Some((name, at)) = plan.remote_links.iter().next() {
+            // Check it before the local link stops, so a failure leaves nothing behind.
+            let remote = match RemoteLink::reach(name, &at.api, at.token()).await {
+                Ok(r) => r,
+                Err(e) => {
+                    rig.teardown().await;
+                    return Err(RunError::Broker(match e {
+                        RemoteError::Invalid { .. } => {
+                            crate::dest::DestError::Invalid(e.to_string())
+                        }
+                        RemoteError::Unreachable { .. } => {
+                            crate::dest::DestError::External(e.to_string())
+                        }
+                    }));
+                }
+            };
+            // drill's own link steps aside: nothing may reach the broker through it.
+            for l in std::mem::take(&mut rig.links) {
+                l.shutdown().await;
+            }
+            rig.tap = None;
+            remote.keep(rig.remote_cancel.clone());
+            rig.remote = Some(remote);
+        }
         rig.say_provisioned(seed);
         Ok(rig)
+    }
+
+    /// Where the engine forwards to: the remote link's listen address, or drill's first link.
+    pub fn engine_addr(&self) -> std::net::SocketAddr {
+        match &self.remote {
+            Some(r) => r.listen_addr(),
+            None => self.link.listen_addr(),
+        }
+    }
+
+    /// The link the engine forwards to, as last read (a Kafka-aware link's whole family).
+    pub fn link_status(&self) -> LinkStatus {
+        match &self.remote {
+            Some(r) => r.status(),
+            None => self.link.family_status(),
+        }
+    }
+
+    /// How many links stand between the engine and the broker.
+    pub fn link_count(&self) -> usize {
+        self.links.len() + usize::from(self.remote.is_some())
     }
 
     /// Says what was started and where every link points.
@@ -138,6 +191,15 @@ impl Rig {
                 l.name(),
                 l.listen_addr(),
                 l.upstream_addr()
+            ));
+        }
+        if let Some(r) = &self.remote {
+            say(&format!(
+                "  remote link {}: {} -> {} (a drill proxy elsewhere; faults under a {} s lease)",
+                r.name(),
+                r.listen_addr(),
+                r.upstream_addr(),
+                crate::proxy::remote::LEASE.as_secs()
             ));
         }
     }
@@ -166,6 +228,12 @@ impl Rig {
     /// Stops every broker process, container and proxy link the drill started, and removes
     /// what it created on the user's brokers.
     pub async fn teardown(&mut self) {
+        if let Some(r) = &self.remote {
+            // Heal what this drill left in force (after Ctrl-C too); were this to fail, the
+            // proxy heals it once the lease runs out.
+            r.close().await;
+        }
+        self.remote_cancel.cancel();
         for l in &self.links {
             l.shutdown().await;
         }

@@ -65,12 +65,7 @@ fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfi
             .map(|x| x.credentials.clone())
             .unwrap_or_default(),
         tls: rig.running.access.tls.clone(),
-        ..OutputConfig::new(
-            d.kind.name(),
-            &d.link_name(),
-            rig.link.listen_addr(),
-            &d.topic,
-        )
+        ..OutputConfig::new(d.kind.name(), &d.link_name(), rig.engine_addr(), &d.topic)
     };
     d.imp.output_options(&mut output);
     EngineConfig {
@@ -148,11 +143,19 @@ fn placeholders(
     let scenario_dir = crate::scenario::command::scenario_dir(&plan.source);
     set("scenario_dir", scenario_dir.display().to_string());
     set("run", run_id.to_string());
-    for l in &rig.links {
-        let a = l.listen_addr();
-        set(&format!("link.{}", l.name()), a.to_string());
-        set(&format!("link.{}.host", l.name()), a.ip().to_string());
-        set(&format!("link.{}.port", l.name()), a.port().to_string());
+    let remote = rig
+        .remote
+        .iter()
+        .map(|r| (r.name().to_string(), r.listen_addr()));
+    for (name, a) in rig
+        .links
+        .iter()
+        .map(|l| (l.name().to_string(), l.listen_addr()))
+        .chain(remote)
+    {
+        set(&format!("link.{name}"), a.to_string());
+        set(&format!("link.{name}.host"), a.ip().to_string());
+        set(&format!("link.{name}.port"), a.port().to_string());
     }
     for (name, port) in ports {
         set(&format!("port.{name}"), port.to_string());

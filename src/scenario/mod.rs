@@ -20,10 +20,12 @@ use crate::proxy::FaultSpec;
 use crate::workload::WorkloadSpec;
 
 pub mod command;
+mod links;
 mod raw;
 mod validate;
 
 pub use command::{CommandSpec, IngestSpec, Ready, StatsSpec};
+pub use links::RemoteSpec;
 
 /// Why a scenario could not be turned into a plan. Both variants mean "invalid input" (exit 2).
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +111,8 @@ pub struct Plan {
     pub expect: Expectations,
     pub drain_timeout: Duration,
     pub tags: Vec<String>,
+    /// Links served by a `drill proxy` on another host, by link name (`links:`).
+    pub remote_links: std::collections::BTreeMap<String, RemoteSpec>,
 }
 
 /// Settings of the built-in engine under test.

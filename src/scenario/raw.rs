@@ -41,6 +41,24 @@ pub(super) struct RawScenario {
     pub(super) drain_timeout: Option<Dur>,
     #[serde(default)]
     pub(super) tags: Vec<String>,
+    /// Links served elsewhere, by link name: `{ mqtt: { remote: "http://HOST:8474", token_env:
+    /// NAME } }` (see `links.rs`).
+    #[serde(default)]
+    #[schemars(with = "std::collections::BTreeMap<String, RawLink>")]
+    pub(super) links: BTreeMap<String, Spanned<RawLink>>,
+}
+
+/// A link served by a `drill proxy` on another host.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLink {
+    /// The proxy's control API, `http://HOST:PORT`.
+    #[schemars(with = "String")]
+    pub(super) remote: Spanned<String>,
+    /// The environment variable holding the proxy's token (its `--token`).
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub(super) token_env: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

@@ -60,6 +60,8 @@ pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located>
     destination.imp = destination.imp.settle(&shape);
     let poison = workload.poison.len() as u64;
     let expect = expect(raw.expect, poison, &destination)?;
+    let remote_links =
+        super::links::remote_links(&raw.links, &destination, &faults, &raw.faults, &anchor)?;
     Ok(Plan {
         name,
         about: raw.about,
@@ -73,6 +75,7 @@ pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located>
         expect,
         drain_timeout,
         tags: raw.tags,
+        remote_links,
     })
 }
 
