@@ -440,3 +440,181 @@ fn what_a_remote_link_cannot_do_exits_2_located() {
         common::run::refused_at(dir.path(), name, &text, says, points_at, &[]);
     }
 }
+
+/// Two network namespaces this test makes, joined by a veth pair with addresses from
+/// 198.18.0.0/15 (the benchmarking range): "host a" and "host b". Removed when dropped, also
+/// when the test fails.
+struct TwoHosts {
+    a: String,
+    b: String,
+}
+
+impl TwoHosts {
+    const A: [u8; 4] = [198, 18, 0, 1];
+    const B: [u8; 4] = [198, 18, 0, 2];
+
+    /// `None` (after saying why) where namespaces cannot be made; under CI that fails.
+    fn make() -> Option<TwoHosts> {
+        let root = nix::unistd::Uid::effective().is_root();
+        let ip = std::process::Command::new("ip").arg("-V").output().is_ok();
+        if !root || !ip {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI=true and network namespaces cannot be made here (root: {root}, ip: {ip})"
+            );
+            println!("skipped: making network namespaces needs root and ip (iproute2)");
+            return None;
+        }
+        let id = std::process::id();
+        let hosts = TwoHosts {
+            a: format!("drill-a-{id}"),
+            b: format!("drill-b-{id}"),
+        };
+        let (va, vb) = (
+            format!("dra{}", id % 100_000),
+            format!("drb{}", id % 100_000),
+        );
+        let ip = |args: &[&str]| {
+            let done = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .unwrap();
+            assert!(done.success(), "ip {}", args.join(" "));
+        };
+        ip(&["netns", "add", &hosts.a]);
+        ip(&["netns", "add", &hosts.b]);
+        ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb]);
+        for (ns, dev, addr) in [
+            (&hosts.a, &va, "198.18.0.1/24"),
+            (&hosts.b, &vb, "198.18.0.2/24"),
+        ] {
+            ip(&["link", "set", dev, "netns", ns]);
+            ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        Some(hosts)
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", ns])
+                .status();
+        }
+    }
+}
+
+/// The remote-link drill across two hosts: the broker, drill and the engine on host b, the
+/// link's `drill proxy` on host a — every byte of the engine's goes b → a → b over the veth
+/// pair. Same verdict as the twin drill through drill's own link on host b (PASS, nothing
+/// lost), and a drill SIGKILLed mid-fault there leaves nothing applied on host a's proxy.
+#[test]
+fn across_two_hosts_the_remote_link_drill_gets_its_single_host_verdict() {
+    let Some(hosts) = TwoHosts::make() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let broker = SocketAddr::from((TwoHosts::B, 1883));
+    let Some(_broker) = mosquitto(dir.path(), Some(&hosts.b), broker) else {
+        return;
+    };
+    let (api, listen) = (
+        SocketAddr::from((TwoHosts::A, 8474)),
+        SocketAddr::from((TwoHosts::A, 1884)),
+    );
+    let _proxy = remote_proxy(Some(&hosts.a), api, "s3cret", listen, broker);
+    let remote = std::path::PathBuf::from(remote_drill(dir.path(), broker, api));
+    let twin = dir.path().join("twin.yaml");
+    let text = std::fs::read_to_string(&remote).unwrap();
+    let own_link: String = text
+        .lines()
+        .filter(|l| !l.starts_with("links:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&twin, own_link.replace("name: remote-link", "name: twin")).unwrap();
+    let run_in_b = |file: &std::path::Path, name: &str| {
+        let out = dir.path().join(format!("out-{name}"));
+        let o = command(
+            Some(&hosts.b),
+            &[
+                env!("CARGO_BIN_EXE_drill"),
+                "run",
+                &file.display().to_string(),
+                "--out",
+                &out.display().to_string(),
+            ],
+        )
+        .env("DRILL_TEST_PROXY_TOKEN", "s3cret")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+        let report: serde_json::Value = std::fs::read_to_string(out.join(name).join("report.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_else(|| panic!("{name}: no report: {}", common::run::show(&o)));
+        (o, report)
+    };
+    let (o, across) = run_in_b(&remote, "remote-link");
+    let (_, twin) = run_in_b(&twin, "twin");
+    let summary = |r: &serde_json::Value| (r["verdict"].clone(), r["ledger"]["lost"].clone());
+    println!(
+        "across two hosts: {:?}; the twin on one: {:?}",
+        summary(&across),
+        summary(&twin)
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", common::run::show(&o));
+    assert_eq!(summary(&across), summary(&twin));
+    assert_eq!(across["link"]["upstream"], broker.to_string());
+    assert!(
+        across["link"]["bytes_swallowed_downstream"].as_u64() > Some(0),
+        "{:#}",
+        across["link"]
+    );
+    // Across the veth pair, a drill killed mid-fault leaves nothing applied on host a.
+    let fault_now = || {
+        let o = command(
+            Some(&hosts.b),
+            &["bash", "-c", &format!("exec 3<>/dev/tcp/{}/{}; printf 'GET /links HTTP/1.0\\r\\nAuthorization: Bearer s3cret\\r\\n\\r\\n' >&3; cat <&3", api.ip(), api.port())],
+        )
+        .stdout(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or("[]").to_string();
+        let links: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        links[0]["fault"].as_str().unwrap_or("").to_string()
+    };
+    let out = dir.path().join("out-killed").display().to_string();
+    let child = command(
+        Some(&hosts.b),
+        &[
+            env!("CARGO_BIN_EXE_drill"),
+            "run",
+            &remote.display().to_string(),
+            "--out",
+            &out,
+        ],
+    )
+    .env("DRILL_TEST_PROXY_TOKEN", "s3cret")
+    .stderr(std::process::Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut drill = Started(child);
+    until("the swallow never reached host a", || {
+        fault_now() == "swallow"
+    });
+    let killed = Instant::now();
+    drill.0.kill().unwrap();
+    let _ = drill.0.wait();
+    until("host a's proxy kept the dead drill's fault", || {
+        fault_now() == "pass"
+    });
+    println!(
+        "healed on host a {:?} after the drill on host b was killed",
+        killed.elapsed()
+    );
+}
