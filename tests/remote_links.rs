@@ -243,6 +243,30 @@ fn proxy_links(api: SocketAddr, token: &str) -> serde_json::Value {
     })
 }
 
+/// mosquitto and a `drill proxy` with the remote link in front of it, on this host, and the
+/// remote-link drill for them.
+struct OneHost {
+    broker: SocketAddr,
+    api: SocketAddr,
+    file: String,
+    _processes: [Started; 2],
+}
+
+impl OneHost {
+    fn start(dir: &std::path::Path) -> Option<OneHost> {
+        let broker = free();
+        let mosquitto = mosquitto(dir, None, broker)?;
+        let (api, listen) = (free(), free());
+        let proxy = remote_proxy(None, api, "s3cret", listen, broker);
+        Some(OneHost {
+            broker,
+            api,
+            file: remote_drill(dir, broker, api),
+            _processes: [mosquitto, proxy],
+        })
+    }
+}
+
 fn free() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -258,13 +282,10 @@ fn free() -> SocketAddr {
 #[test]
 fn a_drill_through_a_remote_link_passes_and_leaves_nothing_applied() {
     let dir = tempfile::tempdir().unwrap();
-    let broker = free();
-    let Some(_broker) = mosquitto(dir.path(), None, broker) else {
+    let Some(one) = OneHost::start(dir.path()) else {
         return;
     };
-    let (api, listen) = (free(), free());
-    let _proxy = remote_proxy(None, api, "s3cret", listen, broker);
-    let file = remote_drill(dir.path(), broker, api);
+    let (broker, api, file) = (one.broker, one.api, one.file.clone());
     let ran = common::run::run_drill_with(
         &file,
         "remote-link",
@@ -332,13 +353,10 @@ fn a_drill_through_a_remote_link_passes_and_leaves_nothing_applied() {
 #[test]
 fn a_drill_stopped_mid_fault_leaves_no_fault_on_the_remote_proxy() {
     let dir = tempfile::tempdir().unwrap();
-    let broker = free();
-    let Some(_broker) = mosquitto(dir.path(), None, broker) else {
+    let Some(one) = OneHost::start(dir.path()) else {
         return;
     };
-    let (api, listen) = (free(), free());
-    let _proxy = remote_proxy(None, api, "s3cret", listen, broker);
-    let file = remote_drill(dir.path(), broker, api);
+    let (api, file) = (one.api, one.file.clone());
     let fault_now = || {
         proxy_links(api, "s3cret")[0]["fault"]
             .as_str()

@@ -638,6 +638,37 @@ pub struct LinkStatus {
     pub datagrams: Option<DatagramCounts>,
 }
 
+impl LinkStatus {
+    /// A link from `listen` to `upstream` that carried nothing yet and holds no fault.
+    pub fn idle(name: &str, listen: SocketAddr, upstream: SocketAddr) -> LinkStatus {
+        LinkStatus {
+            name: name.to_string(),
+            listen,
+            upstream,
+            fault: "pass".to_string(),
+            direction: None,
+            latency_ms: None,
+            jitter_ms: None,
+            bytes_per_s: None,
+            loss: None,
+            stacked: Vec::new(),
+            since_ms: 0,
+            connections_accepted: 0,
+            connections_reset: 0,
+            connections_open: 0,
+            bytes_upstream: 0,
+            bytes_downstream: 0,
+            bytes_swallowed_upstream: 0,
+            bytes_swallowed_downstream: 0,
+            bytes_spliced: 0,
+            connections_stranded: 0,
+            broker_links: Vec::new(),
+            answers_rewritten: 0,
+            datagrams: None,
+        }
+    }
+}
+
 /// What a datagram link passed and dropped, per direction (`upstream`: client → server).
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct DatagramCounts {

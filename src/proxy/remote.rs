@@ -79,6 +79,7 @@ impl RemoteLink {
             api: api.clone(),
             why,
         };
+        let nowhere = SocketAddr::from(([0, 0, 0, 0], 0));
         let http = reqwest::Client::builder()
             .timeout(CALL_LIMIT)
             .build()
@@ -88,7 +89,7 @@ impl RemoteLink {
             api: api.clone(),
             token,
             http,
-            status: Mutex::new(placeholder(name)),
+            status: Mutex::new(LinkStatus::idle(name, nowhere, nowhere)),
             calls: Mutex::new(Vec::new()),
             leased: Mutex::new(false),
             errors: Mutex::new(Vec::new()),
@@ -318,35 +319,5 @@ impl RemoteLink {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(error);
-    }
-}
-
-/// A status until the first answer.
-fn placeholder(name: &str) -> LinkStatus {
-    let nowhere = SocketAddr::from(([0, 0, 0, 0], 0));
-    LinkStatus {
-        name: name.to_string(),
-        listen: nowhere,
-        upstream: nowhere,
-        fault: "pass".to_string(),
-        direction: None,
-        latency_ms: None,
-        jitter_ms: None,
-        bytes_per_s: None,
-        loss: None,
-        stacked: Vec::new(),
-        since_ms: 0,
-        connections_accepted: 0,
-        connections_reset: 0,
-        connections_open: 0,
-        bytes_upstream: 0,
-        bytes_downstream: 0,
-        bytes_swallowed_upstream: 0,
-        bytes_swallowed_downstream: 0,
-        bytes_spliced: 0,
-        connections_stranded: 0,
-        broker_links: Vec::new(),
-        answers_rewritten: 0,
-        datagrams: None,
     }
 }

@@ -467,31 +467,7 @@ pub(crate) mod tests {
 
     pub(crate) fn link_status() -> LinkStatus {
         let addr = SocketAddr::from(([127, 0, 0, 1], 9));
-        LinkStatus {
-            name: "mqtt".to_string(),
-            listen: addr,
-            upstream: addr,
-            fault: "pass".to_string(),
-            direction: None,
-            latency_ms: None,
-            jitter_ms: None,
-            bytes_per_s: None,
-            stacked: Vec::new(),
-            since_ms: 0,
-            connections_accepted: 0,
-            connections_reset: 0,
-            connections_open: 0,
-            bytes_upstream: 0,
-            bytes_downstream: 0,
-            bytes_swallowed_upstream: 0,
-            bytes_swallowed_downstream: 0,
-            bytes_spliced: 0,
-            broker_links: Vec::new(),
-            answers_rewritten: 0,
-            connections_stranded: 0,
-            datagrams: None,
-            loss: None,
-        }
+        LinkStatus::idle("mqtt", addr, addr)
     }
 
     /// Facts with nothing observed beyond `sent` and `received`: no faults, no account.
