@@ -86,6 +86,11 @@ fn an_endpoint_that_answers_everything_4xx_is_away_not_refusing() {
         "{:#}",
         ran.report["attempts"]
     );
+    // Asked again once a second while it takes nothing, not in a tight loop: each ask ends
+    // one attempt possibly_sent (18 s of windows).
+    let asked = ran.number(&["attempts", "possibly_sent"]);
+    println!("possibly_sent {asked}");
+    assert!(asked <= 60, "{:#}", ran.report["attempts"]);
 }
 
 /// Late answers past the answer timeout: resends with the same Idempotency-Key. With dedupe the

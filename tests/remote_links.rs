@@ -79,6 +79,12 @@ async fn a_leased_fault_holds_while_renewed_and_heals_when_its_driver_stops() {
         .await
         .unwrap();
     http.delete(&fault).send().await.unwrap();
+    let ended = http.post(&lease).send().await.unwrap();
+    assert_eq!(
+        ended.status().as_u16(),
+        404,
+        "DELETE ends the lease with the fault"
+    );
     http.put(&fault)
         .json(&json!({"fault": "swallow"}))
         .send()
@@ -117,9 +123,10 @@ fn command(ns: Option<&str>, argv: &[&str]) -> std::process::Command {
     c
 }
 
-/// Waits (at most 15 s) until `check` holds.
+/// Waits (at most 40 s: a drill's fault comes after its broker, engine and workload started)
+/// until `check` holds.
 fn until(what: &str, check: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + Duration::from_secs(40);
     while !check() {
         assert!(Instant::now() < deadline, "{what}");
         std::thread::sleep(Duration::from_millis(50));

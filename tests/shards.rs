@@ -331,8 +331,26 @@ fn selftest_shards_merged_give_the_unsharded_matrix() {
         "{}",
         show(&o)
     );
+    // An empty folder (a shard that died before writing) is a missing shard: exit 3.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = drill(&[
+        "merge",
+        &a,
+        &empty.display().to_string(),
+        "--out",
+        &dir.path().join("died").display().to_string(),
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no selftest shard there"),
+        "{}",
+        show(&o)
+    );
+    // A drill run's folder beside a selftest shard: not one run, exit 2.
     let run = dir.path().join("a-run");
-    std::fs::create_dir(&run).unwrap();
+    std::fs::create_dir_all(run.join("some-drill")).unwrap();
+    std::fs::write(run.join("some-drill/report.json"), "{\"verdict\":\"pass\"}").unwrap();
     let o = drill(&[
         "merge",
         &a,

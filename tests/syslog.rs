@@ -378,12 +378,7 @@ fn a_missing_rsyslog_or_relp_module_exits_3_naming_the_package() {
         (nowhere.as_str(), "apt-get install rsyslog rsyslog-relp"),
         (without_relp.as_str(), "install rsyslog-relp (Debian)"),
     ] {
-        let ran = run_drill_with(
-            &file,
-            "needs-rsyslog",
-            &["--runtime", "process"],
-            &[("DRILL_RSYSLOGD", rsyslogd)],
-        );
+        let ran = run_drill_with(&file, "needs-rsyslog", &[], &[("DRILL_RSYSLOGD", rsyslogd)]);
         let o = &ran.output;
         assert_eq!(o.status.code(), Some(3), "{}", show(o));
         let stderr = String::from_utf8_lossy(&o.stderr);

@@ -45,7 +45,7 @@ pub fn mark(
         shard: shard.k,
         of: shard.n,
         drills,
-        version: env!("CARGO_PKG_VERSION").to_string(),
+        version: env!("DRILL_BUILD").to_string(),
         selection,
     };
     let text = serde_json::to_string_pretty(&mark).map_err(std::io::Error::other)?;
@@ -75,12 +75,19 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> u8 {
         .iter()
         .filter(|d| super::selftest::is_selftest(d))
         .count();
-    if selftests == inputs.len() {
+    // A folder with nothing in it (a shard that died before writing, an artifact that was
+    // not uploaded) is a missing shard of whichever kind the others are.
+    let holds_drills = |d: &PathBuf| !drill_folders(d).is_empty() || d.join("shard.json").is_file();
+    let runs = inputs
+        .iter()
+        .filter(|d| !super::selftest::is_selftest(d) && holds_drills(d))
+        .count();
+    if selftests > 0 && runs == 0 {
         return super::selftest::merge(inputs, out);
     }
     if selftests > 0 {
         eprintln!(
-            "drill merge: {selftests} of the {} folders hold a selftest and the rest drill runs: merge the shards of one kind of run",
+            "drill merge: {selftests} of the {} folders hold a selftest and {runs} drill runs: merge the shards of one kind of run",
             inputs.len()
         );
         return super::INVALID;

@@ -32,6 +32,9 @@ use super::{Direction, Fault, FaultSpec, LinkStatus, Proxy};
 /// How often the proxy looks for leases that ran out.
 const LEASE_CHECK: Duration = Duration::from_millis(50);
 
+/// The longest lease a fault may be put under.
+const LEASE_MAX: Duration = Duration::from_secs(3600);
+
 /// The faults held under a lease, by link: how long each lease lasts and when it runs out.
 #[derive(Clone, Default)]
 struct Leases(Arc<Mutex<HashMap<String, (Duration, Instant)>>>);
@@ -123,10 +126,15 @@ async fn put_fault(
             );
         }
     };
-    if request.lease_ms == Some(0) {
+    if let Some(ms) = request.lease_ms
+        && (ms == 0 || Duration::from_millis(ms) > LEASE_MAX)
+    {
         return problem(
             StatusCode::BAD_REQUEST,
-            "lease_ms: 0 would heal at once; give the lease in milliseconds, e.g. 5000".to_string(),
+            format!(
+                "lease_ms: {ms}: give the lease in milliseconds, from 1 to {} (e.g. 5000)",
+                LEASE_MAX.as_millis()
+            ),
         );
     }
     let spec = request.spec();
@@ -185,6 +193,10 @@ async fn end_expired(c: Control, cancel: CancellationToken) {
             () = tokio::time::sleep(LEASE_CHECK) => {}
         }
         for name in c.leases.expired(Instant::now()) {
+            // A fault put again meanwhile holds a new lease of its own: leave it.
+            if c.leases.lock().contains_key(&name) {
+                continue;
+            }
             if let Some(link) = c.proxy.link(&name) {
                 link.apply_settled(Fault::Heal, Direction::Both).await;
                 eprintln!(

@@ -165,14 +165,15 @@ impl<'a> Drill<'a> {
 
     async fn link_fault(&mut self, index: usize, name: &str, spec: &FaultSpec, now: Duration) {
         let mut bit = None;
+        let mut no_target = None;
         if let Some(r) = self.rig.remote.clone().filter(|r| r.name() == name) {
             if spec.fault.instantaneous() {
                 let _ = r.refresh().await;
                 bit = Some(r.status().connections_open > 0);
             }
+            // A fault the remote proxy did not take proves nothing: the drill is inconclusive.
             if let Err(e) = r.apply(spec).await {
-                self.notes
-                    .push(format!("fault {index} on the remote link {name}: {e}"));
+                no_target = Some(format!("the remote proxy did not take it: {e}"));
             }
         } else if let Some(l) = self.rig.links.iter().find(|l| l.name() == name) {
             if spec.fault.instantaneous() {
@@ -216,7 +217,7 @@ impl<'a> Drill<'a> {
             wiped: false,
             until_ms: spec.fault.instantaneous().then_some(ms(now)),
             bit,
-            no_target: None,
+            no_target,
         });
     }
 
@@ -270,11 +271,21 @@ impl<'a> Drill<'a> {
         now: Duration,
     ) -> Result<(), RunError> {
         let mut still = String::new();
-        if let Some(r) = self.rig.remote.clone().filter(|r| r.name() == name)
-            && let Err(e) = r.heal().await
-        {
-            self.notes
-                .push(format!("heal of the remote link {name}: {e}"));
+        if let Some(r) = self.rig.remote.clone().filter(|r| r.name() == name) {
+            // A fault whose lease ran out ended before its time: what the drill says of it
+            // would be about a shorter fault than planned, so it proves nothing.
+            let early = r.take_lease_lost();
+            if let Err(e) = r.heal().await {
+                self.notes
+                    .push(format!("heal of the remote link {name}: {e}"));
+            }
+            if let Some(why) = early
+                && let Some(f) = self.faults.iter_mut().rev().find(|f| {
+                    f.until_ms.is_none() && f.target == FaultTarget::Link(name.to_string())
+                })
+            {
+                f.no_target = Some(why);
+            }
         }
         for l in self
             .rig

@@ -145,13 +145,16 @@ fn one_fault_at_a_time(
             message,
         )
     };
-    let mut ends: Option<(Duration, usize)> = None;
-    for f in faults {
+    // The fault in force: until when (`None`: until a `heal` of the link), and its entry.
+    let mut open: Option<(Option<Duration>, usize)> = None;
+    let mut in_time: Vec<&ScheduledFault> = faults.iter().collect();
+    in_time.sort_by_key(|f| (f.at, f.entry));
+    for f in in_time {
         match &f.what {
             FaultAction::Link { link, spec, lasts } if link == name => {
                 RemoteLink::request(spec).map_err(|why| located(f, why))?;
-                if let Some((until, entry)) = ends
-                    && f.at < until
+                if let Some((until, entry)) = open
+                    && until.is_none_or(|u| f.at < u)
                 {
                     return Err(located(
                         f,
@@ -161,8 +164,13 @@ fn one_fault_at_a_time(
                         ),
                     ));
                 }
-                ends = Some((f.at + lasts.unwrap_or(Duration::ZERO), f.entry));
+                open = if spec.fault.instantaneous() {
+                    None
+                } else {
+                    Some((lasts.map(|d| f.at + d), f.entry))
+                };
             }
+            FaultAction::Heal { link } if link == name => open = None,
             FaultAction::ProxyRestart { .. } => {
                 return Err(located(
                     f,

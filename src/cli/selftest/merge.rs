@@ -10,8 +10,8 @@
 use std::path::{Path, PathBuf};
 
 use super::cell::CellOutcome;
-use super::{Selftest, conclude, publish};
-use crate::cli::{FAIL, INFRASTRUCTURE, INVALID, PASS};
+use super::{Selftest, conclude, exit_code, publish};
+use crate::cli::{INFRASTRUCTURE, INVALID};
 
 /// Whether `dir` holds a selftest's output (`dir/selftest/selftest.json`).
 pub fn is_selftest(dir: &Path) -> bool {
@@ -98,10 +98,8 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> u8 {
     }
     if !problems.is_empty() || published.is_err() {
         INFRASTRUCTURE
-    } else if result.ok {
-        PASS
     } else {
-        FAIL
+        exit_code(&result)
     }
 }
 

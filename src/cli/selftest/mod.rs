@@ -168,7 +168,15 @@ pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
     if let Err(code) = publish(&result, &dir) {
         return code;
     }
-    if !result.errors.is_empty() && result.missed.is_empty() && result.false_alarms.is_empty() {
+    exit_code(&result)
+}
+
+/// The exit code of a selftest, a shard's part of one, or a merged one: 3 when cells could not
+/// run and nothing else failed; 1 on a false alarm or (not for a shard, which cannot tell) a
+/// missed mutant; else 0.
+fn exit_code(result: &Selftest) -> u8 {
+    let missed = result.shard.is_none() && !result.missed.is_empty();
+    if !result.errors.is_empty() && !missed && result.false_alarms.is_empty() {
         INFRASTRUCTURE
     } else if result.ok {
         PASS
@@ -319,7 +327,7 @@ fn conclude(scenarios: Vec<String>, rows: Vec<Row>, took_s: f64) -> Selftest {
     });
     let ok = missed.is_empty() && false_alarms.is_empty() && correct_ran_all;
     Selftest {
-        version: env!("CARGO_PKG_VERSION").to_string(),
+        version: env!("DRILL_BUILD").to_string(),
         shard: None,
         scenarios,
         rows,

@@ -9,13 +9,17 @@
 //! | 5xx, 408, 429, a transport error | the destination is away: the session ends, its open attempts end `possibly_sent` (a 5xx may come from a gateway after the write landed), and **no attempt is spent**; the next session starts with a probe |
 //! | no answer within the answer timeout | `possibly_sent` (the tick ends the session) |
 //!
-//! The probe is `HEAD {topic}` (writes nothing); any answer but 5xx, 408 or 429 means the
-//! endpoint is there. A `Retry-After` on a probe's answer is waited out (at most 30 s) before
-//! the next connect. Each session has its own client and connection pool: a session ended by
+//! The probe is `HEAD {topic}` (writes nothing); a 2xx or 3xx, or 404/405 (no `HEAD` route),
+//! means the endpoint takes requests — the same rule opens a session and judges a 4xx. Any
+//! other answer is an outage: a `Retry-After` on it is waited out (at most 30 s), and after an
+//! endpoint was seen taking no requests the next probe waits a second, so an endpoint that
+//! answers everything 4xx is asked once a second, not in a tight loop. Each session has its own client and connection pool: a session ended by
 //! silence leaves no connection behind to be reused. Requests go one at a time by default
 //! (`window: 1`): requests in flight together travel on separate connections and may land in
 //! any order, which `in_order` cannot allow.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -32,6 +36,33 @@ use crate::engine::mutant::{self, Mutant};
 
 /// The longest `Retry-After` the probe waits out.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(30);
+
+/// After a session ended because the endpoint takes no requests (every write answered 4xx),
+/// the next probe waits this long: such an endpoint is away, and is asked once a second.
+const PAUSE_WHILE_NOT_TAKING: Duration = Duration::from_secs(1);
+
+/// When each endpoint (by URL) was last seen taking no requests.
+static NOT_TAKING: Mutex<Option<HashMap<String, Instant>>> = Mutex::new(None);
+
+fn not_taking_since(url: &str) -> Option<Instant> {
+    let map = NOT_TAKING.lock().unwrap_or_else(|p| p.into_inner());
+    map.as_ref().and_then(|m| m.get(url).copied())
+}
+
+fn mark_not_taking(url: &str) {
+    let mut map = NOT_TAKING.lock().unwrap_or_else(|p| p.into_inner());
+    map.get_or_insert_with(HashMap::new)
+        .insert(url.to_string(), Instant::now());
+}
+
+/// Whether a probe's answer says the endpoint takes requests: 2xx or 3xx, or 404/405 (it has no
+/// `HEAD` route, which says nothing against its writes). The same rule for the probe that
+/// opens a session and for the probe after a 4xx.
+fn takes_requests(status: StatusCode) -> bool {
+    status.is_success()
+        || status.is_redirection()
+        || matches!(status.as_u16(), 404 | 405)
+}
 
 /// The HTTP sink (stateless: the path and header are in the output's config).
 #[derive(Clone, Copy)]
@@ -73,6 +104,10 @@ impl Sink for HttpSink {
             .build()
             .map_err(|e| e.to_string())?;
         let url = format!("http://{}{}", cfg.address, cfg.topic);
+        if let Some(at) = not_taking_since(&url) {
+            // Asked again at most once a second while it takes nothing.
+            tokio::time::sleep(PAUSE_WHILE_NOT_TAKING.saturating_sub(at.elapsed())).await;
+        }
         let probe = tokio::time::timeout(limit, client.head(&url).send())
             .await
             .map_err(|_| format!("no answer to the probe (HEAD) within {limit:?}"))?
@@ -84,6 +119,12 @@ impl Sink for HttpSink {
                 tokio::time::sleep(d).await;
             }
             return Err(format!("probe answered {status}: the destination is away"));
+        }
+        if !takes_requests(status) {
+            mark_not_taking(&url);
+            return Err(format!(
+                "probe answered {status}: the endpoint takes no requests"
+            ));
         }
         #[cfg(feature = "mutants")]
         if mutant::is(Mutant::ProbeWithOldestRecord)
@@ -152,9 +193,17 @@ pub struct HttpSession {
 }
 
 impl HttpSession {
-    /// What one reply means: an answer for the attempt, or `Err` when the destination is away.
-    fn classify(reply: Reply) -> Result<Answer, String> {
-        let (status, retry, probe) = reply?;
+    /// What one reply means: an answer for the attempt, or why the destination is away.
+    fn classify(reply: Reply) -> Result<Answer, Away> {
+        let gone = |why: String| Away {
+            why,
+            not_taking: false,
+        };
+        let not_taking = |why: String| Away {
+            why,
+            not_taking: true,
+        };
+        let (status, retry, probe) = reply.map_err(gone)?;
         if status.is_success() {
             return Ok(Answer::Accepted);
         }
@@ -168,23 +217,30 @@ impl HttpSession {
             let retry = retry.map_or(String::new(), |d| {
                 format!(" (Retry-After {}s)", d.as_secs())
             });
-            return Err(format!("HTTP {status}{retry}: the destination is away"));
+            return Err(gone(format!("HTTP {status}{retry}: the destination is away")));
         }
         if about_the_request(status) {
-            return Err(format!(
+            return Err(not_taking(format!(
                 "HTTP {status}: about the request, not the record — the endpoint takes no write from this engine"
-            ));
+            )));
         }
         match probe {
-            Some(p) if p.is_success() => Ok(Answer::Refused(format!("HTTP {status}"))),
-            Some(p) => Err(format!(
+            Some(p) if takes_requests(p) => Ok(Answer::Refused(format!("HTTP {status}"))),
+            Some(p) => Err(not_taking(format!(
                 "HTTP {status}, and the probe answered {p}: the endpoint is not taking requests"
-            )),
-            None => Err(format!(
+            ))),
+            None => Err(not_taking(format!(
                 "HTTP {status}, and the probe got no answer: the endpoint is not taking requests"
-            )),
+            ))),
         }
     }
+}
+
+/// Why a session ends on an answer: the destination is away; `not_taking` when it answered,
+/// but takes no requests (the next probe is paced).
+struct Away {
+    why: String,
+    not_taking: bool,
 }
 
 impl Session for HttpSession {
@@ -201,7 +257,9 @@ impl Session for HttpSession {
                 .header(self.key_header.as_str(), record.key.as_str())
                 .body(record.data.clone());
             let done = self.done.clone();
-            let probe = self.client.head(&self.url).timeout(self.answer_timeout);
+            // A quarter of the answer timeout, so the probe cannot turn an answered 4xx into
+            // silence (`tick` counts the attempt's time to the end of both).
+            let probe = self.client.head(&self.url).timeout(self.answer_timeout / 4);
             self.requests.spawn(async move {
                 let reply = match request.send().await {
                     Ok(r) if about_the_record(r.status()) => {
@@ -224,7 +282,15 @@ impl Session for HttpSession {
         };
         let mut next = Some((tag, reply));
         while let Some((tag, reply)) = next {
-            into.push((tag, HttpSession::classify(reply)?));
+            match HttpSession::classify(reply) {
+                Ok(answer) => into.push((tag, answer)),
+                Err(Away { why, not_taking }) => {
+                    if not_taking {
+                        mark_not_taking(&self.url);
+                    }
+                    return Err(why);
+                }
+            }
             next = self.replies.try_recv().ok();
         }
         Ok(())
@@ -265,6 +331,12 @@ mod tests {
         assert!(matches!(classify(reply(201, None)), Ok(Answer::Accepted)));
         assert!(matches!(classify(reply(422, Some(200))), Ok(Answer::Refused(_))));
         assert!(matches!(classify(reply(400, Some(204))), Ok(Answer::Refused(_))));
+        assert!(
+            matches!(classify(reply(422, Some(405))), Ok(Answer::Refused(_))),
+            "an endpoint without a HEAD route"
+        );
+        assert!(classify(reply(401, Some(200))).is_err_and(|a| a.not_taking));
+        assert!(classify(reply(503, Some(200))).is_err_and(|a| !a.not_taking));
         assert!(classify(reply(422, Some(422))).is_err(), "everything refused");
         assert!(classify(reply(422, Some(503))).is_err());
         assert!(classify(reply(422, None)).is_err(), "the probe got no answer");
@@ -272,6 +344,8 @@ mod tests {
             assert!(classify(reply(away, Some(200))).is_err(), "{away}");
         }
         assert!(classify(Err("request failed".to_string())).is_err());
+        assert!(takes_requests(StatusCode::OK) && takes_requests(StatusCode::METHOD_NOT_ALLOWED));
+        assert!(!takes_requests(StatusCode::UNAUTHORIZED) && !takes_requests(StatusCode::UNPROCESSABLE_ENTITY));
         assert!(about_the_record(StatusCode::UNPROCESSABLE_ENTITY));
         assert!(!about_the_record(StatusCode::UNAUTHORIZED));
         assert!(!about_the_record(StatusCode::TOO_MANY_REQUESTS));

@@ -88,6 +88,10 @@ pub(super) async fn provision(
         return crate::dest::external::provision_one_link(dest, &p, ext, access, how).await;
     }
     let mut notes = Vec::new();
+    if std::env::var_os("DRILL_RSYSLOGD").is_some() && find_rsyslogd().is_none() {
+        // Named, and not there: an error, never a reason to run another rsyslog.
+        return Err(DestError::Missing(missing()));
+    }
     let runtime = match p.runtime {
         Runtime::Auto if find_rsyslogd().is_some() => Runtime::Process,
         other => other,
