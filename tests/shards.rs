@@ -319,44 +319,30 @@ fn selftest_shards_merged_give_the_unsharded_matrix() {
         .collect();
     assert_eq!(correct, ["pass", "pass"], "{merged:#}");
 
-    let o = drill(&[
-        "merge",
-        &a,
-        "--out",
-        &dir.path().join("half").display().to_string(),
-    ]);
-    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("selftest shard 2/2 is missing"),
-        "{}",
-        show(&o)
-    );
-    // An empty folder (a shard that died before writing) is a missing shard: exit 3.
+    // Merges that cannot be one selftest: only shard 1 (exit 3); shard 1 beside an empty
+    // folder, a shard that died before writing (exit 3); beside a drill run's folder (exit 2).
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
-    let o = drill(&[
-        "merge",
-        &a,
-        &empty.display().to_string(),
-        "--out",
-        &dir.path().join("died").display().to_string(),
-    ]);
-    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("no selftest shard there"),
-        "{}",
-        show(&o)
-    );
-    // A drill run's folder beside a selftest shard: not one run, exit 2.
     let run = dir.path().join("a-run");
     std::fs::create_dir_all(run.join("some-drill")).unwrap();
     std::fs::write(run.join("some-drill/report.json"), "{\"verdict\":\"pass\"}").unwrap();
-    let o = drill(&[
-        "merge",
-        &a,
-        &run.display().to_string(),
-        "--out",
-        &dir.path().join("mixed").display().to_string(),
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", show(&o));
+    for (with, code, says) in [
+        (None, 3, "selftest shard 2/2 is missing"),
+        (Some(&empty), 3, "no selftest shard there"),
+        (Some(&run), 2, "merge the shards of one kind of run"),
+    ] {
+        let out = dir.path().join(format!("bad-{code}-{}", with.is_some()));
+        let out = out.display().to_string();
+        let other = with.map(|w| w.display().to_string());
+        let mut args = vec!["merge", a.as_str()];
+        args.extend(other.as_deref());
+        args.extend(["--out", out.as_str()]);
+        let o = drill(&args);
+        assert_eq!(o.status.code(), Some(code), "{}", show(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(says),
+            "{}",
+            show(&o)
+        );
+    }
 }
