@@ -71,27 +71,42 @@ impl Found {
 }
 
 pub fn merge(inputs: &[PathBuf], out: &Path) -> u8 {
+    match kind_of(inputs) {
+        Ok(true) => return super::selftest::merge(inputs, out),
+        Ok(false) => {}
+        Err(why) => {
+            eprintln!("drill merge: {why}");
+            return super::INVALID;
+        }
+    }
+    merge_runs(inputs, out)
+}
+
+/// Whether `inputs` are selftest shards (`true`) or drill runs (`false`); `Err` when both. A
+/// folder with nothing in it (a shard that died before writing, an artifact that was not
+/// uploaded) is a missing shard of whichever kind the others are.
+fn kind_of(inputs: &[PathBuf]) -> Result<bool, String> {
     let selftests = inputs
         .iter()
         .filter(|d| super::selftest::is_selftest(d))
         .count();
-    // A folder with nothing in it (a shard that died before writing, an artifact that was
-    // not uploaded) is a missing shard of whichever kind the others are.
     let holds_drills = |d: &PathBuf| !drill_folders(d).is_empty() || d.join("shard.json").is_file();
     let runs = inputs
         .iter()
         .filter(|d| !super::selftest::is_selftest(d) && holds_drills(d))
         .count();
-    if selftests > 0 && runs == 0 {
-        return super::selftest::merge(inputs, out);
-    }
-    if selftests > 0 {
-        eprintln!(
-            "drill merge: {selftests} of the {} folders hold a selftest and {runs} drill runs: merge the shards of one kind of run",
+    match (selftests, runs) {
+        (0, _) => Ok(false),
+        (_, 0) => Ok(true),
+        _ => Err(format!(
+            "{selftests} of the {} folders hold a selftest and {runs} drill runs: merge the shards of one kind of run",
             inputs.len()
-        );
-        return super::INVALID;
+        )),
     }
+}
+
+/// The merge of drill runs (`drill run --shard`).
+fn merge_runs(inputs: &[PathBuf], out: &Path) -> u8 {
     let mut problems = Vec::new();
     let mut found: BTreeMap<String, Found> = BTreeMap::new();
     let mut marks = Vec::new();

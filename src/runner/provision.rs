@@ -124,32 +124,41 @@ impl Rig {
             remote: None,
             remote_cancel: cancel.child_token(),
         };
-        if let Some((name, at)) = plan.remote_links.iter().next() {
-            // Check it before the local link stops, so a failure leaves nothing behind.
-            let remote = match RemoteLink::reach(name, &at.api, at.token()).await {
-                Ok(r) => r,
-                Err(e) => {
-                    rig.teardown().await;
-                    return Err(RunError::Broker(match e {
-                        RemoteError::Invalid { .. } => {
-                            crate::dest::DestError::Invalid(e.to_string())
-                        }
-                        RemoteError::Unreachable { .. } => {
-                            crate::dest::DestError::External(e.to_string())
-                        }
-                    }));
-                }
-            };
-            // drill's own link steps aside: nothing may reach the broker through it.
-            for l in std::mem::take(&mut rig.links) {
-                l.shutdown().await;
-            }
-            rig.tap = None;
-            remote.keep(rig.remote_cancel.clone());
-            rig.remote = Some(remote);
+        if let Some((name, at)) = plan.remote_links.iter().next()
+            && let Err(e) = rig.serve_remotely(name, at).await
+        {
+            rig.teardown().await;
+            return Err(e);
         }
         rig.say_provisioned(seed);
         Ok(rig)
+    }
+
+    /// Hands the link `name` to the `drill proxy` `at` names: reached and checked first (so a
+    /// failure leaves drill's own link in place for the teardown), then drill's own link steps
+    /// aside — nothing may reach the broker through it — and the remote link is kept.
+    async fn serve_remotely(
+        &mut self,
+        name: &str,
+        at: &crate::scenario::RemoteSpec,
+    ) -> Result<(), RunError> {
+        let remote = RemoteLink::reach(name, &at.api, at.token())
+            .await
+            .map_err(|e| {
+                RunError::Broker(match e {
+                    RemoteError::Invalid { .. } => crate::dest::DestError::Invalid(e.to_string()),
+                    RemoteError::Unreachable { .. } => {
+                        crate::dest::DestError::External(e.to_string())
+                    }
+                })
+            })?;
+        for l in std::mem::take(&mut self.links) {
+            l.shutdown().await;
+        }
+        self.tap = None;
+        remote.keep(self.remote_cancel.clone());
+        self.remote = Some(remote);
+        Ok(())
     }
 
     /// Where the engine forwards to: the remote link's listen address, or drill's first link.
