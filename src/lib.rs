@@ -9,6 +9,7 @@
 //! [`report`] (judge the runner's facts, render them); [`diff`] compares two runs' reports. Leaf modules carry the words they share:
 //! [`promise`], [`units`], [`credentials`], [`seed`], [`located`], [`process`].
 
+pub mod agent;
 pub mod bench;
 pub mod cli;
 pub mod container;

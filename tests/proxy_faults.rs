@@ -267,10 +267,15 @@ async fn the_control_api_applies_and_heals_faults() {
     let listen = link.listen_addr();
     proxy.add(link);
     let cancel = CancellationToken::new();
-    let (api, _task) =
-        drill::proxy::api::serve(proxy, "127.0.0.1:0".parse().unwrap(), None, cancel.clone())
-            .await
-            .unwrap();
+    let (api, _task) = drill::proxy::api::serve(
+        proxy,
+        "127.0.0.1:0".parse().unwrap(),
+        None,
+        None,
+        cancel.clone(),
+    )
+    .await
+    .unwrap();
     let http = reqwest::Client::new();
     let put = http
         .put(format!("http://{api}/links/t/fault"))

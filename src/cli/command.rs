@@ -149,32 +149,46 @@ enum Command {
         kafka_records: u64,
     },
     /// Run fault-proxy links standalone with an HTTP control API.
-    Proxy {
-        /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable), e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883.
-        /// NAME=udp:LISTEN_ADDR,UPSTREAM_ADDR makes a datagram (UDP) link, e.g.
-        /// syslog=udp:127.0.0.1:2514,127.0.0.1:514: it knows refuse, swallow, delay, loss,
-        /// blackhole and heal. TCP links can also be created later through the Toxiproxy-shaped
-        /// `POST /proxies`.
-        #[arg(long = "link")]
-        links: Vec<String>,
-        /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable): a Kafka-aware link in front of a Kafka
-        /// bootstrap broker. It rewrites the broker addresses in Metadata, FindCoordinator and
-        /// DescribeCluster answers so every broker is reached through a link of its own,
-        /// NAME-<node id>; a fault on NAME is in force on all of them.
-        #[arg(long = "kafka-link")]
-        kafka_links: Vec<String>,
-        /// Where the control API listens.
-        #[arg(long, default_value = "127.0.0.1:8474")]
-        api: SocketAddr,
-        /// Bearer token every API request must carry (or DRILL_TOKEN); required when --api is
-        /// not a loopback address.
-        #[arg(long)]
-        token: Option<String>,
-        /// Forward healed links through drill's own buffers instead of zero-copy (splice):
-        /// what `drill bench proxy` compares the zero-copy path with.
-        #[arg(long)]
-        copy_only: bool,
+    Proxy(ProxyFlags),
+    /// `drill proxy` that also runs one engine on this host for a drill on another
+    /// (`system: { agent: URL, command: … }`): start, SIGKILL, SIGTERM, SIGSTOP/SIGCONT,
+    /// power cut and full disk on its data directory, under a lease the drill renews.
+    Agent {
+        #[command(flatten)]
+        proxy: ProxyFlags,
+        /// Where each drill's engine gets its folder (work/, engine-data/, engine.log).
+        #[arg(long, default_value = "drill-agent")]
+        work: PathBuf,
     },
+}
+
+/// What `drill proxy` and `drill agent` are given.
+#[derive(clap::Args)]
+struct ProxyFlags {
+    /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable), e.g. mqtt=127.0.0.1:21883,127.0.0.1:1883.
+    /// NAME=udp:LISTEN_ADDR,UPSTREAM_ADDR makes a datagram (UDP) link, e.g.
+    /// syslog=udp:127.0.0.1:2514,127.0.0.1:514: it knows refuse, swallow, delay, loss,
+    /// blackhole and heal. TCP links can also be created later through the Toxiproxy-shaped
+    /// `POST /proxies`.
+    #[arg(long = "link")]
+    links: Vec<String>,
+    /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable): a Kafka-aware link in front of a Kafka
+    /// bootstrap broker. It rewrites the broker addresses in Metadata, FindCoordinator and
+    /// DescribeCluster answers so every broker is reached through a link of its own,
+    /// NAME-<node id>; a fault on NAME is in force on all of them.
+    #[arg(long = "kafka-link")]
+    kafka_links: Vec<String>,
+    /// Where the control API listens.
+    #[arg(long, default_value = "127.0.0.1:8474")]
+    api: SocketAddr,
+    /// Bearer token every API request must carry (or DRILL_TOKEN); required when --api is
+    /// not a loopback address.
+    #[arg(long)]
+    token: Option<String>,
+    /// Forward healed links through drill's own buffers instead of zero-copy (splice):
+    /// what `drill bench proxy` compares the zero-copy path with.
+    #[arg(long)]
+    copy_only: bool,
 }
 
 #[derive(Subcommand)]
@@ -225,7 +239,7 @@ pub fn main() -> ExitCode {
     // `drill proxy` runs on one thread, like haproxy: a wakeup never crosses threads, which
     // keeps the latency a link adds low (measured by `drill bench proxy`).
     let runtime = match &cli.command {
-        Command::Proxy { .. } => tokio::runtime::Builder::new_current_thread()
+        Command::Proxy(_) | Command::Agent { .. } => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
         _ => tokio::runtime::Runtime::new(),
@@ -321,20 +335,15 @@ async fn dispatch(command: Command) -> u8 {
             action: Some(EngineAction::Failed { what }),
             ..
         } => failed(what).await,
-        Command::Proxy {
-            links,
-            kafka_links,
-            api,
-            token,
-            copy_only,
-        } => {
-            crate::proxy::zero_copy(!copy_only);
-            let links = links
-                .into_iter()
-                .map(|l| (l, false))
-                .chain(kafka_links.into_iter().map(|l| (l, true)))
-                .collect();
-            proxy_with_token(links, api, token, cancel).await
+        Command::Proxy(flags) => proxy_with_token(flags, None, cancel).await,
+        Command::Agent { proxy, work } => {
+            match crate::agent::Agent::new(work, tokio::runtime::Handle::current()) {
+                Ok(agent) => proxy_with_token(proxy, Some(agent), cancel).await,
+                Err(e) => {
+                    eprintln!("{e}");
+                    INFRASTRUCTURE
+                }
+            }
         }
         Command::Bench {
             what,
@@ -530,14 +539,21 @@ async fn start_links(proxy: &Proxy, specs: &[(String, bool)]) -> Result<(), u8> 
 }
 
 /// `drill proxy`: the API's token checked first (a token is required off loopback).
+/// `drill proxy`, or with `agent` `drill agent`: the token checked, the links started.
 async fn proxy_with_token(
-    specs: Vec<(String, bool)>,
-    api: SocketAddr,
-    token: Option<String>,
+    flags: ProxyFlags,
+    agent: Option<crate::agent::Agent>,
     cancel: CancellationToken,
 ) -> u8 {
-    match crate::control::token_for(api, token) {
-        Ok(token) => proxy(specs, api, token, cancel).await,
+    crate::proxy::zero_copy(!flags.copy_only);
+    let specs = flags
+        .links
+        .into_iter()
+        .map(|l| (l, false))
+        .chain(flags.kafka_links.into_iter().map(|l| (l, true)))
+        .collect();
+    match crate::control::token_for(flags.api, flags.token) {
+        Ok(token) => proxy(specs, flags.api, token, agent, cancel).await,
         Err(e) => {
             eprintln!("drill proxy: {e}");
             INVALID
@@ -549,8 +565,10 @@ async fn proxy(
     specs: Vec<(String, bool)>,
     api: SocketAddr,
     token: Option<String>,
+    agent: Option<crate::agent::Agent>,
     cancel: CancellationToken,
 ) -> u8 {
+    let with_engine = agent.is_some();
     let proxy = Proxy::new(cancel.clone());
     if let Err(code) = start_links(&proxy, &specs).await {
         return code;
@@ -574,10 +592,21 @@ async fn proxy(
                     }
                 };
                 runtime.block_on(async move {
-                    match crate::proxy::api::serve(proxy, api, token, cancel).await {
+                    // The agent's engine is started from this thread: it dies with it.
+                    let (more, watcher) = match agent {
+                        Some(agent) => (
+                            Some(agent.clone().router()),
+                            Some(tokio::spawn(agent.watch(cancel.clone()))),
+                        ),
+                        None => (None, None),
+                    };
+                    match crate::proxy::api::serve(proxy, api, token, more, cancel).await {
                         Ok((bound, handle)) => {
                             let _ = ready_tx.send(Ok(bound));
                             let _ = handle.await;
+                            if let Some(w) = watcher {
+                                let _ = w.await;
+                            }
                         }
                         Err(e) => {
                             let _ = ready_tx.send(Err(e));
@@ -595,7 +624,12 @@ async fn proxy(
     };
     match ready_rx.await {
         Ok(Ok(bound)) => println!(
-            "control API on http://{bound} (GET /links, PUT|DELETE /links/NAME/fault; Toxiproxy-shaped /proxies)"
+            "control API on http://{bound} (GET /links, PUT|DELETE /links/NAME/fault; Toxiproxy-shaped /proxies{})",
+            if with_engine {
+                "; the engine: PUT|GET|DELETE /engine, POST /engine/act, /engine/lease"
+            } else {
+                ""
+            }
         ),
         Ok(Err(e)) => {
             eprintln!("drill proxy: cannot serve the control API on {api}: {e}");

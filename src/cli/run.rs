@@ -207,6 +207,7 @@ async fn one(
             let invalid = matches!(
                 e,
                 runner::RunError::Broker(crate::dest::DestError::Invalid(_))
+                    | runner::RunError::Engine(crate::sut::SutError::Refused(_))
             );
             return (if invalid { INVALID } else { INFRASTRUCTURE }, None);
         }

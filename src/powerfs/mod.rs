@@ -65,7 +65,7 @@ pub use absent::PowerFs;
 pub use mount::PowerFs;
 
 /// What a power cut threw away.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CutReport {
     /// Files that had changes not yet synced.
     pub files: u64,

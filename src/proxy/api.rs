@@ -225,11 +225,13 @@ fn router_with(c: Control) -> Router {
         .merge(super::toxiproxy::router(proxy))
 }
 
-/// Serves the control API on `addr` until `cancel` fires. Returns the bound address.
+/// Serves the control API on `addr` until `cancel` fires, with `more` routes beside the
+/// links' (`drill agent`'s engine), behind the same token. Returns the bound address.
 pub async fn serve(
     proxy: Proxy,
     addr: SocketAddr,
     token: Option<String>,
+    more: Option<Router>,
     cancel: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -239,11 +241,18 @@ pub async fn serve(
         leases: Leases::default(),
     };
     tokio::spawn(end_expired(control.clone(), cancel.clone()));
-    let app = crate::control::guard(router_with(control), token);
+    let routes = match more {
+        Some(more) => router_with(control).merge(more),
+        None => router_with(control),
+    };
+    let app = crate::control::guard(routes, token);
     let handle = tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { cancel.cancelled().await })
-            .await;
+        let _ = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await;
     });
     Ok((bound, handle))
 }

@@ -125,6 +125,7 @@ pub async fn run(
             )
             .await;
             system.kill().await;
+            system.release().await;
             outcome
         }
         Err(e) => Err(e),
@@ -140,7 +141,8 @@ pub async fn run(
 /// is drill's power-cut filesystem over `work/engine-data.disk`. Without FUSE that is an
 /// infrastructure failure (exit 3), never a drill that silently cuts nothing.
 fn mount_data_dir(plan: &Plan, work: &Path) -> Result<Option<PowerFs>, RunError> {
-    if !plan.needs_powerfs() {
+    // An engine on an agent's host has its data directory there, on the agent's filesystem.
+    if !plan.needs_powerfs() || plan.agent.is_some() {
         return Ok(None);
     }
     let (backing, data) = (work.join("engine-data.disk"), work.join("engine-data"));

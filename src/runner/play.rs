@@ -20,6 +20,7 @@ use crate::powerfs::PowerFs;
 use crate::proxy::{Direction, Fault, FaultSpec};
 use crate::scenario::ProcessAction;
 use crate::sut::System;
+use crate::sut::remote::EngineAct;
 use crate::workload::Sent;
 
 /// One drill in play: the rig, the system under test, and what the timeline did to them.
@@ -137,7 +138,7 @@ impl<'a> Drill<'a> {
                 }
             },
             Step::RestartEngine => return self.engine_back(now).await,
-            Step::DiskBack => self.disk_back(now),
+            Step::DiskBack => self.disk_back(now).await?,
             Step::Broker {
                 index,
                 node,
@@ -350,7 +351,7 @@ impl<'a> Drill<'a> {
                 FaultKind::Kill
             }
             ProcessAction::Pause => {
-                self.system.pause(true)?;
+                self.system.pause(true).await?;
                 self.engine_paused = true;
                 FaultKind::Pause
             }
@@ -366,7 +367,10 @@ impl<'a> Drill<'a> {
                 self.system.kill().await;
                 self.crashes.push(now);
                 self.power_cuts.push(now);
-                let cut = self.disk.map(|d| d.power_cut(torn)).unwrap_or_default();
+                let cut = match self.system.remote_disk(EngineAct::PowerCut { torn }).await {
+                    Some(on_agent) => on_agent?.unwrap_or_default(),
+                    None => self.disk.map(|d| d.power_cut(torn)).unwrap_or_default(),
+                };
                 FaultKind::PowerCut {
                     writes: cut.writes,
                     bytes: cut.bytes,
@@ -376,18 +380,21 @@ impl<'a> Drill<'a> {
                 }
             }
             ProcessAction::FillDisk => {
-                if let Some(disk) = self.disk {
+                if let Some(on_agent) = self.system.remote_disk(EngineAct::FillDisk).await {
+                    on_agent?;
+                } else if let Some(disk) = self.disk {
                     disk.fill();
                 }
                 FaultKind::DiskFull
             }
         };
         self.after_engine_fault(index, action, wipe_data, kind, now)
+            .await
     }
 
     /// What every engine fault does once it struck: the data wiped if asked, the fault
     /// recorded and said.
-    fn after_engine_fault(
+    async fn after_engine_fault(
         &mut self,
         index: usize,
         action: ProcessAction,
@@ -396,7 +403,10 @@ impl<'a> Drill<'a> {
         now: Duration,
     ) -> Result<(), RunError> {
         if wipe_data {
-            empty_dir(self.system.data_dir())?;
+            match self.system.remote_disk(EngineAct::Wipe).await {
+                Some(on_agent) => drop(on_agent?),
+                None => empty_dir(self.system.data_dir())?,
+            }
         }
         let target = match action {
             ProcessAction::FillDisk => FaultTarget::EngineDisk,
@@ -445,7 +455,8 @@ impl<'a> Drill<'a> {
             armed.wipe_data,
             kind,
             at,
-        )?;
+        )
+        .await?;
         Ok(armed.restart_after.map(|d| at + d))
     }
 
@@ -495,7 +506,7 @@ impl<'a> Drill<'a> {
             return Ok(None);
         }
         if std::mem::take(&mut self.engine_paused) {
-            self.system.pause(false)?;
+            self.system.pause(false).await?;
             self.system.note("resumed by the drill").await;
             say(&format!(
                 "  {:>4}s  engine resumed (SIGCONT)",
@@ -519,8 +530,10 @@ impl<'a> Drill<'a> {
         Ok(None)
     }
 
-    fn disk_back(&mut self, now: Duration) {
-        if let Some(disk) = self.disk {
+    async fn disk_back(&mut self, now: Duration) -> Result<(), RunError> {
+        if let Some(on_agent) = self.system.remote_disk(EngineAct::DiskBack).await {
+            on_agent?;
+        } else if let Some(disk) = self.disk {
             disk.release();
         }
         say(&format!(
@@ -528,6 +541,7 @@ impl<'a> Drill<'a> {
             now.as_secs()
         ));
         self.close_fault(&FaultTarget::EngineDisk);
+        Ok(())
     }
 
     /// One broker node (by number, or where the data's leader is now) or the broker's

@@ -11,9 +11,10 @@ use super::{Options, RunError, say};
 use crate::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig};
 use crate::process::free_port;
 use crate::proxy::Link;
-use crate::scenario::{CommandSpec, Plan};
+use crate::scenario::{CommandSpec, Plan, RemoteSpec};
 use crate::sut::command::Placement;
-use crate::sut::{CommandEngine, EngineProcess, System};
+use crate::sut::remote::{AgentAt, EngineOrder};
+use crate::sut::{CommandEngine, EngineProcess, RemoteEngine, System};
 
 /// Starts the system under test and waits until it is ready.
 pub(super) async fn start_system(
@@ -28,13 +29,17 @@ pub(super) async fn start_system(
         source,
     };
     let engine_port = free_port().map_err(io)?;
-    let system = match &plan.command {
-        Some(spec) => {
+    let system = match (&plan.command, &plan.agent) {
+        (Some(spec), Some(agent)) => {
+            let engine = remote_engine(plan, spec, agent, rig, work, run_id).await?;
+            System::Remote(Box::new(engine))
+        }
+        (Some(spec), None) => {
             let ingest = SocketAddr::from(([127, 0, 0, 1], engine_port));
             let engine = command_engine(plan, spec, options, rig, work, run_id, ingest).await?;
             System::Command(Box::new(engine))
         }
-        None => {
+        (None, _) => {
             let config = builtin_config(plan, rig, work, engine_port);
             let engine = EngineProcess::start(&options.engine_exe, config, work).await?;
             System::Builtin(Box::new(engine))
@@ -118,6 +123,61 @@ async fn command_engine(
     )
     .await?;
     Ok(engine)
+}
+
+/// A user's engine on a `drill agent`'s host: the agent gives its own placeholders (ingest,
+/// ports, folders there) their values, drill the rest (links, topic, run).
+async fn remote_engine(
+    plan: &Plan,
+    spec: &CommandSpec,
+    agent: &RemoteSpec,
+    rig: &Rig,
+    work: &Path,
+    run_id: &str,
+) -> Result<RemoteEngine, RunError> {
+    let nowhere = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut values = placeholders(plan, rig, work, work, run_id, nowhere, &BTreeMap::new());
+    for theirs in [
+        "ingest",
+        "ingest.host",
+        "ingest.port",
+        "data_dir",
+        "work_dir",
+        "scenario_dir",
+    ] {
+        values.remove(theirs);
+    }
+    let host = reqwest::Url::parse(&agent.api)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_string))
+        .unwrap_or_default();
+    let bare = host.trim_matches(['[', ']']).to_string();
+    let found = tokio::net::lookup_host((bare.as_str(), 0)).await;
+    let host = found
+        .ok()
+        .and_then(|mut a| a.next())
+        .map_or(bare, |a| a.ip().to_string());
+    let order = EngineOrder {
+        run: run_id.to_string(),
+        argv: spec.argv.clone(),
+        env: spec.env.clone(),
+        files: spec.files.clone(),
+        values,
+        ports: spec.ports.iter().cloned().collect(),
+        ready: spec.ready.clone(),
+        ready_within_ms: spec.ready_within.as_millis() as u64,
+        stop_grace_ms: spec.stop_grace.as_millis() as u64,
+        power: plan.needs_powerfs(),
+        lease_ms: crate::sut::remote::LEASE.as_millis() as u64,
+        host,
+    };
+    let at = AgentAt {
+        api: &agent.api,
+        token: agent.token(),
+        stats: spec.stats.as_ref(),
+        log_path: work.parent().unwrap_or(work).join("engine.log"),
+    };
+    Ok(RemoteEngine::start(order, at).await?)
 }
 
 /// The value of every placeholder a user's engine may use (`{ingest}`, `{link.NAME}` …).

@@ -172,8 +172,9 @@ impl IngestSpec {
     }
 }
 
-/// When the engine counts as started.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// When the engine counts as started (also sent to a `drill agent`, which checks it there).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Ready {
     /// `GET path` on the port (`None` = the ingest port) answers 2xx.
     Http { path: String, port: Option<String> },

@@ -1,6 +1,6 @@
 //! `links:` — links served by a `drill proxy` on another host instead of by drill itself
 //! (DESIGN.md §2), checked before anything starts: `{ mqtt: { remote: "http://HOST:8474",
-//! token_env: NAME } }`.
+//! token_env: NAME } }`; and `system.agent`, a user's engine run by a `drill agent` there.
 //!
 //! A remote link stands for the destination's one link, in front of a broker its host can
 //! reach (`runtime: external`). It holds one fault at a time, of those the proxy's API knows;
@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_saphyr::{Location, Spanned};
 
 use super::raw::{RawFault, RawLink};
-use super::{FaultAction, ScheduledFault};
+use super::{CommandSpec, FaultAction, ScheduledFault};
 use crate::dest::{Kind, Runtime, Spec, TlsSpec};
 use crate::located::{Located, at};
 use crate::proxy::remote::RemoteLink;
@@ -35,6 +35,104 @@ impl RemoteSpec {
             .as_ref()
             .and_then(|name| std::env::var(name).ok())
     }
+}
+
+/// The raw `system.agent` and `system.token_env`.
+pub(super) struct RawAgent {
+    pub agent: Option<Spanned<String>>,
+    pub token_env: Option<Spanned<String>>,
+}
+
+/// `system.agent`: a user's engine on a `drill agent`'s host. It reaches the broker through a
+/// link served there (a remote link), its files come from the scenario (the agent has no
+/// scenario folder), and the agent's power-cut filesystem takes power cuts and full disks but
+/// no crash points.
+pub(super) fn engine_agent(
+    raw: RawAgent,
+    command: Option<&CommandSpec>,
+    remote_links: &BTreeMap<String, RemoteSpec>,
+    faults: &[ScheduledFault],
+    raw_faults: &[Spanned<RawFault>],
+    anchor: &Location,
+) -> Result<Option<RemoteSpec>, Located> {
+    let Some(agent) = raw.agent else {
+        return match raw.token_env {
+            Some(t) => Err(at(
+                &t.referenced,
+                "field `system.token_env`: the token of a `drill agent`; it goes with `system.agent`"
+                    .to_string(),
+            )),
+            None => Ok(None),
+        };
+    };
+    let here = &agent.referenced;
+    let Some(command) = command else {
+        return Err(at(
+            here,
+            "field `system.agent`: an agent runs a user's engine (`system.command`); to run drill's own engine there, give `command: [drill, engine, --config, \"{work_dir}/engine.yaml\"]` with its `files`".to_string(),
+        ));
+    };
+    let api = api_url(&agent.value).ok_or_else(|| {
+        at(
+            here,
+            format!(
+                "field `system.agent`: `{}` is not a drill agent's API address; give http://HOST:PORT",
+                agent.value
+            ),
+        )
+    })?;
+    if remote_links.is_empty() {
+        return Err(at(
+            here,
+            "field `system.agent`: the engine there reaches the broker through a link on its own host; serve the destination's link there too (`drill agent --link`) and name it under `links: { NAME: { remote: URL } }`".to_string(),
+        ));
+    }
+    let templates = command
+        .argv
+        .iter()
+        .chain(command.env.values())
+        .chain(command.files.iter().map(|(_, text)| text));
+    if templates.into_iter().any(|t| t.contains("{scenario_dir}")) {
+        return Err(at(
+            here,
+            "field `system.agent`: `{scenario_dir}` is a folder on drill's host, not the agent's; hand the engine what it needs through `system.files`".to_string(),
+        ));
+    }
+    let crash_point = faults
+        .iter()
+        .find(|f| matches!(&f.what, FaultAction::Engine { power, .. } if power.crash_at.is_some()));
+    if let Some(f) = crash_point {
+        return Err(at(
+            raw_faults.get(f.entry).map_or(anchor, |r| &r.referenced),
+            format!(
+                "field `faults[{}].crash_at`: crash points are not carried out by a drill agent yet; cut power at a time (`power_cut` without `crash_at`)",
+                f.entry
+            ),
+        ));
+    }
+    let token_env = match raw.token_env {
+        Some(var) if std::env::var(&var.value).map_or(true, |v| v.is_empty()) => {
+            return Err(at(
+                &var.referenced,
+                format!(
+                    "field `system.token_env`: the variable `{}` is not set; export the token the agent was started with (--token)",
+                    var.value
+                ),
+            ));
+        }
+        Some(var) => Some(var.value),
+        None => None,
+    };
+    Ok(Some(RemoteSpec { api, token_env }))
+}
+
+/// `http://HOST:PORT` with nothing after it, trimmed of a trailing slash.
+fn api_url(given: &str) -> Option<String> {
+    let api = given.trim().trim_end_matches('/').to_string();
+    reqwest::Url::parse(&api)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some() && u.path() == "/")
+        .map(|_| api)
 }
 
 pub(super) fn remote_links(
@@ -72,11 +170,7 @@ pub(super) fn remote_links(
                 ),
             ));
         }
-        let api = link.remote.value.trim().trim_end_matches('/').to_string();
-        let url = reqwest::Url::parse(&api).ok().filter(|u| {
-            matches!(u.scheme(), "http" | "https") && u.host().is_some() && u.path() == "/"
-        });
-        if url.is_none() {
+        let Some(api) = api_url(&link.remote.value) else {
             return Err(at(
                 &link.remote.referenced,
                 format!(
@@ -84,7 +178,7 @@ pub(super) fn remote_links(
                     link.remote.value
                 ),
             ));
-        }
+        };
         if destination.runtime != Runtime::External {
             return Err(at(
                 &link.remote.referenced,

@@ -113,6 +113,8 @@ pub struct Plan {
     pub tags: Vec<String>,
     /// Links served by a `drill proxy` on another host, by link name (`links:`).
     pub remote_links: std::collections::BTreeMap<String, RemoteSpec>,
+    /// The `drill agent` whose host runs the user's engine (`system.agent`).
+    pub agent: Option<RemoteSpec>,
 }
 
 /// Settings of the built-in engine under test.

@@ -91,6 +91,14 @@ pub(super) struct RawSystem {
     pub(super) write_key: Option<Spanned<command::RawWriteKey>>,
     #[serde(default)]
     pub(super) stop_grace: Option<Dur>,
+    /// A `drill agent`'s API, `http://HOST:PORT`: the user's engine runs on its host.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub(super) agent: Option<Spanned<String>>,
+    /// The environment variable holding the agent's token (its `--token`).
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub(super) token_env: Option<Spanned<String>>,
     /// What a command engine declares (the built-in engine's is under `builtin`).
     #[serde(default)]
     #[schemars(with = "Option<Promise>")]

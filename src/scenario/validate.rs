@@ -29,10 +29,14 @@ use crate::workload::WorkloadSpec;
 
 /// Checks every section of `raw`; `source` is the scenario file (its folder holds a command
 /// engine's templates). Errors that belong to no one value point at `name:`.
-pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located> {
+pub(super) fn validate(mut raw: RawScenario, source: &Path) -> Result<Plan, Located> {
     let anchor = raw.name.referenced;
     let name = name(&raw.name)?;
     let mut destination = dest::validate(&raw.destination)?;
+    let raw_agent = raw
+        .system
+        .as_mut()
+        .map(|s| (s.agent.take(), s.token_env.take()));
     let (engine, command) = system(raw.system, &destination, source, &anchor)?;
     let workload = workload(raw.workload, &destination, &anchor)?;
     let faults = faults(
@@ -62,6 +66,17 @@ pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located>
     let expect = expect(raw.expect, poison, &destination)?;
     let remote_links =
         super::links::remote_links(&raw.links, &destination, &faults, &raw.faults, &anchor)?;
+    let agent = match raw_agent {
+        Some((agent, token_env)) => super::links::engine_agent(
+            super::links::RawAgent { agent, token_env },
+            command.as_ref(),
+            &remote_links,
+            &faults,
+            &raw.faults,
+            &anchor,
+        )?,
+        None => None,
+    };
     Ok(Plan {
         name,
         about: raw.about,
@@ -76,6 +91,7 @@ pub(super) fn validate(raw: RawScenario, source: &Path) -> Result<Plan, Located>
         drain_timeout,
         tags: raw.tags,
         remote_links,
+        agent,
     })
 }
 

@@ -10,6 +10,7 @@
 pub mod builtin;
 pub mod command;
 pub mod ingest;
+pub mod remote;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -19,6 +20,7 @@ use std::time::Duration;
 pub use builtin::EngineProcess;
 pub use command::CommandEngine;
 pub use ingest::Ingest;
+pub use remote::RemoteEngine;
 
 use crate::engine::{AttemptCountsView, Stats};
 use crate::scenario::{IngestSpec, StatsSpec};
@@ -112,6 +114,9 @@ pub enum SutError {
     Stats(String),
     #[error("{0}")]
     Exited(String),
+    /// Bad input only found at start (an agent that refuses the token): exit 2.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// The system a drill drives.
@@ -122,6 +127,8 @@ pub enum System {
     /// A user's engine started from the scenario's argv; drill sees no attempts, and an
     /// account only if it has a stats endpoint.
     Command(Box<CommandEngine>),
+    /// A user's engine run by a `drill agent` on another host (`system.agent`).
+    Remote(Box<RemoteEngine>),
 }
 
 impl System {
@@ -130,6 +137,7 @@ impl System {
         match self {
             System::Builtin(e) => format!("built-in, pid-managed, api http://{}", e.addr()),
             System::Command(e) => e.describe(),
+            System::Remote(e) => e.describe(),
         }
     }
 
@@ -138,6 +146,7 @@ impl System {
         match self {
             System::Builtin(e) => e.addr(),
             System::Command(e) => e.ingest_addr(),
+            System::Remote(e) => e.ingest_addr(),
         }
     }
 
@@ -145,6 +154,7 @@ impl System {
         match self {
             System::Builtin(e) => e.data_dir(),
             System::Command(e) => e.data_dir(),
+            System::Remote(e) => e.data_dir(),
         }
     }
 
@@ -152,6 +162,7 @@ impl System {
         match self {
             System::Builtin(e) => e.is_running(),
             System::Command(e) => e.is_running(),
+            System::Remote(e) => e.is_running(),
         }
     }
 
@@ -160,6 +171,7 @@ impl System {
         match self {
             System::Builtin(e) => e.spawn().await,
             System::Command(e) => e.spawn().await,
+            System::Remote(e) => e.spawn().await,
         }
     }
 
@@ -168,6 +180,7 @@ impl System {
         match self {
             System::Builtin(e) => e.kill().await,
             System::Command(e) => e.kill().await,
+            System::Remote(e) => e.kill().await,
         }
     }
 
@@ -176,6 +189,7 @@ impl System {
         match self {
             System::Builtin(e) => e.stop(grace).await,
             System::Command(e) => e.stop(grace.max(e.stop_grace())).await,
+            System::Remote(e) => e.stop(grace.max(e.stop_grace())).await,
         }
     }
 
@@ -184,6 +198,7 @@ impl System {
         match self {
             System::Builtin(e) => e.stats().await.ok().map(Account::from),
             System::Command(e) => e.account().await,
+            System::Remote(e) => e.account().await,
         }
     }
 
@@ -194,6 +209,7 @@ impl System {
                 url: format!("http://{}/stats", e.addr()),
             },
             System::Command(e) => e.account_source(),
+            System::Remote(e) => e.account_source(),
         }
     }
 
@@ -202,6 +218,7 @@ impl System {
         match self {
             System::Builtin(_) => true,
             System::Command(e) => e.gives_account(),
+            System::Remote(e) => e.gives_account(),
         }
     }
 
@@ -215,12 +232,12 @@ impl System {
     pub fn journal(&self) -> Option<Journal> {
         match self {
             System::Builtin(e) => Some(read_journal(&e.data_dir().join("attempts.jsonl"))),
-            System::Command(_) => None,
+            System::Command(_) | System::Remote(_) => None,
         }
     }
 
     /// SIGSTOP (`true`) or SIGCONT (`false`), to the whole process group of a user's engine.
-    pub fn pause(&self, paused: bool) -> Result<(), SutError> {
+    pub async fn pause(&self, paused: bool) -> Result<(), SutError> {
         match self {
             System::Builtin(_) => Err(SutError::Start(
                 "pausing the built-in engine is not supported; use kill or stop".to_string(),
@@ -229,6 +246,27 @@ impl System {
                 e.pause(paused);
                 Ok(())
             }
+            System::Remote(e) => e.pause(paused).await,
+        }
+    }
+
+    /// A disk fault carried out on the agent's host, for an engine there: `None` for an engine
+    /// on this host (drill's own power-cut filesystem acts on it).
+    pub async fn remote_disk(
+        &self,
+        act: remote::EngineAct,
+    ) -> Option<Result<Option<crate::powerfs::CutReport>, SutError>> {
+        match self {
+            System::Remote(e) => Some(e.disk(act).await),
+            _ => None,
+        }
+    }
+
+    /// Ends a system that runs elsewhere and gives its host back, its log copied here;
+    /// nothing for one on this host (stopping it is enough).
+    pub async fn release(&mut self) {
+        if let System::Remote(e) = self {
+            e.release().await;
         }
     }
 
@@ -237,6 +275,7 @@ impl System {
         match self {
             System::Builtin(_) => None,
             System::Command(e) => e.exited(),
+            System::Remote(e) => e.exited(),
         }
     }
 
@@ -254,6 +293,7 @@ impl System {
         match self {
             System::Builtin(e) => e.note(line).await,
             System::Command(e) => e.note(line),
+            System::Remote(e) => e.note(line).await,
         }
     }
 }
