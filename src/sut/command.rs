@@ -332,13 +332,7 @@ impl CommandEngine {
 
     /// Where the account is read, for a sampler that must not borrow the engine.
     pub fn account_source(&self) -> AccountSource {
-        match (&self.stats_url, &self.stats_fields) {
-            (Some(url), Some(fields)) => AccountSource::Command {
-                url: url.clone(),
-                fields: fields.clone(),
-            },
-            _ => AccountSource::None,
-        }
+        AccountSource::stats(&self.stats_url, &self.stats_fields)
     }
 
     /// Appends drill's own note to the engine's log.

@@ -54,6 +54,17 @@ pub enum AccountSource {
 }
 
 impl AccountSource {
+    /// A user's engine's account: `GET url` read with `fields`, when it has both.
+    pub fn stats(url: &Option<String>, fields: &Option<StatsSpec>) -> AccountSource {
+        match (url, fields) {
+            (Some(url), Some(fields)) => AccountSource::Command {
+                url: url.clone(),
+                fields: fields.clone(),
+            },
+            _ => AccountSource::None,
+        }
+    }
+
     /// The account now, or `None` when there is none or it did not answer within 2 s.
     pub async fn fetch(&self, http: &reqwest::Client) -> Option<Account> {
         let get = |url: &str| http.get(url).timeout(Duration::from_secs(2)).send();

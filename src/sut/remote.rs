@@ -186,7 +186,12 @@ impl RemoteEngine {
             stop_grace: Duration::from_millis(order.stop_grace_ms),
             ready_within: Duration::from_millis(order.ready_within_ms),
             log_path: at.log_path,
-            state: Arc::new(Mutex::new(EngineState::default())),
+            state: Arc::new(Mutex::new(EngineState {
+                run: Some(order.run.clone()),
+                running: true,
+                exited: None,
+                starts: 1,
+            })),
             told_exit: 0,
             running: true,
             keeper_errors: Arc::new(Mutex::new(Vec::new())),
@@ -350,13 +355,7 @@ impl RemoteEngine {
 
     /// The engine's account through the relay of its stats port.
     pub fn account_source(&self) -> AccountSource {
-        match (&self.stats_url, &self.stats_fields) {
-            (Some(url), Some(fields)) => AccountSource::Command {
-                url: url.clone(),
-                fields: fields.clone(),
-            },
-            _ => AccountSource::None,
-        }
+        AccountSource::stats(&self.stats_url, &self.stats_fields)
     }
 
     pub async fn account(&self) -> Option<Account> {

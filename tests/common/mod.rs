@@ -2,6 +2,7 @@
 //! separate process.
 #![allow(dead_code)]
 
+pub mod hosts;
 pub mod run;
 
 use std::io::ErrorKind;
