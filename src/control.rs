@@ -66,6 +66,28 @@ pub fn guard<S: Clone + Send + Sync + 'static>(
     }
 }
 
+/// Both ends of a control connection: who called (`peer`) and the address they reached
+/// (`local`), as axum's connect info. `drill agent` publishes an engine's ports on `local` for
+/// `peer` only.
+#[derive(Debug, Clone, Copy)]
+pub struct Ends {
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+}
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+    for Ends
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Ends {
+        let peer = *stream.remote_addr();
+        Ends {
+            local: stream.io().local_addr().unwrap_or(peer),
+            peer,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,30 +7,33 @@
 //! API beside the proxy's, behind the same token: `PUT /engine` (an [`EngineOrder`]: start it
 //! and answer once ready), `POST /engine/act` (an [`EngineAct`]), `POST /engine/lease`,
 //! `GET /engine` (an [`EngineState`]), `GET /engine/log`, `DELETE /engine` (stop it and give the
-//! slot back). One engine at a time: an order while another drill holds the slot is a 409.
-//! Once renewals stop for a lease, the agent SIGKILLs the engine's process group, gives back
-//! the disk space and unmounts the power-cut filesystem: nothing a drill started outlives it.
+//! slot back). One engine at a time: an order while another drill holds the slot is a 409. The
+//! order's answer names a lease; every later call carries it ([`LEASE_HEADER`]), so a drill
+//! whose lease ran out can never act on the next drill's engine. Once renewals stop, the agent
+//! SIGKILLs the engine's process group, gives back the disk space, unmounts the power-cut
+//! filesystem and removes the run's folder: nothing a drill started outlives it.
 
 mod relay;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::control::Ends;
 use crate::powerfs::PowerFs;
 use crate::process::free_port;
 use crate::scenario::{CommandSpec, IngestSpec};
 use crate::sut::command::Placement;
-use crate::sut::remote::{ActDone, EngineAct, EngineOrder, EngineSlot, EngineState};
+use crate::sut::remote::{ActDone, EngineAct, EngineOrder, EngineSlot, EngineState, LEASE_HEADER};
 use crate::sut::{CommandEngine, SutError};
 
 /// How often the agent looks for a lease that ran out and an engine that ended by itself.
@@ -42,25 +45,38 @@ const LEASE_MAX: Duration = Duration::from_secs(3600);
 /// The engine a drill holds here.
 struct Slot {
     run: String,
+    /// The lease its order was given: every call about it must carry this.
+    lease: String,
     engine: CommandEngine,
     /// The power-cut filesystem under the data directory, when the order asked for one.
     disk: Option<PowerFs>,
     /// This run's folder (`engine.log`, `work/`, `engine-data/`).
     folder: PathBuf,
-    /// Ends the relays.
-    relays: CancellationToken,
+    /// Ends the relays when the slot goes, however it goes.
+    _relays: DropGuard,
 }
 
 impl Slot {
-    /// Stops the engine (SIGTERM, SIGKILL after `grace`), gives the disk space back, unmounts
-    /// and ends the relays.
+    /// Stops the engine (SIGTERM, SIGKILL after `grace`; SIGKILL at once for zero), gives the
+    /// disk space back, unmounts, removes the folder and ends the relays.
     async fn end(mut self, grace: Duration) {
-        self.engine.stop(grace).await;
-        self.relays.cancel();
-        if let Some(disk) = self.disk.take() {
-            disk.release();
-            disk.unmount();
+        if grace.is_zero() {
+            self.engine.kill().await;
+        } else {
+            self.engine.stop(grace).await;
         }
+        let (disk, folder) = (self.disk.take(), self.folder.clone());
+        // Unmounting waits for the kernel, removing walks the disk: off the control thread.
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(disk) = disk {
+                disk.release();
+                disk.unmount();
+            }
+            if let Err(e) = std::fs::remove_dir_all(&folder) {
+                eprintln!("drill agent: cannot remove {}: {e}", folder.display());
+            }
+        })
+        .await;
     }
 }
 
@@ -70,15 +86,22 @@ pub struct Agent {
     slot: Arc<tokio::sync::Mutex<Option<Slot>>>,
     /// What `GET /engine` answers, kept apart from the slot so a long start never blocks it.
     state: Arc<Mutex<EngineState>>,
-    /// How long the lease lasts and when it runs out; `None` while no drill holds the slot
-    /// or while the order is being started.
-    lease: Arc<Mutex<Option<(Duration, Instant)>>>,
+    /// The lease (its name, how long it lasts, when it runs out); `None` while no drill holds
+    /// the slot or while the order is being started.
+    lease: Arc<Mutex<Option<Lease>>>,
     /// Where each run's folder goes.
     work: PathBuf,
     /// drill's own executable, for `argv[0] == "drill"`.
     exe: PathBuf,
     /// The runtime the relays run on (the data path's, not the control plane's).
     data: tokio::runtime::Handle,
+}
+
+/// A drill's hold on the engine.
+struct Lease {
+    name: String,
+    length: Duration,
+    until: Instant,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -126,16 +149,21 @@ impl Agent {
                 () = cancel.cancelled() => break,
                 () = tokio::time::sleep(WATCH) => {}
             }
-            let lapsed = lock(&self.lease).is_some_and(|(_, until)| until <= Instant::now());
+            let lapsed = lock(&self.lease)
+                .as_ref()
+                .is_some_and(|l| l.until <= Instant::now());
             if lapsed {
                 let mut slot = self.slot.lock().await;
                 // Renewed meanwhile (a call that waited for the slot): keep it.
-                if lock(&self.lease).is_some_and(|(_, until)| until > Instant::now()) {
+                if lock(&self.lease)
+                    .as_ref()
+                    .is_some_and(|l| l.until > Instant::now())
+                {
                     continue;
                 }
                 if let Some(s) = slot.take() {
                     eprintln!(
-                        "drill agent: the lease on run {}'s engine ran out (its drill stopped renewing it): SIGKILLed",
+                        "drill agent: the lease on run {}'s engine ran out (its drill stopped renewing it): SIGKILLed, its folder removed",
                         s.run
                     );
                     s.end(Duration::ZERO).await;
@@ -158,10 +186,12 @@ impl Agent {
         }
     }
 
-    /// A fresh folder for `run` under the work folder.
-    fn folder(&self, run: &str) -> Result<PathBuf, String> {
+    /// A fresh folder for `run` under the work folder, named after the run and its lease (so
+    /// two orders never share one, and no run id reaches outside the work folder).
+    fn folder(&self, run: &str, lease: &str) -> Result<PathBuf, String> {
         let name: String = run
             .chars()
+            .take(100)
             .map(|c| {
                 if c.is_ascii_alphanumeric() || "-_.".contains(c) {
                     c
@@ -170,11 +200,9 @@ impl Agent {
                 }
             })
             .collect();
-        let folder = self.work.join(name.trim_start_matches('.'));
-        if folder.exists() {
-            std::fs::remove_dir_all(&folder)
-                .map_err(|e| format!("cannot empty {}: {e}", folder.display()))?;
-        }
+        let folder = self
+            .work
+            .join(format!("{}-{lease}", name.trim_start_matches('.')));
         for dir in ["work", "engine-data", "engine-data.disk"] {
             std::fs::create_dir_all(folder.join(dir))
                 .map_err(|e| format!("cannot make {}: {e}", folder.join(dir).display()))?;
@@ -183,15 +211,18 @@ impl Agent {
     }
 
     /// Starts what `o` orders, for the drill at `peer`.
-    async fn start(&self, o: &EngineOrder, peer: IpAddr) -> Result<(Slot, EngineSlot), Refusal> {
+    async fn start(&self, o: &EngineOrder, ends: Ends) -> Result<(Slot, EngineSlot), Refusal> {
         let bad = |why: String| (StatusCode::BAD_REQUEST, why);
         let failed = |why: String| (StatusCode::UNPROCESSABLE_ENTITY, why);
-        let host: IpAddr = o
-            .host
-            .trim_matches(['[', ']'])
-            .parse()
-            .map_err(|_| bad(format!("host `{}` is not an IP address", o.host)))?;
-        let folder = self.folder(&o.run).map_err(failed)?;
+        if let Some((name, _)) = o.files.iter().find(|(name, _)| !plain_file_name(name)) {
+            return Err(bad(format!(
+                "file name `{name}` is not a plain file name (no folders, no `..`)"
+            )));
+        }
+        // The relays listen where the drill reached the agent, for the drill's address only.
+        let (host, peer) = (ends.local.ip().to_canonical(), ends.peer.ip());
+        let lease = lease_name();
+        let folder = self.folder(&o.run, &lease).map_err(failed)?;
         let (work, data) = (folder.join("work"), folder.join("engine-data"));
         let disk = if o.power {
             Some(PowerFs::mount(&folder.join("engine-data.disk"), &data).map_err(failed)?)
@@ -238,10 +269,19 @@ impl Agent {
             log_path: folder.join("engine.log"),
             drill_exe: &self.exe,
         };
-        let engine = CommandEngine::start(&spec, placement)
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let mut disk = disk;
+        let engine = match CommandEngine::start(&spec, placement).await {
+            Ok(engine) => engine,
+            Err(e) => {
+                if let Some(disk) = disk.take() {
+                    disk.unmount();
+                }
+                let _ = std::fs::remove_dir_all(&folder);
+                return Err(failed(e.to_string()));
+            }
+        };
         let relays = CancellationToken::new();
+        let guard = relays.clone().drop_guard();
         let relay = |to: u16| {
             relay::start(
                 &self.data,
@@ -254,6 +294,7 @@ impl Agent {
         };
         let published = relay(ingest.port())?;
         let answer = EngineSlot {
+            lease: lease.clone(),
             ingest: published,
             ports: ports
                 .iter()
@@ -267,18 +308,64 @@ impl Agent {
         };
         let slot = Slot {
             run: o.run.clone(),
+            lease,
             engine,
             disk,
             folder,
-            relays,
+            _relays: guard,
         };
         Ok((slot, answer))
     }
 }
 
+/// A name for a new lease: unique on this agent (time, a count and the process's random
+/// hash keys), not a secret (the token guards the API).
+fn lease_name() -> String {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, Ordering::Relaxed);
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let hash = std::collections::hash_map::RandomState::new().hash_one((at, n));
+    format!("{:08x}", hash as u32)
+}
+
+fn plain_file_name(name: &str) -> bool {
+    let path = Path::new(name);
+    matches!(
+        path.components().collect::<Vec<_>>().as_slice(),
+        [std::path::Component::Normal(_)]
+    )
+}
+
+/// The lease a call says it holds.
+fn lease_of(headers: &HeaderMap) -> Option<&str> {
+    headers.get(LEASE_HEADER).and_then(|v| v.to_str().ok())
+}
+
+/// 404 when no engine is held, 409 when the call's lease is not the one that holds it.
+fn check_held(slot: &Option<Slot>, headers: &HeaderMap) -> Result<(), Refusal> {
+    match slot {
+        None => Err((
+            StatusCode::NOT_FOUND,
+            "no engine runs here (its lease ran out, or none was ordered)".to_string(),
+        )),
+        Some(s) if lease_of(headers) != Some(s.lease.as_str()) => Err((
+            StatusCode::CONFLICT,
+            format!(
+                "the engine here is held under another lease (run {}); give the `{LEASE_HEADER}` header its order was answered with",
+                s.run
+            ),
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
 async fn order(
     State(a): State<Agent>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(ends): ConnectInfo<Ends>,
     Json(o): Json<EngineOrder>,
 ) -> Response {
     let lease = Duration::from_millis(o.lease_ms);
@@ -298,16 +385,20 @@ async fn order(
             ),
         );
     }
-    match a.start(&o, peer.ip()).await {
+    match a.start(&o, ends).await {
         Ok((started, answer)) => {
             eprintln!(
                 "drill agent: run {}: {} (for {})",
                 o.run,
                 answer.describe,
-                peer.ip()
+                ends.peer.ip()
             );
+            *lock(&a.lease) = Some(Lease {
+                name: started.lease.clone(),
+                length: lease,
+                until: Instant::now() + lease,
+            });
             *slot = Some(started);
-            *lock(&a.lease) = Some((lease, Instant::now() + lease));
             *lock(&a.state) = EngineState {
                 run: Some(o.run.clone()),
                 running: true,
@@ -320,8 +411,11 @@ async fn order(
     }
 }
 
-async fn act(State(a): State<Agent>, Json(act): Json<EngineAct>) -> Response {
+async fn act(State(a): State<Agent>, headers: HeaderMap, Json(act): Json<EngineAct>) -> Response {
     let mut guard = a.slot.lock().await;
+    if let Err((status, why)) = check_held(&guard, &headers) {
+        return problem(status, why);
+    }
     let Some(slot) = guard.as_mut() else {
         return problem(StatusCode::NOT_FOUND, "no engine runs here".to_string());
     };
@@ -390,7 +484,9 @@ async fn carry_out(
             slot.engine.is_running()
         }
     };
-    lock(state).running = running;
+    let mut s = lock(state);
+    s.running = running;
+    done.starts = s.starts;
     Ok(done)
 }
 
@@ -407,13 +503,17 @@ fn empty(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-async fn renew(State(a): State<Agent>) -> Response {
+async fn renew(State(a): State<Agent>, headers: HeaderMap) -> Response {
     let mut lease = lock(&a.lease);
     match lease.as_mut() {
-        Some((length, until)) => {
-            *until = Instant::now() + *length;
+        Some(l) if lease_of(&headers) == Some(l.name.as_str()) => {
+            l.until = Instant::now() + l.length;
             StatusCode::NO_CONTENT.into_response()
         }
+        Some(_) => problem(
+            StatusCode::CONFLICT,
+            "the engine here is held under another lease".to_string(),
+        ),
         None => problem(
             StatusCode::NOT_FOUND,
             "no engine is held here under a lease (it ran out, or none was ordered)".to_string(),
@@ -421,12 +521,21 @@ async fn renew(State(a): State<Agent>) -> Response {
     }
 }
 
-async fn state(State(a): State<Agent>) -> Json<EngineState> {
-    Json(lock(&a.state).clone())
+/// The engine's state; to a caller whose lease is not the one that holds it (a drill whose
+/// lease ran out), the state of no engine.
+async fn state(State(a): State<Agent>, headers: HeaderMap) -> Json<EngineState> {
+    let held = lock(&a.lease).as_ref().map(|l| l.name.clone());
+    match lease_of(&headers) {
+        Some(asked) if held.as_deref() != Some(asked) => Json(EngineState::default()),
+        _ => Json(lock(&a.state).clone()),
+    }
 }
 
-async fn log(State(a): State<Agent>) -> Response {
+async fn log(State(a): State<Agent>, headers: HeaderMap) -> Response {
     let slot = a.slot.lock().await;
+    if let Err((status, why)) = check_held(&slot, &headers) {
+        return problem(status, why);
+    }
     let Some(s) = slot.as_ref() else {
         return problem(StatusCode::NOT_FOUND, "no engine runs here".to_string());
     };
@@ -436,15 +545,20 @@ async fn log(State(a): State<Agent>) -> Response {
     }
 }
 
-async fn end(State(a): State<Agent>) -> Response {
-    let Some(s) = a.slot.lock().await.take() else {
+/// Stops the engine and gives the slot back once it is stopped and its folder removed (an
+/// order waiting for the slot starts after that, never beside it).
+async fn end(State(a): State<Agent>, headers: HeaderMap) -> Response {
+    let mut slot = a.slot.lock().await;
+    if let Err((status, why)) = check_held(&slot, &headers) {
+        return problem(status, why);
+    }
+    let Some(s) = slot.take() else {
         return StatusCode::NO_CONTENT.into_response();
     };
     *lock(&a.lease) = None;
     *lock(&a.state) = EngineState::default();
     let grace = s.engine.stop_grace();
-    let folder = s.folder.clone();
     s.end(grace).await;
-    let _ = std::fs::remove_dir_all(folder);
+    drop(slot);
     StatusCode::NO_CONTENT.into_response()
 }

@@ -29,9 +29,11 @@ pub fn start(
                 a = listener.accept() => a,
             };
             let Ok((mut from, peer)) = accepted else {
+                // Out of descriptors, say: do not spin.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             };
-            if peer.ip() != allow {
+            if peer.ip().to_canonical() != allow.to_canonical() {
                 continue;
             }
             let cancel = cancel.clone();

@@ -249,7 +249,7 @@ pub async fn serve(
     let handle = tokio::spawn(async move {
         let _ = axum::serve(
             listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
+            app.into_make_service_with_connect_info::<crate::control::Ends>(),
         )
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await;

@@ -147,16 +147,6 @@ async fn remote_engine(
     ] {
         values.remove(theirs);
     }
-    let host = reqwest::Url::parse(&agent.api)
-        .ok()
-        .and_then(|u| u.host_str().map(str::to_string))
-        .unwrap_or_default();
-    let bare = host.trim_matches(['[', ']']).to_string();
-    let found = tokio::net::lookup_host((bare.as_str(), 0)).await;
-    let host = found
-        .ok()
-        .and_then(|mut a| a.next())
-        .map_or(bare, |a| a.ip().to_string());
     let order = EngineOrder {
         run: run_id.to_string(),
         argv: spec.argv.clone(),
@@ -169,7 +159,6 @@ async fn remote_engine(
         stop_grace_ms: spec.stop_grace.as_millis() as u64,
         power: plan.needs_powerfs(),
         lease_ms: crate::sut::remote::LEASE.as_millis() as u64,
-        host,
     };
     let at = AgentAt {
         api: &agent.api,

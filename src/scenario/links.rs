@@ -72,7 +72,7 @@ pub(super) fn engine_agent(
             "field `system.agent`: an agent runs a user's engine (`system.command`); to run drill's own engine there, give `command: [drill, engine, --config, \"{work_dir}/engine.yaml\"]` with its `files`".to_string(),
         ));
     };
-    let api = api_url(&agent.value).ok_or_else(|| {
+    let api = api_url(&agent.value).filter(|a| a.starts_with("http://")).ok_or_else(|| {
         at(
             here,
             format!(
@@ -92,10 +92,17 @@ pub(super) fn engine_agent(
         .iter()
         .chain(command.env.values())
         .chain(command.files.iter().map(|(_, text)| text));
-    if templates.into_iter().any(|t| t.contains("{scenario_dir}")) {
+    let here_only = templates.into_iter().find_map(|t| {
+        ["{scenario_dir}", "{tls."]
+            .into_iter()
+            .find(|p| t.contains(p))
+    });
+    if let Some(placeholder) = here_only {
         return Err(at(
             here,
-            "field `system.agent`: `{scenario_dir}` is a folder on drill's host, not the agent's; hand the engine what it needs through `system.files`".to_string(),
+            format!(
+                "field `system.agent`: `{placeholder}…}}` names a file or folder on drill's host, not the agent's; hand the engine what it needs through `system.files`"
+            ),
         ));
     }
     let crash_point = faults

@@ -183,6 +183,9 @@ impl CommandEngine {
             ))
         })?;
         let group = child.id().map(|id| Pid::from_raw(id as i32));
+        // A start abandoned halfway (its caller gone, e.g. an agent's client that hung up)
+        // leaves nothing of the group running.
+        let mut abandoned = GroupGuard(group);
         let started = Instant::now();
         loop {
             if self.is_ready(log_start).await {
@@ -211,6 +214,7 @@ impl CommandEngine {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        abandoned.0 = None;
         self.child = Some(child);
         self.group = group;
         Ok(())
@@ -343,6 +347,17 @@ impl CommandEngine {
             .open(&self.log_path)
         {
             let _ = writeln!(f, "drill: {line}");
+        }
+    }
+}
+
+/// SIGKILLs a process group when dropped, unless disarmed (`.0 = None`).
+struct GroupGuard(Option<Pid>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(g) = self.0 {
+            let _ = killpg(g, Signal::SIGKILL);
         }
     }
 }

@@ -50,13 +50,18 @@ pub struct EngineOrder {
     /// Put the data directory on the power-cut filesystem (a `power_cut` or `fill_disk`).
     pub power: bool,
     pub lease_ms: u64,
-    /// The agent's host as drill reached it: where the relays listen.
-    pub host: String,
 }
+
+/// The header every call about a held engine carries: the lease its order was given. A call
+/// with another lease (a drill whose lease ran out, calling about the next drill's engine) is
+/// refused.
+pub const LEASE_HEADER: &str = "x-drill-lease";
 
 /// The answer to an [`EngineOrder`]: the engine runs and is ready.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EngineSlot {
+    /// This drill's hold on the engine: sent with every later call ([`LEASE_HEADER`]).
+    pub lease: String,
     /// Where drill sends records (the relay of the engine's ingest port).
     pub ingest: SocketAddr,
     /// The relay of each `{port.NAME}`.
@@ -109,6 +114,8 @@ pub enum EngineAct {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ActDone {
     pub cut: Option<CutReport>,
+    /// How many times the engine was started, after the act.
+    pub starts: u64,
 }
 
 /// Where the engine's agent is and how to reach it.
@@ -133,10 +140,13 @@ pub struct RemoteEngine {
     stop_grace: Duration,
     ready_within: Duration,
     log_path: PathBuf,
-    /// What the keeper read last, and the start whose exit drill already told.
+    /// What the keeper read last, and the start whose exit drill already told (or that a
+    /// kill ended, or that a restart replaced).
     state: Arc<Mutex<EngineState>>,
     told_exit: u64,
     running: bool,
+    /// A kill or stop the agent did not carry out: the drill cannot go on as scripted.
+    not_carried_out: Option<String>,
     /// Errors of the keeper's calls (renewals, reads), for the log.
     keeper_errors: Arc<Mutex<Vec<String>>>,
     cancel: CancellationToken,
@@ -154,7 +164,7 @@ impl RemoteEngine {
         // An engine an earlier drill left there ends when its lease runs out: wait that long.
         let deadline = std::time::Instant::now() + LEASE + Duration::from_secs(2);
         let sent = loop {
-            let request = authorized(http.put(format!("{api}/engine")), &at.token)
+            let request = authorized(http.put(format!("{api}/engine")), &at.token, None)
                 .json(&order)
                 .timeout(limit);
             let sent = request.send().await;
@@ -194,6 +204,7 @@ impl RemoteEngine {
             })),
             told_exit: 0,
             running: true,
+            not_carried_out: None,
             keeper_errors: Arc::new(Mutex::new(Vec::new())),
             cancel: CancellationToken::new(),
         };
@@ -205,6 +216,7 @@ impl RemoteEngine {
     /// released or dropped.
     fn keep(&self) {
         let (http, api, token) = (self.http.clone(), self.api.clone(), self.token.clone());
+        let lease = self.slot.lease.clone();
         let (state, errors, cancel) = (
             self.state.clone(),
             self.keeper_errors.clone(),
@@ -218,14 +230,18 @@ impl RemoteEngine {
                     () = cancel.cancelled() => return,
                     _ = tick.tick() => {}
                 }
-                let renew = authorized(http.post(format!("{api}/engine/lease")), &token)
-                    .timeout(limit)
-                    .send()
-                    .await;
+                let renew = authorized(
+                    http.post(format!("{api}/engine/lease")),
+                    &token,
+                    Some(&lease),
+                )
+                .timeout(limit)
+                .send()
+                .await;
                 if let Err(why) = status_of(renew) {
                     lock(&errors).push(format!("lease renewal: {why}"));
                 }
-                let read = authorized(http.get(format!("{api}/engine")), &token)
+                let read = authorized(http.get(format!("{api}/engine")), &token, Some(&lease))
                     .timeout(limit)
                     .send()
                     .await;
@@ -244,17 +260,19 @@ impl RemoteEngine {
 
     async fn act(&self, act: EngineAct, limit: Duration) -> Result<ActDone, SutError> {
         let what = format!("{act:?}");
-        let request = authorized(
-            self.http.post(format!("{}/engine/act", self.api)),
-            &self.token,
-        )
-        .json(&act)
-        .timeout(limit);
+        let request = self
+            .authorized(self.http.post(format!("{}/engine/act", self.api)))
+            .json(&act)
+            .timeout(limit);
         answer(request.send().await, &self.api, &what)
             .await?
             .json()
             .await
             .map_err(|e| SutError::Start(format!("drill agent at {}: {what}: {e}", self.api)))
+    }
+
+    fn authorized(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        authorized(r, &self.token, Some(&self.slot.lease))
     }
 
     /// One line for the console.
@@ -285,24 +303,40 @@ impl RemoteEngine {
 
     /// (Re)starts it on the agent; returns once ready.
     pub async fn spawn(&mut self) -> Result<(), SutError> {
-        self.act(EngineAct::Start, self.ready_within + CALL_SLACK)
+        let done = self
+            .act(EngineAct::Start, self.ready_within + CALL_SLACK)
             .await?;
+        // An exit the keeper saw before this start is not this start's.
+        self.told_exit = self.told_exit.max(done.starts.saturating_sub(1));
         self.running = true;
         Ok(())
     }
 
-    /// SIGKILL to the engine's process group there. A call that fails is said in the log: the
-    /// lease still ends the engine.
+    /// SIGKILL to the engine's process group there. One the agent did not carry out ends the
+    /// drill (see [`RemoteEngine::exited`]); the lease still ends the engine.
     pub async fn kill(&mut self) {
-        self.act_or_note(EngineAct::Kill, CALL_SLACK).await;
-        self.running = false;
+        self.ended_by(EngineAct::Kill, CALL_SLACK).await;
     }
 
     /// SIGTERM, SIGKILL after `grace`.
     pub async fn stop(&mut self, grace: Duration) {
         let grace_ms = grace.as_millis() as u64;
-        self.act_or_note(EngineAct::Stop { grace_ms }, grace + CALL_SLACK)
+        self.ended_by(EngineAct::Stop { grace_ms }, grace + CALL_SLACK)
             .await;
+    }
+
+    async fn ended_by(&mut self, act: EngineAct, limit: Duration) {
+        let what = format!("{act:?}");
+        match self.act(act, limit).await {
+            // Whatever this start did before it was ended is not an exit to tell.
+            Ok(done) => self.told_exit = self.told_exit.max(done.starts),
+            Err(e) if self.running => {
+                self.not_carried_out = Some(format!(
+                    "the agent did not carry out {what}, so the drill cannot go on as scripted: {e}"
+                ));
+            }
+            Err(e) => lock(&self.keeper_errors).push(e.to_string()),
+        }
         self.running = false;
     }
 
@@ -330,6 +364,9 @@ impl RemoteEngine {
 
     /// `Some(why)` once, when the keeper saw the engine end by itself.
     pub fn exited(&mut self) -> Option<String> {
+        if let Some(why) = self.not_carried_out.take() {
+            return Some(format!("on drill agent {}: {why}", self.api));
+        }
         let s = lock(&self.state).clone();
         if s.run.is_none() && self.running {
             // The agent holds no engine for this drill any more: its lease ran out.
@@ -372,13 +409,11 @@ impl RemoteEngine {
     /// folder (with the keeper's errors, if any) and gives the agent back.
     pub async fn release(&mut self) {
         self.cancel.cancel();
-        let log = authorized(
-            self.http.get(format!("{}/engine/log", self.api)),
-            &self.token,
-        )
-        .timeout(CALL_SLACK)
-        .send()
-        .await;
+        let log = self
+            .authorized(self.http.get(format!("{}/engine/log", self.api)))
+            .timeout(CALL_SLACK)
+            .send()
+            .await;
         let mut text = match log {
             Ok(r) if r.status().is_success() => r.text().await.unwrap_or_default(),
             Ok(r) => format!("drill: the agent's log could not be read: {}\n", r.status()),
@@ -388,13 +423,11 @@ impl RemoteEngine {
             text.push_str(&format!("drill: agent call: {e}\n"));
         }
         let _ = std::fs::write(&self.log_path, text);
-        let end = authorized(
-            self.http.delete(format!("{}/engine", self.api)),
-            &self.token,
-        )
-        .timeout(self.stop_grace + CALL_SLACK)
-        .send()
-        .await;
+        let end = self
+            .authorized(self.http.delete(format!("{}/engine", self.api)))
+            .timeout(self.stop_grace + CALL_SLACK)
+            .send()
+            .await;
         if let Err(why) = status_of(end) {
             eprintln!(
                 "drill: the agent at {} did not end the engine ({why}); its lease ends it within {:?}",
@@ -416,9 +449,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn authorized(r: reqwest::RequestBuilder, token: &Option<String>) -> reqwest::RequestBuilder {
-    match token {
+/// `r` with the agent's token and, for calls about a held engine, its lease.
+fn authorized(
+    r: reqwest::RequestBuilder,
+    token: &Option<String>,
+    lease: Option<&str>,
+) -> reqwest::RequestBuilder {
+    let r = match token {
         Some(t) => r.bearer_auth(t),
+        None => r,
+    };
+    match lease {
+        Some(l) => r.header(LEASE_HEADER, l),
         None => r,
     }
 }

@@ -5,7 +5,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-/// A process the test started, killed (with its process group) when the test ends.
+/// A process the test started, SIGKILLed when the test ends (its pid, not its group: a
+/// `drill` child ends its own children).
 pub struct Started(pub std::process::Child);
 
 impl Drop for Started {
