@@ -122,16 +122,7 @@ fn run(file: &str, out: &Path, name: &str) -> (std::process::Output, serde_json:
 }
 
 fn agent_state(api: SocketAddr) -> serde_json::Value {
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        reqwest::Client::new()
-            .get(format!("http://{api}/engine"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    })
+    common::hosts::get_json(&format!("http://{api}/engine"), None)
 }
 
 /// Processes whose command line contains `marker`.
@@ -638,13 +629,13 @@ async fn the_agent_holds_one_engine_under_a_lease_for_one_address() {
     let engine_yaml = vec![("engine.yaml".to_string(), template)];
     let no_token = http.get(url("/engine")).send().await.unwrap();
     assert_eq!(no_token.status().as_u16(), 401);
-    let put = http
-        .put(url("/engine"))
-        .bearer_auth("s3cret")
-        .json(&order(engine_yaml.clone()))
-        .send()
-        .await
-        .unwrap();
+    let put_order = |files: Vec<(String, String)>| {
+        http.put(url("/engine"))
+            .bearer_auth("s3cret")
+            .json(&order(files))
+            .send()
+    };
+    let put = put_order(engine_yaml.clone()).await.unwrap();
     assert_eq!(put.status().as_u16(), 200);
     let slot: drill::sut::remote::EngineSlot = put.json().await.unwrap();
     let lease = drill::sut::remote::LEASE_HEADER;
@@ -668,13 +659,7 @@ async fn the_agent_holds_one_engine_under_a_lease_for_one_address() {
         String::from_utf8_lossy(&answer)
     );
     // One engine at a time; calls without its lease are refused.
-    let again = http
-        .put(url("/engine"))
-        .bearer_auth("s3cret")
-        .json(&order(engine_yaml.clone()))
-        .send()
-        .await
-        .unwrap();
+    let again = put_order(engine_yaml).await.unwrap();
     assert_eq!(again.status().as_u16(), 409);
     let act = |act: serde_json::Value, with: Option<&str>| {
         let mut r = http
@@ -724,11 +709,7 @@ async fn the_agent_holds_one_engine_under_a_lease_for_one_address() {
         0,
         "a folder left"
     );
-    let outside = http
-        .put(url("/engine"))
-        .bearer_auth("s3cret")
-        .json(&order(vec![("../x".to_string(), String::new())]))
-        .send()
+    let outside = put_order(vec![("../x".to_string(), String::new())])
         .await
         .unwrap();
     assert_eq!(outside.status().as_u16(), 400);

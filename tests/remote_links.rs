@@ -149,17 +149,7 @@ fn remote_drill(dir: &std::path::Path, broker: SocketAddr, api: SocketAddr) -> S
 
 /// `GET /links` on the proxy at `api` (from this host's network).
 fn proxy_links(api: SocketAddr, token: &str) -> serde_json::Value {
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        reqwest::Client::new()
-            .get(format!("http://{api}/links"))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    })
+    common::hosts::get_json(&format!("http://{api}/links"), Some(token))
 }
 
 /// mosquitto and a `drill proxy` with the remote link in front of it, on this host, and the

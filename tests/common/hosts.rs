@@ -167,3 +167,14 @@ impl Drop for TwoHosts {
         }
     }
 }
+
+/// `GET url` (with `token` as the bearer when given), its JSON body, from a blocking test.
+pub fn get_json(url: &str, token: Option<&str>) -> serde_json::Value {
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut r = reqwest::Client::new().get(url);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send().await.unwrap().json().await.unwrap()
+    })
+}
