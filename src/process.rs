@@ -38,6 +38,22 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// A free 127.0.0.1 port for each of `names`, none of them in `taken` nor twice.
+pub fn free_ports<'a>(
+    names: impl IntoIterator<Item = &'a String>,
+    mut taken: std::collections::HashSet<u16>,
+) -> std::io::Result<std::collections::BTreeMap<String, u16>> {
+    let mut ports = std::collections::BTreeMap::new();
+    for name in names {
+        let mut port = free_port()?;
+        while !taken.insert(port) {
+            port = free_port()?;
+        }
+        ports.insert(name.clone(), port);
+    }
+    Ok(ports)
+}
+
 /// The first `name` found on PATH or in `more` folders.
 pub fn find_binary(name: &str, more: &[PathBuf]) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();

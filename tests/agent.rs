@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::hosts::{Started, TwoHosts, command, free, in_ns_connects, mosquitto, until};
+use common::hosts::{
+    CUT_HALF_OPEN_KILL, Started, TwoHosts, command, free, in_ns_connects, mosquitto, until,
+};
 
 /// `drill agent` (in `ns` when given) with its API on `api` (behind `token` when given), the
 /// link `mqtt` from `listen` to `upstream`, and the engines' folders under `work`.
@@ -119,6 +121,17 @@ fn run(file: &str, out: &Path, name: &str) -> (std::process::Output, serde_json:
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(serde_json::Value::Null);
     (o, report)
+}
+
+/// `drill run FILE --out OUT`, left running.
+fn in_background(file: &str, out: &str) -> Started {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args(["run", file, "--out", out])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    Started(child)
 }
 
 fn agent_state(api: SocketAddr) -> serde_json::Value {
@@ -245,13 +258,7 @@ fn a_drill_killed_mid_run_leaves_no_engine_on_the_agent() {
     let rest = "workload: { rate: 50/s, duration: 6s }\nexpect: { lost: 0 }\n";
     let file = agent_drill(dir.path(), "killed", broker, (api, api), "", rest);
     let out = dir.path().join("out").display().to_string();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_drill"))
-        .args(["run", &file, "--out", &out])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut drill = Started(child);
+    let mut drill = in_background(&file, &out);
     let marker = work.join("killed-5-").display().to_string();
     let held = || agent_state(api)["run"] == "killed-5";
     until("the engine never ran on the agent", held);
@@ -259,8 +266,9 @@ fn a_drill_killed_mid_run_leaves_no_engine_on_the_agent() {
     let killed = Instant::now();
     drill.0.kill().unwrap();
     let _ = drill.0.wait();
+    // The agent forgets the engine once it is dead and its folder removed.
     until("the agent kept the dead drill's engine", || {
-        running(&marker) == 0
+        running(&marker) == 0 && agent_state(api)["run"].is_null()
     });
     let gone = killed.elapsed();
     println!("the engine on the agent was SIGKILLed {gone:?} after its drill");
@@ -268,20 +276,13 @@ fn a_drill_killed_mid_run_leaves_no_engine_on_the_agent() {
         gone >= Duration::from_secs(3) && gone <= Duration::from_secs(9),
         "{gone:?}"
     );
-    assert_eq!(agent_state(api)["run"], serde_json::Value::Null);
     assert_eq!(
         std::fs::read_dir(&work).unwrap().count(),
         0,
         "a folder left"
     );
     // A drill whose engine the agent still holds waits for that lease, then runs.
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_drill"))
-        .args(["run", &file, "--out", &out])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = Started(child);
+    let mut first = in_background(&file, &out);
     until("the engine never ran on the agent", held);
     first.0.kill().unwrap();
     let _ = first.0.wait();
@@ -470,13 +471,7 @@ fn across_two_hosts_an_engine_on_the_agent_gets_its_single_host_verdict() {
             "name: {name}\n\
              seed: 5\n\
              destination: {{ kind: mqtt, runtime: external, address: \"{broker}\", topic: drill/two }}\n\
-             {links}{system}\
-             workload: {{ rate: 100/s, duration: 24s, keys: 4 }}\n\
-             faults:\n\
-             \x20 - {{ at: 3s, link: mqtt, fault: refuse, for: 4s }}\n\
-             \x20 - {{ at: 10s, link: mqtt, fault: swallow, direction: downstream, for: 8s }}\n\
-             \x20 - {{ at: 13s, target: engine, action: kill, restart_after: 2s }}\n\
-             expect: {{ lost: 0, ledger: closes }}\n"
+             {links}{system}{CUT_HALF_OPEN_KILL}"
         )
     };
     let across = common::run::scenario(dir.path(), "across", &drill_text("across", true));

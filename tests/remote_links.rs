@@ -7,7 +7,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::hosts::{Started, command, free, in_ns_connects, mosquitto, until};
+use common::hosts::{CUT_HALF_OPEN_KILL, Started, command, free, in_ns_connects, mosquitto, until};
 use common::{drill_proxy, echo, link_status};
 use serde_json::json;
 
@@ -137,12 +137,7 @@ fn remote_drill(dir: &std::path::Path, broker: SocketAddr, api: SocketAddr) -> S
              destination: {{ kind: mqtt, runtime: external, address: \"{broker}\", topic: drill/remote }}\n\
              links: {{ mqtt: {{ remote: \"http://{api}\", token_env: DRILL_TEST_PROXY_TOKEN }} }}\n\
              system: {{ builtin: {{ keepalive: 2s, answer_timeout: 3s }} }}\n\
-             workload: {{ rate: 100/s, duration: 24s, keys: 4 }}\n\
-             faults:\n\
-             \x20 - {{ at: 3s, link: mqtt, fault: refuse, for: 4s }}\n\
-             \x20 - {{ at: 10s, link: mqtt, fault: swallow, direction: downstream, for: 8s }}\n\
-             \x20 - {{ at: 13s, target: engine, action: kill, restart_after: 2s }}\n\
-             expect: {{ lost: 0, ledger: closes }}\n"
+             {CUT_HALF_OPEN_KILL}"
         ),
     )
 }

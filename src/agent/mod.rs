@@ -15,7 +15,7 @@
 
 mod relay;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -30,9 +30,9 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::control::Ends;
 use crate::powerfs::PowerFs;
-use crate::process::free_port;
+use crate::process::{free_port, free_ports};
 use crate::scenario::{CommandSpec, IngestSpec};
-use crate::sut::command::Placement;
+use crate::sut::command::{Placement, host_values};
 use crate::sut::remote::{ActDone, EngineAct, EngineOrder, EngineSlot, EngineState, LEASE_HEADER};
 use crate::sut::{CommandEngine, SutError};
 
@@ -210,44 +210,43 @@ impl Agent {
         Ok(folder)
     }
 
-    /// Starts what `o` orders, for the drill at `peer`.
+    /// Starts what `o` orders, for the drill at `ends.peer`, in a fresh folder; a start that
+    /// fails leaves no folder (and, by drop, no engine, mount or relay).
     async fn start(&self, o: &EngineOrder, ends: Ends) -> Result<(Slot, EngineSlot), Refusal> {
-        let bad = |why: String| (StatusCode::BAD_REQUEST, why);
-        let failed = |why: String| (StatusCode::UNPROCESSABLE_ENTITY, why);
         if let Some((name, _)) = o.files.iter().find(|(name, _)| !plain_file_name(name)) {
-            return Err(bad(format!(
-                "file name `{name}` is not a plain file name (no folders, no `..`)"
-            )));
+            return Err((
+                StatusCode::BAD_REQUEST,
+                format!("file name `{name}` is not a plain file name (no folders, no `..`)"),
+            ));
         }
-        // The relays listen where the drill reached the agent, for the drill's address only.
-        let (host, peer) = (ends.local.ip().to_canonical(), ends.peer.ip());
         let lease = lease_name();
         let folder = self.folder(&o.run, &lease).map_err(failed)?;
+        let started = self.launch(o, ends, lease, folder.clone()).await;
+        if started.is_err() {
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(folder)).await;
+        }
+        started
+    }
+
+    /// The engine of `o` started in `folder` (its data directory on the power-cut filesystem
+    /// when asked), its ports published.
+    async fn launch(
+        &self,
+        o: &EngineOrder,
+        ends: Ends,
+        lease: String,
+        folder: PathBuf,
+    ) -> Result<(Slot, EngineSlot), Refusal> {
         let (work, data) = (folder.join("work"), folder.join("engine-data"));
-        let disk = if o.power {
-            Some(PowerFs::mount(&folder.join("engine-data.disk"), &data).map_err(failed)?)
-        } else {
-            None
+        let disk = match o.power {
+            true => Some(PowerFs::mount(&folder.join("engine-data.disk"), &data).map_err(failed)?),
+            false => None,
         };
         let io = |e: std::io::Error| failed(format!("no free port: {e}"));
         let ingest = SocketAddr::from(([127, 0, 0, 1], free_port().map_err(io)?));
-        let mut ports = BTreeMap::new();
-        for name in &o.ports {
-            let mut port = free_port().map_err(io)?;
-            while port == ingest.port() || ports.values().any(|p| *p == port) {
-                port = free_port().map_err(io)?;
-            }
-            ports.insert(name.clone(), port);
-        }
+        let ports = free_ports(&o.ports, HashSet::from([ingest.port()])).map_err(io)?;
         let mut values = o.values.clone();
-        values.insert("ingest".into(), ingest.to_string());
-        values.insert("ingest.host".into(), ingest.ip().to_string());
-        values.insert("ingest.port".into(), ingest.port().to_string());
-        values.insert("data_dir".into(), data.display().to_string());
-        values.insert("work_dir".into(), work.display().to_string());
-        for (name, port) in &ports {
-            values.insert(format!("port.{name}"), port.to_string());
-        }
+        values.extend(host_values(ingest, &work, &data, &ports));
         let spec = CommandSpec {
             argv: o.argv.clone(),
             env: o.env.clone(),
@@ -269,17 +268,41 @@ impl Agent {
             log_path: folder.join("engine.log"),
             drill_exe: &self.exe,
         };
-        let mut disk = disk;
-        let engine = match CommandEngine::start(&spec, placement).await {
-            Ok(engine) => engine,
-            Err(e) => {
-                if let Some(disk) = disk.take() {
-                    disk.unmount();
-                }
-                let _ = std::fs::remove_dir_all(&folder);
-                return Err(failed(e.to_string()));
-            }
+        let engine = CommandEngine::start(&spec, placement)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let (published, relays) = self.publish(ingest.port(), &ports, ends)?;
+        let answer = EngineSlot {
+            lease: lease.clone(),
+            ingest: published.ingest,
+            ports: published.ports,
+            data_dir: data,
+            describe: format!(
+                "{}; published for this drill on {}",
+                engine.describe(),
+                published.ingest
+            ),
         };
+        let slot = Slot {
+            run: o.run.clone(),
+            lease,
+            engine,
+            disk,
+            folder,
+            _relays: relays,
+        };
+        Ok((slot, answer))
+    }
+
+    /// Relays for the engine's ingest port and each named port, listening where the drill
+    /// reached the agent and taking the drill's address only; they end when the guard drops.
+    fn publish(
+        &self,
+        ingest: u16,
+        ports: &BTreeMap<String, u16>,
+        ends: Ends,
+    ) -> Result<(Published, DropGuard), Refusal> {
+        let (host, peer) = (ends.local.ip().to_canonical(), ends.peer.ip());
         let relays = CancellationToken::new();
         let guard = relays.clone().drop_guard();
         let relay = |to: u16| {
@@ -292,30 +315,26 @@ impl Agent {
             )
             .map_err(|e| failed(format!("cannot publish port {to} on {host}: {e}")))
         };
-        let published = relay(ingest.port())?;
-        let answer = EngineSlot {
-            lease: lease.clone(),
-            ingest: published,
+        let published = Published {
+            ingest: relay(ingest)?,
             ports: ports
                 .iter()
                 .map(|(n, p)| Ok((n.clone(), relay(*p)?)))
                 .collect::<Result<_, Refusal>>()?,
-            data_dir: data,
-            describe: format!(
-                "{}; published for this drill on {published}",
-                engine.describe()
-            ),
         };
-        let slot = Slot {
-            run: o.run.clone(),
-            lease,
-            engine,
-            disk,
-            folder,
-            _relays: guard,
-        };
-        Ok((slot, answer))
+        Ok((published, guard))
     }
+}
+
+/// Where the engine's ports are published.
+struct Published {
+    ingest: SocketAddr,
+    ports: BTreeMap<String, SocketAddr>,
+}
+
+/// An order the agent could not carry out (the engine did not start, no port, no mount).
+fn failed(why: String) -> Refusal {
+    (StatusCode::UNPROCESSABLE_ENTITY, why)
 }
 
 /// A name for a new lease: unique on this agent (time, a count and the process's random

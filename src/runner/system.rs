@@ -9,10 +9,11 @@ use std::path::Path;
 use super::provision::Rig;
 use super::{Options, RunError, say};
 use crate::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig};
-use crate::process::free_port;
+use crate::process::{free_port, free_ports};
 use crate::proxy::Link;
+use crate::scenario::command::scenario_dir;
 use crate::scenario::{CommandSpec, Plan, RemoteSpec};
-use crate::sut::command::Placement;
+use crate::sut::command::{Placement, host_values};
 use crate::sut::remote::{AgentAt, EngineOrder};
 use crate::sut::{CommandEngine, EngineProcess, RemoteEngine, System};
 
@@ -97,16 +98,13 @@ async fn command_engine(
     };
     let data_dir = work.join("engine-data");
     std::fs::create_dir_all(&data_dir).map_err(io)?;
-    let mut ports = BTreeMap::new();
-    let mut taken = HashSet::from([ingest.port()]);
-    for name in &spec.ports {
-        let mut port = free_port().map_err(io)?;
-        while !taken.insert(port) {
-            port = free_port().map_err(io)?;
-        }
-        ports.insert(name.clone(), port);
-    }
-    let values = placeholders(plan, rig, work, &data_dir, run_id, ingest, &ports);
+    let ports = free_ports(&spec.ports, HashSet::from([ingest.port()])).map_err(io)?;
+    let mut values = drill_values(plan, rig, run_id);
+    values.insert(
+        "scenario_dir".to_string(),
+        scenario_dir(&plan.source).display().to_string(),
+    );
+    values.extend(host_values(ingest, work, &data_dir, &ports));
     let log_path = work.parent().unwrap_or(work).join("engine.log");
     let _ = std::fs::remove_file(&log_path);
     let engine = CommandEngine::start(
@@ -135,18 +133,8 @@ async fn remote_engine(
     work: &Path,
     run_id: &str,
 ) -> Result<RemoteEngine, RunError> {
-    let nowhere = SocketAddr::from(([127, 0, 0, 1], 0));
-    let mut values = placeholders(plan, rig, work, work, run_id, nowhere, &BTreeMap::new());
-    for theirs in [
-        "ingest",
-        "ingest.host",
-        "ingest.port",
-        "data_dir",
-        "work_dir",
-        "scenario_dir",
-    ] {
-        values.remove(theirs);
-    }
+    // The agent gives the values of its own host; `{scenario_dir}` was refused.
+    let values = drill_values(plan, rig, run_id);
     let order = EngineOrder {
         run: run_id.to_string(),
         argv: spec.argv.clone(),
@@ -169,28 +157,14 @@ async fn remote_engine(
     Ok(RemoteEngine::start(order, at).await?)
 }
 
-/// The value of every placeholder a user's engine may use (`{ingest}`, `{link.NAME}` …).
-fn placeholders(
-    plan: &Plan,
-    rig: &Rig,
-    work: &Path,
-    data_dir: &Path,
-    run_id: &str,
-    ingest: SocketAddr,
-    ports: &BTreeMap<String, u16>,
-) -> BTreeMap<String, String> {
+/// The values of the placeholders drill knows wherever the engine runs: `{topic}`, `{run}`,
+/// `{link.NAME}` (and its `.host`, `.port`), and with TLS `{tls.*}`.
+fn drill_values(plan: &Plan, rig: &Rig, run_id: &str) -> BTreeMap<String, String> {
     let mut values: BTreeMap<String, String> = BTreeMap::new();
     let mut set = |k: &str, v: String| {
         values.insert(k.to_string(), v);
     };
-    set("ingest", ingest.to_string());
-    set("ingest.host", ingest.ip().to_string());
-    set("ingest.port", ingest.port().to_string());
     set("topic", plan.destination.topic.clone());
-    set("data_dir", data_dir.display().to_string());
-    set("work_dir", work.display().to_string());
-    let scenario_dir = crate::scenario::command::scenario_dir(&plan.source);
-    set("scenario_dir", scenario_dir.display().to_string());
     set("run", run_id.to_string());
     let remote = rig
         .remote
@@ -205,9 +179,6 @@ fn placeholders(
         set(&format!("link.{name}"), a.to_string());
         set(&format!("link.{name}.host"), a.ip().to_string());
         set(&format!("link.{name}.port"), a.port().to_string());
-    }
-    for (name, port) in ports {
-        set(&format!("port.{name}"), port.to_string());
     }
     if let Some(tls) = &rig.running.access.tls {
         set("tls.ca_file", tls.ca_file.display().to_string());

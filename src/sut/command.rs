@@ -62,6 +62,28 @@ pub struct Placement<'a> {
     pub drill_exe: &'a Path,
 }
 
+/// The placeholders whose values belong to the host the engine runs on: `{ingest}` (and its
+/// `.host`, `.port`), `{data_dir}`, `{work_dir}`, `{port.NAME}`. drill's runner gives them on
+/// its host, a `drill agent` on its own.
+pub fn host_values(
+    ingest: SocketAddr,
+    work_dir: &Path,
+    data_dir: &Path,
+    ports: &BTreeMap<String, u16>,
+) -> BTreeMap<String, String> {
+    let mut values = BTreeMap::from([
+        ("ingest".to_string(), ingest.to_string()),
+        ("ingest.host".to_string(), ingest.ip().to_string()),
+        ("ingest.port".to_string(), ingest.port().to_string()),
+        ("data_dir".to_string(), data_dir.display().to_string()),
+        ("work_dir".to_string(), work_dir.display().to_string()),
+    ]);
+    for (name, port) in ports {
+        values.insert(format!("port.{name}"), port.to_string());
+    }
+    values
+}
+
 impl CommandEngine {
     /// Renders the argv, env and template files, then starts the engine and waits until ready.
     pub async fn start(spec: &CommandSpec, at: Placement<'_>) -> Result<CommandEngine, SutError> {

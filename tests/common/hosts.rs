@@ -3,6 +3,16 @@
 //! by a veth pair.
 
 use std::net::SocketAddr;
+
+/// The workload, faults and expectation the drills across hosts share: a refusal, a half-open
+/// link (answers swallowed) and a SIGKILL of the engine in the middle of it; nothing lost.
+pub const CUT_HALF_OPEN_KILL: &str = "workload: { rate: 100/s, duration: 24s, keys: 4 }
+faults:
+  - { at: 3s, link: mqtt, fault: refuse, for: 4s }
+  - { at: 10s, link: mqtt, fault: swallow, direction: downstream, for: 8s }
+  - { at: 13s, target: engine, action: kill, restart_after: 2s }
+expect: { lost: 0, ledger: closes }
+";
 use std::time::{Duration, Instant};
 
 /// A process the test started, SIGKILLed when the test ends (its pid, not its group: a
