@@ -710,3 +710,52 @@ async fn the_agent_holds_one_engine_under_a_lease_for_one_address() {
     assert_eq!(outside.status().as_u16(), 400);
     assert!(!dir.path().join("x").exists());
 }
+
+/// An order whose caller hangs up while the engine is still getting ready (drill killed at
+/// start) leaves nothing running: the agent SIGKILLs the engine's whole process group, helper
+/// children included, and takes the next order.
+#[tokio::test]
+async fn a_start_abandoned_halfway_leaves_no_process_of_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let (api, work) = (free(), dir.path().join("agent"));
+    let _agent = agent(None, api, None, free(), free(), &work);
+    // A wrapper that starts a helper and never gets ready (nothing listens on its ingest).
+    let marker = format!("sleep 3{}", std::process::id() % 1000);
+    let order = drill::sut::remote::EngineOrder {
+        run: "abandoned-1".to_string(),
+        argv: ["sh", "-c", &format!("{marker} & {marker}")]
+            .map(String::from)
+            .to_vec(),
+        env: Default::default(),
+        files: vec![],
+        values: Default::default(),
+        ports: vec![],
+        ready: drill::scenario::Ready::Tcp,
+        ready_within_ms: 60_000,
+        stop_grace_ms: 1_000,
+        power: false,
+        lease_ms: 5_000,
+    };
+    let hung_up = reqwest::Client::new()
+        .put(format!("http://{api}/engine"))
+        .json(&order)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await;
+    assert!(hung_up.is_err(), "the order was answered: {hung_up:?}");
+    // The wrapper shell and its two sleeps.
+    assert!(running(&marker) >= 2, "the engine was not running");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running(&marker) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the engine's group outlived its order"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        std::fs::read_dir(&work).unwrap().count(),
+        0,
+        "a folder left"
+    );
+}

@@ -211,7 +211,7 @@ impl Agent {
     }
 
     /// Starts what `o` orders, for the drill at `ends.peer`, in a fresh folder; a start that
-    /// fails leaves no folder (and, by drop, no engine, mount or relay).
+    /// fails or is abandoned leaves no folder (and, by drop, no engine, mount or relay).
     async fn start(&self, o: &EngineOrder, ends: Ends) -> Result<(Slot, EngineSlot), Refusal> {
         if let Some((name, _)) = o.files.iter().find(|(name, _)| !plain_file_name(name)) {
             return Err((
@@ -221,9 +221,11 @@ impl Agent {
         }
         let lease = lease_name();
         let folder = self.folder(&o.run, &lease).map_err(failed)?;
-        let started = self.launch(o, ends, lease, folder.clone()).await;
-        if started.is_err() {
-            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(folder)).await;
+        // Also when this future is dropped (the drill hung up while the engine got ready).
+        let mut unless_started = RemoveOnDrop(Some(folder.clone()));
+        let started = self.launch(o, ends, lease, folder).await;
+        if started.is_ok() {
+            unless_started.0 = None;
         }
         started
     }
@@ -323,6 +325,17 @@ impl Agent {
                 .collect::<Result<_, Refusal>>()?,
         };
         Ok((published, guard))
+    }
+}
+
+/// Removes a folder when dropped, unless disarmed (`.0 = None`).
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(folder) = self.0.take() {
+            let _ = std::fs::remove_dir_all(folder);
+        }
     }
 }
 
