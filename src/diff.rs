@@ -21,6 +21,8 @@ pub enum Metric {
     /// The run's verdict; pass → fail is worse.
     Verdict,
     Lost,
+    /// Held records the engine still held when the drain ended (never delivered).
+    Undelivered,
     /// Copies beyond what the promise allows.
     Duplicates,
     Reordered,
@@ -33,9 +35,10 @@ pub enum Metric {
 }
 
 impl Metric {
-    const ALL: [Metric; 7] = [
+    const ALL: [Metric; 8] = [
         Metric::Verdict,
         Metric::Lost,
+        Metric::Undelivered,
         Metric::Duplicates,
         Metric::Reordered,
         Metric::Recovery,
@@ -48,6 +51,7 @@ impl Metric {
         match self {
             Metric::Verdict => "verdict",
             Metric::Lost => "lost",
+            Metric::Undelivered => "undelivered",
             Metric::Duplicates => "duplicates",
             Metric::Reordered => "reordered",
             Metric::Recovery => "recovery",
@@ -166,6 +170,9 @@ pub struct RunReport {
 #[derive(Debug, Clone, Deserialize)]
 pub struct RunLedger {
     pub lost: u64,
+    /// After the drain: what the engine still held (never delivered).
+    #[serde(default)]
+    pub waiting: u64,
     #[serde(default)]
     pub duplicates_beyond_promise: Option<u64>,
     pub duplicates: u64,
@@ -351,6 +358,12 @@ fn rows(base: &RunReport, new: &RunReport) -> Vec<Row> {
             "lost",
             Some(base.ledger.lost as f64),
             Some(new.ledger.lost as f64),
+        ),
+        row(
+            Metric::Undelivered,
+            "undelivered",
+            Some(base.ledger.waiting as f64),
+            Some(new.ledger.waiting as f64),
         ),
         row(
             Metric::Duplicates,
@@ -563,6 +576,7 @@ mod tests {
             verdict: verdict.into(),
             ledger: RunLedger {
                 lost,
+                waiting: 0,
                 duplicates_beyond_promise: Some(0),
                 duplicates: 0,
                 reordered: 0,

@@ -11,6 +11,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod check;
 pub mod cli;
 pub mod container;
 pub mod control;

@@ -1,4 +1,5 @@
-//! The two units a scenario writes as text: [`Dur`] (`500ms`, `2m30s`) and [`Rate`] (`100/s`).
+//! The units a scenario writes as text: [`Dur`] (`500ms`, `2m30s`), [`Rate`] (`100/s`) and an
+//! expectation's [`Bound`] (`0`, `12` or `any`).
 //!
 //! This module owns their spelling — parsing, the JSON Schema pattern `drill schema` shows, and
 //! how a duration is printed back. It is a leaf: it knows nothing of scenarios, and a value
@@ -145,6 +146,58 @@ impl<'de> Deserialize<'de> for Rate {
             Text::Text(s) => s,
         };
         Rate::parse(&text).map_err(de::Error::custom)
+    }
+}
+
+/// An expectation's bound on a count: at most `n` (`lost: 0`), or `any` (the check is off, said
+/// on purpose: `undelivered: any` for a destination that is unreachable by design).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bound {
+    AtMost(u64),
+    Any,
+}
+
+impl Bound {
+    /// The bound as a number, `None` for `any`.
+    pub fn limit(self) -> Option<u64> {
+        match self {
+            Bound::AtMost(n) => Some(n),
+            Bound::Any => None,
+        }
+    }
+}
+
+impl schemars::JsonSchema for Bound {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Bound".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "anyOf": [
+                { "type": "integer", "minimum": 0 },
+                { "const": "any" }
+            ],
+            "description": "At most this many (0, 12), or `any` to turn the check off on purpose."
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Bound {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Text {
+            Number(u64),
+            Text(String),
+        }
+        match Text::deserialize(deserializer)? {
+            Text::Number(n) => Ok(Bound::AtMost(n)),
+            Text::Text(s) if s.trim() == "any" => Ok(Bound::Any),
+            Text::Text(s) => Err(de::Error::custom(format!(
+                "`{s}` is no bound: write a count (0, 12) or `any`"
+            ))),
+        }
     }
 }
 

@@ -334,3 +334,132 @@ fn an_engine_that_dies_during_the_drill_exits_3_and_leaves_nothing() {
     assert_eq!(running("sleep 3919"), 0);
     assert_eq!(running("topic t3919"), 0);
 }
+
+/// The catalogue's `ci` drills on MQTT whose timeline cuts the link (refuse, reset, swallow,
+/// hang, strand), each with its system replaced by `engine`'s lines; their drain shortened to
+/// `drain`, since an engine that stopped delivering drains until the timeout.
+fn ci_drills_with_a_link_cut(engine: &str, drain: &str) -> Vec<(String, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut drills = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        if entry.path().extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        let ci = text
+            .lines()
+            .any(|l| l.starts_with("tags:") && l.contains("ci"));
+        let mqtt = text.contains("kind: mqtt") && !text.contains("tls:");
+        let cut = ["refuse", "reset", "swallow", "hang", "strand"]
+            .iter()
+            .any(|f| text.contains(&format!("fault: {f}")));
+        if !(ci && mqtt && cut) {
+            continue;
+        }
+        // Its own system and drain timeout go; everything else stays as the catalogue has it.
+        let mut kept = Vec::new();
+        let mut in_system = false;
+        for line in text.lines() {
+            if line.starts_with("system:") || line.starts_with("drain_timeout:") {
+                in_system = line.starts_with("system:");
+                continue;
+            }
+            if in_system && line.starts_with("  ") {
+                continue;
+            }
+            in_system = false;
+            kept.push(line);
+        }
+        let name = entry
+            .path()
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        drills.push((
+            name,
+            format!("{}\n{engine}\ndrain_timeout: {drain}\n", kept.join("\n")),
+        ));
+    }
+    drills.sort();
+    drills
+}
+
+/// An engine that gives up on its destination after an outage — keeps accepting, reports every
+/// record as waiting, never connects again — fails every MQTT `ci` drill that cuts the link, as
+/// records never delivered (`undelivered`), not as a pass and not as lost.
+#[test]
+fn an_engine_that_gives_up_after_an_outage_fails_every_mqtt_ci_drill_that_cuts_the_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = format!(
+        r#"system:
+  command: [python3, "{}/forwarder.py", --ingest-kind, http, --ingest, "{{ingest}}",
+            --mqtt, "{{link.mqtt}}", --topic, "{{topic}}", --data, "{{data_dir}}",
+            --broken, give-up-after-errors=1]
+  ingest: {{ kind: http, path: /ingest, batch: 50 }}
+  ready: {{ http: /health, within: 15s }}
+  stats: {{ path: /stats }}
+  write_key: {{ mqtt_user_property: write-key }}
+  promise: at_least_once"#,
+        fixtures()
+    );
+    let drills = ci_drills_with_a_link_cut(&engine, "10s");
+    assert!(drills.len() >= 8, "{drills:?}");
+    // Three at a time: each starts its own broker and proxy on free ports.
+    let mut results = Vec::new();
+    for chunk in drills.chunks(3) {
+        let ran: Vec<(String, Ran)> = std::thread::scope(|s| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|(name, text)| {
+                    let sub = dir.path().join(name);
+                    std::fs::create_dir_all(&sub).unwrap();
+                    s.spawn(move || (name.clone(), run(&sub, name, text)))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        results.extend(ran);
+    }
+    for (name, ran) in &results {
+        let r = &ran.report;
+        let held = r["undelivered"]["count"].as_u64().unwrap_or(0);
+        println!(
+            "{name}: exit {:?}, {held} never delivered, lost {}: {}",
+            ran.output.status.code(),
+            n(r, "lost"),
+            r["headline"]
+        );
+        assert_eq!(
+            ran.output.status.code(),
+            Some(1),
+            "{name}: {}",
+            show(&ran.output)
+        );
+        assert_eq!(r["verdict"], "fail", "{name}: {}", ran.markdown);
+        let row = r["expectations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|x| x["check"] == "undelivered")
+            .unwrap_or_else(|| panic!("{name}: no undelivered row: {}", ran.markdown));
+        assert_eq!(row["ok"], false, "{name}: {}", ran.markdown);
+        assert!(held > 0 && row["count"] == held, "{name}: {}", ran.markdown);
+        assert!(
+            r["headline"]
+                .as_str()
+                .unwrap_or("")
+                .contains("never delivered (the engine still holds them; delivery stalled)"),
+            "{name}: {}",
+            ran.markdown
+        );
+        assert!(
+            !r["headline"]
+                .as_str()
+                .unwrap_or("")
+                .contains("nothing lost"),
+            "{name}"
+        );
+        assert!(r["undelivered"]["stalled"] == true, "{name}");
+    }
+}

@@ -24,6 +24,7 @@ use super::journal::ToOutput;
 use super::log::RecordLog;
 use super::writer::IngestJob;
 use super::{EngineError, Shared};
+use crate::check::Signature;
 
 /// The environment variable that names the mutant.
 pub const ENV: &str = super::MUTANT_ENV;
@@ -97,6 +98,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
     (
         "handshake-failure-is-refusal",
         "TLS: counts a failed handshake (a certificate the engine does not trust) as a refusal of every waiting record, so a wrong certificate for a while burns through the records' refusals into Failed messages",
+    ),
+    (
+        "stop-after-outage",
+        "after its first failed connect or lost session it opens no destination connection again; ingest and stats go on, honestly: every record accepted after that waits for good",
     ),
 ];
 
@@ -174,11 +179,16 @@ pub enum Mutant {
     /// `bad_certificate` window on a TLS link (`mqtt-tls-bad-certificate`): records set aside
     /// as failed, expected 0.
     HandshakeFailureIsRefusal,
+    /// `OutputTask::run` and `OutputTask::connect` (`super::session`, every output kind). Gives
+    /// up on its destination after the first failed connect or lost session and holds every
+    /// record from then on, reporting them waiting. Caught by `undelivered` on any drill whose
+    /// link or broker fault ends a session.
+    StopAfterOutage,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 17] = [
+    pub const ALL: [Mutant; 18] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -196,6 +206,7 @@ impl Mutant {
         Mutant::TrustTornTail,
         Mutant::OutageStatusSpendsAttempts,
         Mutant::HandshakeFailureIsRefusal,
+        Mutant::StopAfterOutage,
     ];
 
     fn index(self) -> usize {
@@ -210,30 +221,30 @@ impl Mutant {
         MUTANTS[self.index()].1
     }
 
-    /// What a drill must find to have caught this mutant: the checks of `report.json`'s
-    /// expectations (`report::Check`, snake case) whose failure is its signature, and
-    /// `keyless_copies` (duplicates beyond the promise, some without the original's write
-    /// key). A drill that fails it for another reason (another expectation, inconclusive) has
-    /// not caught it.
-    pub fn signature(self) -> &'static [&'static str] {
+    /// What a drill must find to have caught this mutant: a failed expectation in the sense
+    /// the [`Signature`] names (`recovery: none`, not a late recovery; `keyless_copies`, not
+    /// any copy). A drill that fails it for another reason (another expectation, inconclusive)
+    /// has not caught it.
+    pub fn signature(self) -> &'static [Signature] {
         match self {
             Mutant::AckBeforeWrite
             | Mutant::AckBeforeFdatasync
             | Mutant::MemoryOnly
             | Mutant::ExpireByAge
-            | Mutant::EvictOldestWhenFull => &["lost"],
+            | Mutant::EvictOldestWhenFull => &[Signature::Lost],
             Mutant::ResendOnTimer
             | Mutant::SecondAttemptWhileOpen
-            | Mutant::ForgetDeliveryMarks => &["duplicates"],
+            | Mutant::ForgetDeliveryMarks => &[Signature::Duplicates],
             Mutant::OutageSpendsAttempts
             | Mutant::LocalConnectedFlag
             | Mutant::OutageStatusSpendsAttempts
-            | Mutant::HandshakeFailureIsRefusal => &["failed"],
-            Mutant::ProbeWithOldestRecord => &["keyless_copies"],
-            Mutant::DropRefusedSilently => &["lost", "failed"],
-            Mutant::ResendOutOfOrder => &["reordered"],
-            Mutant::NoKeepalive => &["recovery"],
-            Mutant::TrustTornTail => &["altered", "unexpected"],
+            | Mutant::HandshakeFailureIsRefusal => &[Signature::Failed],
+            Mutant::ProbeWithOldestRecord => &[Signature::KeylessCopies],
+            Mutant::DropRefusedSilently => &[Signature::Lost, Signature::Failed],
+            Mutant::ResendOutOfOrder => &[Signature::Reordered],
+            Mutant::NoKeepalive => &[Signature::RecoveryNone],
+            Mutant::TrustTornTail => &[Signature::Altered, Signature::Unexpected],
+            Mutant::StopAfterOutage => &[Signature::Undelivered],
         }
     }
 

@@ -38,6 +38,9 @@ pub struct OutputTask {
     journal: Journal,
     shared: Arc<Shared>,
     cancel: CancellationToken,
+    /// MUTANT `stop-after-outage`: set after the first failed connect or lost session.
+    #[cfg(feature = "mutants")]
+    gave_up: bool,
 }
 
 /// How a connected session ended.
@@ -66,6 +69,8 @@ impl OutputTask {
             journal,
             shared,
             cancel,
+            #[cfg(feature = "mutants")]
+            gave_up: false,
         }
     }
 
@@ -114,6 +119,10 @@ impl OutputTask {
                 S::SESSION
             );
             said_down = true;
+            #[cfg(feature = "mutants")]
+            if mutant::is(Mutant::StopAfterOutage) {
+                self.gave_up = true;
+            }
         }
         self.journal.sync();
         publish_stats(&self.shared, self.index, &self.out, false);
@@ -130,6 +139,18 @@ impl OutputTask {
     ) -> Option<S::Session> {
         let mut retry = Duration::from_millis(100);
         loop {
+            #[cfg(feature = "mutants")]
+            if self.gave_up {
+                // MUTANT `stop-after-outage`: never connects again (DESIGN.md §1.1: an outage
+                // holds records until the destination is back; it never ends delivery). New
+                // records are taken in and reported waiting, honestly.
+                loop {
+                    tokio::select! {
+                        m = self.rx.recv() => take(&mut self.journal, &mut self.out, &self.shared, self.index, m)?,
+                        _ = self.cancel.cancelled() => return None,
+                    }
+                }
+            }
             #[cfg(feature = "mutants")]
             let oldest = self.out.oldest_waiting();
             let to = Connect {
@@ -178,6 +199,10 @@ impl OutputTask {
 
     /// A connect failed: an outage, which spends nothing. Said once.
     fn outage(&mut self, why: &str, said_down: &mut bool) {
+        #[cfg(feature = "mutants")]
+        if mutant::is(Mutant::StopAfterOutage) {
+            self.gave_up = true;
+        }
         #[cfg(feature = "mutants")]
         if mutant::is(Mutant::OutageSpendsAttempts)
             || (mutant::is(Mutant::HandshakeFailureIsRefusal) && why.contains("certificate"))

@@ -33,6 +33,7 @@ use crate::engine::AttemptCountsView;
 use crate::proxy::LinkStatus;
 use crate::runner::events::FaultRecord;
 
+pub use crate::check::Check;
 pub use last_seen::{Class, LastSeen};
 pub use markdown::{markdown, step_summary};
 pub use verdict::{headline, judge};
@@ -93,6 +94,10 @@ pub struct Ledger {
     /// On a destination that cannot confirm a write (plain TCP, UDP): what never left the
     /// engine. Elsewhere: what is neither delivered, waiting nor failed.
     pub lost: u64,
+    /// Read back at the destination while the engine still reported them waiting: delivered,
+    /// the engine has no answer yet. Counted in `delivered`, not in `waiting`, so it never keeps
+    /// the ledger from closing.
+    pub delivered_unanswered: u64,
     /// On a destination that cannot confirm a write: records the engine sent (the OS took
     /// them) that are not at the destination — gone in flight, counted apart from `lost`.
     /// `None` where the destination confirms each write.
@@ -110,25 +115,6 @@ pub struct Ledger {
     pub recovered: u64,
     /// Records the engine refused at ingest (a full disk): the source keeps them.
     pub ingest_refused: u64,
-}
-
-/// What an expectation checks, whatever its row is titled (`lost beyond at_most_once`,
-/// `recovery after link mqtt swallow both`): the name tools match on (`report.json`'s
-/// `expectations[].check`), so nothing has to read a row's words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Check {
-    Lost,
-    Unexpected,
-    Altered,
-    Failed,
-    NotAccepted,
-    MaxCopies,
-    Drain,
-    Duplicates,
-    Reordered,
-    Ledger,
-    Recovery,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -159,6 +145,9 @@ pub struct Report {
     pub headline: String,
     pub ledger: Ledger,
     pub closes: bool,
+    /// Records the engine still held when the drain ended, and whether delivery had stalled
+    /// (`None`: it held nothing).
+    pub undelivered: Option<Undelivered>,
     pub engine_account: Option<EngineAccount>,
     pub expectations: Vec<ExpectationResult>,
     pub faults: Vec<FaultRecord>,
@@ -189,6 +178,35 @@ pub struct Report {
     pub series: Vec<SeriesPoint>,
 }
 
+/// What the engine still held when the drain ended: never delivered. A stalled engine is told
+/// from a slow one by the deliveries in the drain's last [`Undelivered::WINDOW_MS`].
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Undelivered {
+    pub count: u64,
+    /// No delivery in the drain's last ten seconds.
+    pub stalled: bool,
+    /// Records that arrived per second over the drain's last ten seconds.
+    pub per_s: f64,
+}
+
+impl Undelivered {
+    pub const WINDOW_MS: u64 = 10_000;
+
+    /// `the engine still holds them; delivery stalled` or `…; still draining at 120/s`.
+    pub fn state(&self) -> String {
+        if self.stalled {
+            "the engine still holds them; delivery stalled".to_string()
+        } else {
+            let per_s = if self.per_s < 10.0 {
+                format!("{:.1}", self.per_s)
+            } else {
+                format!("{:.0}", self.per_s)
+            };
+            format!("the engine still holds them; still draining at {per_s}/s")
+        }
+    }
+}
+
 /// What the engine said of itself at the end.
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineAccount {
@@ -203,16 +221,28 @@ impl Report {
     /// confirm, `… + U sent unconfirmed and missing + L lost before sending`.
     pub fn ledger_line(&self) -> String {
         let l = &self.ledger;
-        match l.sent_unconfirmed_missing {
+        // After the drain, what still waits was never delivered: the line says so.
+        let waiting = match l.waiting {
+            0 => "0 waiting".to_string(),
+            w => format!("{w} waiting (never delivered)"),
+        };
+        let mut line = match l.sent_unconfirmed_missing {
             Some(u) => format!(
-                "{} held = {} delivered + {} waiting + {} failed + {u} sent unconfirmed and missing + {} lost before sending",
-                l.held, l.delivered, l.waiting, l.failed, l.lost
+                "{} held = {} delivered + {waiting} + {} failed + {u} sent unconfirmed and missing + {} lost before sending",
+                l.held, l.delivered, l.failed, l.lost
             ),
             None => format!(
-                "{} held = {} delivered + {} waiting + {} failed + {} lost",
-                l.held, l.delivered, l.waiting, l.failed, l.lost
+                "{} held = {} delivered + {waiting} + {} failed + {} lost",
+                l.held, l.delivered, l.failed, l.lost
             ),
+        };
+        if l.delivered_unanswered > 0 {
+            line.push_str(&format!(
+                "; {} of the delivered with no answer yet (the engine still reports them waiting)",
+                l.delivered_unanswered
+            ));
         }
+        line
     }
 }
 

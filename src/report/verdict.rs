@@ -12,7 +12,9 @@ use super::oracle::{self, Allowance, Crashes};
 use super::recovery::{recovery, series};
 use std::time::Duration;
 
-use super::{Check, EngineAccount, ExpectationResult, Ledger, RecoveryRecord, Report, Verdict};
+use super::{
+    Check, EngineAccount, ExpectationResult, Ledger, RecoveryRecord, Report, Undelivered, Verdict,
+};
 use crate::runner::Facts;
 use crate::scenario::Expectations;
 use crate::verify::{self, Reconciliation};
@@ -25,6 +27,7 @@ pub fn judge(facts: &Facts) -> Report {
     let recovery = recovery(&facts.faults, &facts.sent, &facts.received);
     let (ledger, lost_beyond_promise) = ledger(&r, facts, allowance);
     let closes = closes(&ledger, &r, facts);
+    let undelivered = undelivered(&ledger, facts);
     let expectations = expectations(
         facts,
         Judged {
@@ -34,6 +37,7 @@ pub fn judge(facts: &Facts) -> Report {
             lost_beyond_promise,
             closes,
             recovery: &recovery,
+            undelivered: undelivered.as_ref(),
         },
     );
     let lost_last_seen = last_seen(facts, &ledger);
@@ -41,7 +45,12 @@ pub fn judge(facts: &Facts) -> Report {
     let notes = notes(facts, verifier_fault);
     let pass =
         expectations.iter().all(|x| x.ok) && inconclusive.is_empty() && verifier_fault.is_none();
-    let mut headline = headline(&ledger, &expectations, verifier_fault.is_some());
+    let mut headline = headline(
+        &ledger,
+        &expectations,
+        undelivered.as_ref(),
+        verifier_fault.is_some(),
+    );
     if let Some(first) = inconclusive.first() {
         headline = format!("Inconclusive: {first}. {headline}");
     }
@@ -61,6 +70,7 @@ pub fn judge(facts: &Facts) -> Report {
         }),
         ledger,
         closes,
+        undelivered,
         expectations,
         faults: facts.faults.clone(),
         recovery,
@@ -142,6 +152,12 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
         .map(|s| (s.waiting, s.failed))
         .unwrap_or((0, 0));
     let unconfirmed = sent_unconfirmed_missing(facts);
+    // What the engine reports waiting is held and not delivered only as far as it is missing
+    // at the destination: the rest was read back while the engine had no answer yet (its
+    // own ledger line, never a reason the ledger fails to close).
+    let still_held = waiting.min(r.missing.saturating_sub(failed));
+    let delivered_unanswered = waiting - still_held;
+    let waiting = still_held;
     let lost = r
         .missing
         .saturating_sub(waiting + failed + unconfirmed.unwrap_or(0));
@@ -159,6 +175,7 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
         waiting,
         failed,
         lost,
+        delivered_unanswered,
         sent_unconfirmed_missing: unconfirmed,
         duplicates: r.duplicates,
         duplicates_same_key: r.duplicates_same_key,
@@ -200,6 +217,28 @@ fn sent_unconfirmed_missing(facts: &Facts) -> Option<u64> {
     Some(n as u64)
 }
 
+/// What the engine still held when the drain ended (`None`: nothing), and whether delivery had
+/// stalled: no record arrived in the drain's last ten seconds.
+fn undelivered(ledger: &Ledger, facts: &Facts) -> Option<Undelivered> {
+    if ledger.waiting == 0 {
+        return None;
+    }
+    let from = facts.drain_end_ms.saturating_sub(Undelivered::WINDOW_MS);
+    let arrived = facts
+        .received
+        .arrivals
+        .iter()
+        .filter(|a| a.id.is_some())
+        .filter(|a| (from..=facts.drain_end_ms).contains(&(a.at.as_millis() as u64)))
+        .count() as u64;
+    let window_s = (facts.drain_end_ms - from).max(1) as f64 / 1000.0;
+    Some(Undelivered {
+        count: ledger.waiting,
+        stalled: arrived == 0,
+        per_s: arrived as f64 / window_s,
+    })
+}
+
 /// The ledger closes when the equation holds with nothing lost, and the engine's own account
 /// agrees with what the source and the destination saw (as far as it gives one: a user's
 /// engine may report only waiting and failed, or nothing).
@@ -229,6 +268,7 @@ struct Judged<'a> {
     lost_beyond_promise: u64,
     closes: bool,
     recovery: &'a [RecoveryRecord],
+    undelivered: Option<&'a Undelivered>,
 }
 
 /// One row per expectation the scenario sets, in a fixed order.
@@ -237,6 +277,17 @@ fn expectations(facts: &Facts, j: Judged<'_>) -> Vec<ExpectationResult> {
     let promise = facts.plan.engine.promise.name();
     let (r, l) = (j.r, j.ledger);
     let mut rows = Vec::new();
+    // Liveness: when the drain ends, a held record is delivered, failed or (where the
+    // destination cannot confirm) sent. What the engine still holds was never delivered.
+    if let Some(n) = e.undelivered {
+        let held = j.undelivered.map_or(0, |u| u.count);
+        let name = "undelivered".to_string();
+        let mut x = row(Check::Undelivered, name, n.to_string(), held, held <= n);
+        if let Some(u) = j.undelivered {
+            x.actual = format!("{held} ({})", u.state());
+        }
+        rows.push(x);
+    }
     // A count against a bound: `at most n`.
     let mut at_most = |check: Check, name: String, n: u64, actual: u64| {
         rows.push(row(check, name, n.to_string(), actual, actual <= n))
@@ -327,16 +378,17 @@ fn expectations(facts: &Facts, j: Judged<'_>) -> Vec<ExpectationResult> {
 fn order(mut rows: Vec<ExpectationResult>) -> Vec<ExpectationResult> {
     let rank = |c: Check| match c {
         Check::Lost => 0,
-        Check::Unexpected => 1,
-        Check::Altered => 2,
-        Check::Failed => 3,
-        Check::NotAccepted => 4,
-        Check::MaxCopies => 5,
-        Check::Drain => 6,
-        Check::Duplicates => 7,
-        Check::Reordered => 8,
-        Check::Ledger => 9,
-        Check::Recovery => 10,
+        Check::Undelivered => 1,
+        Check::Unexpected => 2,
+        Check::Altered => 3,
+        Check::Failed => 4,
+        Check::NotAccepted => 5,
+        Check::MaxCopies => 6,
+        Check::Drain => 7,
+        Check::Duplicates => 8,
+        Check::Reordered => 9,
+        Check::Ledger => 10,
+        Check::Recovery => 11,
     };
     rows.sort_by_key(|x| rank(x.check));
     rows
@@ -402,17 +454,22 @@ fn notes(facts: &Facts, verifier_fault: Option<&str>) -> Vec<String> {
 
 /// The failed expectations first, then what was lost: "recovery after link mqtt swallow both
 /// 2 ms (expected ≤ 1 ms); nothing lost." On a destination that cannot confirm, never
-/// "nothing lost": "none lost before sending; 12 sent but not confirmed and missing."
+/// "nothing lost": "none lost before sending; 12 sent but not confirmed and missing." Nor
+/// while the engine still holds records: "6002 held records were never delivered (the engine
+/// still holds them; delivery stalled); none lost outright."
 pub fn headline(
     ledger: &Ledger,
     expectations: &[ExpectationResult],
+    undelivered: Option<&Undelivered>,
     verifier_fault: bool,
 ) -> String {
     let records = |n: u64| match n {
         1 => "1 record".to_string(),
         n => format!("{n} records"),
     };
+    let held = undelivered.is_some();
     let losses = match (ledger.sent_unconfirmed_missing, ledger.lost) {
+        (None, 0) if held => "none lost outright".to_string(),
         (None, 0) => "nothing lost".to_string(),
         (None, n) => format!("{} lost", records(n)),
         (Some(u), lost) => {
@@ -427,10 +484,26 @@ pub fn headline(
     if verifier_fault {
         parts.push("the reader itself failed (a verifier fault, not engine loss)".to_string());
     }
+    if let Some(u) = undelivered {
+        let were = if u.count == 1 {
+            "1 held record was"
+        } else {
+            &format!("{} held records were", u.count)
+        };
+        let allowed = !expectations
+            .iter()
+            .any(|x| x.check == Check::Undelivered && !x.ok);
+        let allowed = if allowed {
+            ", as the scenario allows"
+        } else {
+            ""
+        };
+        parts.push(format!("{were} never delivered ({}){allowed}", u.state()));
+    }
     parts.extend(
         expectations
             .iter()
-            .filter(|x| !x.ok && x.check != Check::Lost)
+            .filter(|x| !x.ok && !matches!(x.check, Check::Lost | Check::Undelivered))
             .map(|x| {
                 if x.expected == "closes" {
                     format!("{} {}", x.name, x.actual)
@@ -489,6 +562,7 @@ pub(crate) mod tests {
             tapped: Some(tapped),
             bypass_is_judged: true,
             drain_ms: 0,
+            drain_end_ms: 10_000,
             engine: None,
             gives_account: false,
             system: "test".to_string(),
@@ -680,7 +754,7 @@ pub(crate) mod tests {
         f.faults = vec![link_fault(Fault::Swallow, 2500, 4000)];
         let report = judge(&f);
         assert!(report.verdict.is_pass(), "{:?}", report.expectations);
-        assert_eq!(report.expectations.len(), 11);
+        assert_eq!(report.expectations.len(), 12);
         assert_eq!(report.headline, "Nothing lost.");
         assert_eq!(
             report.ledger_line(),
@@ -761,6 +835,116 @@ pub(crate) mod tests {
         // Its write had a possibly_sent attempt: within at_least_once, but still 3 copies.
         f.possibly_sent_keys = Some(HashSet::from(["w3".to_string()]));
         assert_eq!(failed(&f), ["copies of one record 3"]);
+    }
+
+    /// Records 0..4 delivered, 5..9 still held by the engine when the drain ends (at 10 s).
+    fn stuck(expect: &str) -> Facts {
+        let mut f = clean(expect);
+        f.received.arrivals.truncate(5);
+        if let Some(a) = f.engine.as_mut() {
+            a.delivered = Some(5);
+            a.waiting = 5;
+        }
+        // The drain ended 16 s after the last arrival.
+        f.drain_end_ms = 20_000;
+        f
+    }
+
+    #[test]
+    fn an_engine_that_stopped_delivering_fails_as_undelivered_and_never_reads_nothing_lost() {
+        let report = judge(&stuck(ALL));
+        assert!(!report.verdict.is_pass());
+        assert_eq!(
+            failed(&stuck(ALL)),
+            ["undelivered 5 (the engine still holds them; delivery stalled)"]
+        );
+        assert_eq!(
+            report.headline,
+            "5 held records were never delivered (the engine still holds them; delivery stalled); none lost outright."
+        );
+        assert!(
+            report.closes,
+            "held = delivered + waiting: the ledger closes"
+        );
+        assert_eq!(
+            report.ledger_line(),
+            "10 held = 5 delivered + 5 waiting (never delivered) + 0 failed + 0 lost"
+        );
+        let u = report.undelivered.expect("held records");
+        assert_eq!((u.count, u.stalled), (5, true));
+        // Left out of `expect:`, it is still judged (and so is `lost`).
+        let f = stuck("{ duplicates: 0 }");
+        assert_eq!(f.plan.expect.lost, Some(0));
+        assert_eq!(
+            failed(&f),
+            ["undelivered 5 (the engine still holds them; delivery stalled)"]
+        );
+        // Said on purpose: passes, and the headline still says so.
+        let report = judge(&stuck("{ undelivered: any, lost: 0 }"));
+        assert!(report.verdict.is_pass(), "{:?}", report.expectations);
+        assert_eq!(
+            report.headline,
+            "5 held records were never delivered (the engine still holds them; delivery stalled), as the scenario allows; none lost outright."
+        );
+        assert!(judge(&stuck("{ undelivered: 5 }")).verdict.is_pass());
+        assert!(!judge(&stuck("{ undelivered: 4 }")).verdict.is_pass());
+    }
+
+    #[test]
+    fn a_slow_engine_still_draining_is_told_from_a_stalled_one() {
+        let mut f = stuck(ALL);
+        // The drain ended at 12 s: records 2..4 arrived within its last ten seconds.
+        f.drain_end_ms = 12_000;
+        let report = judge(&f);
+        let u = report.undelivered.expect("held records");
+        assert!(!u.stalled);
+        assert_eq!(u.per_s, 0.3);
+        assert_eq!(
+            failed(&f),
+            ["undelivered 5 (the engine still holds them; still draining at 0.3/s)"]
+        );
+        f.drain_end_ms = 14_200;
+        assert!(judge(&f).undelivered.expect("held").stalled);
+    }
+
+    #[test]
+    fn records_read_back_while_the_engine_reports_them_waiting_are_their_own_line() {
+        let mut f = clean(ALL);
+        // The engine still says 3 wait, but every record was read back: it has no answer yet.
+        if let Some(a) = f.engine.as_mut() {
+            a.waiting = 3;
+            a.delivered = Some(7);
+        }
+        let report = judge(&f);
+        assert_eq!(report.ledger.waiting, 0);
+        assert_eq!(report.ledger.delivered_unanswered, 3);
+        assert!(report.undelivered.is_none());
+        assert!(
+            report.closes,
+            "the overlap never keeps the ledger from closing"
+        );
+        assert!(report.verdict.is_pass(), "{:?}", report.expectations);
+        assert_eq!(
+            report.ledger_line(),
+            "10 held = 10 delivered + 0 waiting + 0 failed + 0 lost; 3 of the delivered with no answer yet (the engine still reports them waiting)"
+        );
+        // Four missing, the engine says 6 wait: 4 undelivered, 2 read back with no answer.
+        f.received.arrivals.truncate(6);
+        if let Some(a) = f.engine.as_mut() {
+            a.waiting = 6;
+        }
+        let l = judge(&f).ledger;
+        assert_eq!((l.waiting, l.delivered_unanswered, l.lost), (4, 2, 0));
+    }
+
+    #[test]
+    fn lost_any_turns_the_loss_check_off_on_purpose() {
+        let mut f = clean("{ lost: any }");
+        f.received.arrivals.remove(4);
+        f.engine = None;
+        f.gives_account = false;
+        assert!(failed(&f).is_empty(), "{:?}", failed(&f));
+        assert_eq!(judge(&f).headline, "1 record lost.");
     }
 
     #[test]

@@ -66,6 +66,9 @@ pub struct Facts {
     pub bypass_is_judged: bool,
     /// How long the drain took after the workload and the timeline.
     pub drain_ms: u64,
+    /// When the drain ended, from the drill's start: what the engine still holds then was
+    /// never delivered, and the deliveries just before it tell a stalled engine from a slow one.
+    pub drain_end_ms: u64,
     /// The system's own account at the end (`None`: it gave none, or did not answer).
     pub engine: Option<Account>,
     /// Whether the system gives an account at all (a user's engine without `stats` does not:

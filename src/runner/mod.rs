@@ -355,7 +355,8 @@ async fn finish(
     let drain_started = t0.elapsed();
     let final_stats =
         drain::drain(system, &*reader, plan.drain_timeout, &mut notes, cancel).await?;
-    let drain_ms = ms(t0.elapsed().saturating_sub(drain_started));
+    let drain_end_ms = ms(t0.elapsed());
+    let drain_ms = drain_end_ms.saturating_sub(ms(drain_started));
     played.sampler.abort();
     let _ = played.sampler.await;
     progress::finish();
@@ -407,6 +408,7 @@ async fn finish(
         bypass_is_judged: plan.destination.imp.arrivals_timed_by_destination()
             && rig.link_count() == 1,
         drain_ms,
+        drain_end_ms,
         engine: final_stats,
         gives_account,
         system: system.describe(),

@@ -226,7 +226,11 @@ pub fn longest_outage(faults: &[ScheduledFault], drill_ends: Duration) -> Durati
 
 #[derive(Debug, Clone, Default)]
 pub struct Expectations {
+    /// At most this many lost (default 0; `None`: `lost: any`).
     pub lost: Option<u64>,
+    /// At most this many held records still with the engine when the drain ends, never
+    /// delivered (default 0; `None`: `undelivered: any`).
+    pub undelivered: Option<u64>,
     pub duplicates: Option<u64>,
     pub reordered: Option<u64>,
     pub ledger_closes: bool,

@@ -17,7 +17,7 @@ use super::command;
 use crate::dest::RawDestination;
 use crate::promise::{Order, Promise};
 use crate::proxy::{Direction, Fault};
-use crate::units::{Dur, Rate};
+use crate::units::{Bound, Dur, Rate};
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -243,8 +243,14 @@ pub(super) struct RawCrashAt {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawExpect {
+    /// Records neither delivered, held, failed nor (where the destination cannot confirm)
+    /// sent: 0 unless said (`any` turns the check off).
     #[serde(default)]
-    pub(super) lost: Option<u64>,
+    pub(super) lost: Option<Bound>,
+    /// Records the engine still holds when the drain ends (never delivered): 0 unless said;
+    /// `any` for a destination that is unreachable on purpose.
+    #[serde(default)]
+    pub(super) undelivered: Option<Bound>,
     /// A destination that cannot confirm a write (syslog over plain TCP or UDP): records lost
     /// before they left the engine. What was sent without confirmation and is missing is
     /// counted apart; on such a destination `lost` means the same.

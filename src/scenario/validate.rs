@@ -25,6 +25,7 @@ use crate::located::{Located, at};
 use crate::powerfs::CrashPoint;
 use crate::promise::Promise;
 use crate::proxy::{Direction, Fault, FaultSpec};
+use crate::units::Bound;
 use crate::workload::WorkloadSpec;
 
 /// Checks every section of `raw`; `source` is the scenario file (its folder holds a command
@@ -1017,9 +1018,9 @@ fn cannot(entry: &FaultEntry, target: &str, action: ProcessAction) -> Located {
     )
 }
 
-/// `expect:`; left out, nothing may be lost and the ledger must close. Either way, `failed`
-/// must equal the number of poison records and nothing unexpected may arrive, unless said
-/// otherwise.
+/// `expect:`; left out, nothing may be lost and the ledger must close. Either way, nothing may
+/// be lost or left undelivered, `failed` must equal the number of poison records and nothing
+/// unexpected may arrive, unless said otherwise (`lost: any`, `undelivered: any` on purpose).
 fn expect(
     raw: Option<RawExpect>,
     poison: u64,
@@ -1042,10 +1043,14 @@ fn expect(
         Some(e) => Expectations {
             // On a destination that cannot confirm, both name the records that never left
             // the engine; the stricter bound holds.
+            // Left out, nothing may be lost; `lost: any` turns the check off on purpose.
             lost: match (e.lost, lost_before_sending) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
+                (Some(Bound::AtMost(a)), Some(b)) => Some(a.min(b)),
+                (Some(Bound::Any), b) => b,
+                (None, b) => Some(b.unwrap_or(0)),
+                (Some(Bound::AtMost(a)), None) => Some(a),
             },
+            undelivered: e.undelivered.map_or(Some(0), Bound::limit),
             duplicates: e.duplicates,
             reordered: e.reordered,
             ledger_closes: e.ledger == Some(LedgerExpectation::Closes),
@@ -1059,6 +1064,7 @@ fn expect(
         },
         None => Expectations {
             lost: Some(0),
+            undelivered: Some(0),
             ledger_closes: true,
             failed: Some(poison),
             unexpected: Some(0),

@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::check::{Check, Signature};
+
 /// What one drill said of one engine.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Cell {
@@ -63,14 +65,14 @@ fn first_word(s: Option<&String>) -> String {
 /// A signature expectation that failed, with its count.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Finding {
-    /// The signature's word: `lost`, `duplicates`, `keyless_copies`, `recovery` …
-    pub check: String,
+    /// What caught it: `lost`, `keyless_copies`, `recovery: none` …
+    pub signature: Signature,
     pub count: Option<u64>,
 }
 
 impl Finding {
     fn short(&self) -> String {
-        let name = self.check.replace('_', " ");
+        let name = self.signature.name().replace('_', " ");
         match self.count {
             Some(n) => format!("{name} {n}"),
             None => name,
@@ -101,7 +103,7 @@ pub enum CellOutcome {
 pub fn judge(
     exit: Option<i32>,
     report: Option<&serde_json::Value>,
-    signature: &[&str],
+    signature: &[Signature],
     planned: &[String],
 ) -> (CellOutcome, Vec<Finding>, Vec<String>) {
     let Some(report) = report.filter(|_| matches!(exit, Some(0) | Some(1))) else {
@@ -126,27 +128,26 @@ pub fn judge(
     }
 }
 
-/// The failed expectations whose check is in `signature` (and `keyless_copies`: failed
-/// duplicates of which some carry no original write key).
-fn findings(report: &serde_json::Value, signature: &[&str]) -> Vec<Finding> {
+/// The failed expectations that show one of the signatures, in its sense: a `recovery` row
+/// with no delivery at all for `recovery: none` (a late one is not it), a `duplicates` row with
+/// copies lacking the original write key for `keyless_copies`.
+fn findings(report: &serde_json::Value, signature: &[Signature]) -> Vec<Finding> {
     let keyless = report["ledger"]["duplicates_other_key"]
         .as_u64()
         .unwrap_or(0);
     let mut found = Vec::new();
     for x in failed(report) {
-        let check = x["check"].as_str().unwrap_or("");
+        let Ok(check) = serde_json::from_value::<Check>(x["check"].clone()) else {
+            continue;
+        };
         let count = x["count"].as_u64();
-        if signature.contains(&check) {
-            found.push(Finding {
-                check: check.to_string(),
-                count,
-            });
-        }
-        if check == "duplicates" && keyless > 0 && signature.contains(&"keyless_copies") {
-            found.push(Finding {
-                check: "keyless_copies".to_string(),
-                count: Some(keyless),
-            });
+        for s in signature.iter().filter(|s| s.check() == check) {
+            if let Some(count) = s.matches(count, keyless) {
+                found.push(Finding {
+                    signature: *s,
+                    count,
+                });
+            }
         }
     }
     found
@@ -246,11 +247,11 @@ mod tests {
     #[test]
     fn a_mutant_is_caught_only_by_its_signature_in_a_conclusive_drill() {
         let lost = report(failed("lost", 202), serde_json::json!({}));
-        let (o, found, _) = judge(Some(1), Some(&lost), &["lost"], &planned());
+        let (o, found, _) = judge(Some(1), Some(&lost), &[Signature::Lost], &planned());
         assert_eq!(o, CellOutcome::Caught);
         assert_eq!(found[0].short(), "lost 202");
         // Another expectation failed: not caught, and the cell says what did.
-        let (o, found, why) = judge(Some(1), Some(&lost), &["duplicates"], &planned());
+        let (o, found, why) = judge(Some(1), Some(&lost), &[Signature::Duplicates], &planned());
         assert_eq!((o, found.len()), (CellOutcome::Other, 0));
         assert_eq!(why, ["lost (expected 0, got 202)"]);
         // Inconclusive: nothing it says counts as a catch.
@@ -258,7 +259,7 @@ mod tests {
             failed("lost", 3),
             serde_json::json!({ "inconclusive": ["the fault at 1.0 s met no traffic"] }),
         );
-        let (o, _, why) = judge(Some(1), Some(&inconclusive), &["lost"], &planned());
+        let (o, _, why) = judge(Some(1), Some(&inconclusive), &[Signature::Lost], &planned());
         assert_eq!(o, CellOutcome::Other);
         assert!(why[1].starts_with("inconclusive: "), "{why:?}");
         let verifier = report(
@@ -266,16 +267,16 @@ mod tests {
             serde_json::json!({ "verifier_fault": "reader lost its connection" }),
         );
         assert_eq!(
-            judge(Some(1), Some(&verifier), &["lost"], &planned()).0,
+            judge(Some(1), Some(&verifier), &[Signature::Lost], &planned()).0,
             CellOutcome::Other
         );
         // Exit 3, or no report: an error, never a catch.
         assert_eq!(
-            judge(Some(3), Some(&lost), &["lost"], &planned()).0,
+            judge(Some(3), Some(&lost), &[Signature::Lost], &planned()).0,
             CellOutcome::Error
         );
         assert_eq!(
-            judge(Some(1), None, &["lost"], &planned()).0,
+            judge(Some(1), None, &[Signature::Lost], &planned()).0,
             CellOutcome::Error
         );
     }
@@ -283,7 +284,12 @@ mod tests {
     #[test]
     fn keyless_copies_are_duplicates_some_without_the_original_write_key() {
         let with_key = report(failed("duplicates", 4), serde_json::json!({}));
-        let (o, _, _) = judge(Some(1), Some(&with_key), &["keyless_copies"], &planned());
+        let (o, _, _) = judge(
+            Some(1),
+            Some(&with_key),
+            &[Signature::KeylessCopies],
+            &planned(),
+        );
         assert_eq!(
             o,
             CellOutcome::Other,
@@ -293,9 +299,27 @@ mod tests {
             failed("duplicates", 4),
             serde_json::json!({ "ledger": { "duplicates_other_key": 3 } }),
         );
-        let (o, found, _) = judge(Some(1), Some(&keyless), &["keyless_copies"], &planned());
+        let (o, found, _) = judge(
+            Some(1),
+            Some(&keyless),
+            &[Signature::KeylessCopies],
+            &planned(),
+        );
         assert_eq!(o, CellOutcome::Caught);
         assert_eq!(found[0].short(), "keyless copies 3");
+    }
+
+    #[test]
+    fn recovery_none_is_no_delivery_after_the_heal_never_a_late_one() {
+        let row = |count: serde_json::Value| serde_json::json!([{ "check": "recovery", "name": "recovery after link mqtt strand", "expected": "≤ 5000 ms", "actual": "x", "count": count, "ok": false }]);
+        let none = report(row(serde_json::Value::Null), serde_json::json!({}));
+        let (o, found, _) = judge(Some(1), Some(&none), &[Signature::RecoveryNone], &planned());
+        assert_eq!(o, CellOutcome::Caught);
+        assert_eq!(found[0].short(), "recovery: none");
+        // Delivery came back 6 s after the heal: late, which load can cause; not a catch.
+        let late = report(row(serde_json::json!(6000)), serde_json::json!({}));
+        let (o, found, _) = judge(Some(1), Some(&late), &[Signature::RecoveryNone], &planned());
+        assert_eq!((o, found.len()), (CellOutcome::Other, 0));
     }
 
     #[test]

@@ -28,6 +28,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::check::Signature;
 use crate::scenario::Plan;
 
 use super::{FAIL, INFRASTRUCTURE, INVALID, PASS};
@@ -57,7 +58,7 @@ pub struct Row {
     pub engine: String,
     pub description: String,
     /// What catches it (empty for the correct engine): see `Mutant::signature`.
-    pub signature: Vec<String>,
+    pub signature: Vec<Signature>,
     pub cells: Vec<Cell>,
     /// The drill its row tries first, when the mutant names one (a fault only one drill of
     /// the catalogue plays); the rest follow shortest first.
@@ -83,12 +84,11 @@ pub struct Selftest {
     pub ok: bool,
 }
 
-/// A mutant: its name, what it does wrong, and its signature.
 /// A mutant's name, what it does wrong, its signature, and the drill to try first.
 type MutantRow = (
     &'static str,
     &'static str,
-    Vec<String>,
+    Vec<Signature>,
     Option<&'static str>,
 );
 
@@ -271,7 +271,7 @@ fn mutants(only: &[String]) -> Option<Vec<MutantRow>> {
     let all: Vec<MutantRow> = crate::engine::mutant::Mutant::ALL
         .iter()
         .map(|m| {
-            let signature = m.signature().iter().map(|s| s.to_string()).collect();
+            let signature = m.signature().to_vec();
             (m.name(), m.about(), signature, m.tried_first())
         })
         .collect();
@@ -297,7 +297,8 @@ fn mutants(only: &[String]) -> Option<Vec<MutantRow>> {
     )
 }
 
-fn conclude(scenarios: Vec<String>, rows: Vec<Row>, took_s: f64) -> Selftest {
+fn conclude(scenarios: Vec<String>, mut rows: Vec<Row>, took_s: f64) -> Selftest {
+    only_where_the_correct_engine_passed(&mut rows);
     let mut missed = Vec::new();
     let mut false_alarms = Vec::new();
     let mut errors = Vec::new();
@@ -339,6 +340,33 @@ fn conclude(scenarios: Vec<String>, rows: Vec<Row>, took_s: f64) -> Selftest {
     }
 }
 
+/// A mutant's catch counts only where the correct engine passed the same drill in the same
+/// run: a drill that fails the correct engine too proves nothing about the mutant. Such a cell
+/// becomes `other`, saying why (a shard's cell whose correct twin ran elsewhere stays; the
+/// merge judges it with the twin in view).
+fn only_where_the_correct_engine_passed(rows: &mut [Row]) {
+    let Some((correct, mutants)) = rows.split_first_mut() else {
+        return;
+    };
+    for row in mutants {
+        for (cell, twin) in row.cells.iter_mut().zip(&correct.cells) {
+            if cell.outcome != CellOutcome::Caught
+                || matches!(twin.outcome, CellOutcome::Pass | CellOutcome::Elsewhere)
+            {
+                continue;
+            }
+            cell.outcome = CellOutcome::Other;
+            cell.failures.insert(
+                0,
+                format!(
+                    "not a catch: the correct engine's cell of this drill is {} in this run",
+                    twin.short()
+                ),
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::cell::Finding;
@@ -349,15 +377,15 @@ mod tests {
     fn cell(
         scenario: &str,
         outcome: CellOutcome,
-        caught: Option<(&str, u64)>,
+        caught: Option<(Signature, u64)>,
         why: &[&str],
     ) -> Cell {
         Cell {
             scenario: scenario.into(),
             outcome,
             caught_by: caught
-                .map(|(check, n)| Finding {
-                    check: check.into(),
+                .map(|(signature, n)| Finding {
+                    signature,
                     count: Some(n),
                 })
                 .into_iter()
@@ -368,11 +396,11 @@ mod tests {
         }
     }
 
-    fn row(engine: &str, signature: &str, cells: Vec<Cell>) -> Row {
+    fn row(engine: &str, signature: &[Signature], cells: Vec<Cell>) -> Row {
         Row {
             engine: engine.into(),
             description: String::new(),
-            signature: vec![signature.to_string()],
+            signature: signature.to_vec(),
             cells,
             first: None,
         }
@@ -384,25 +412,30 @@ mod tests {
         let ok = conclude(
             vec!["a".into(), "b".into()],
             vec![
-                row("correct", "", vec![pass("a"), pass("b")]),
+                row("correct", &[], vec![pass("a"), pass("b")]),
                 row(
                     "m1",
-                    "lost",
+                    &[Signature::Lost],
                     vec![
                         pass("a"),
                         cell(
                             "b",
                             CellOutcome::Caught,
-                            Some(("lost", 3)),
+                            Some((Signature::Lost, 3)),
                             &["lost (expected 0, got 3)"],
                         ),
                     ],
                 ),
                 row(
                     "m2",
-                    "duplicates",
+                    &[Signature::Duplicates],
                     vec![
-                        cell("a", CellOutcome::Caught, Some(("duplicates", 1)), &["x"]),
+                        cell(
+                            "a",
+                            CellOutcome::Caught,
+                            Some((Signature::Duplicates, 1)),
+                            &["x"],
+                        ),
                         Cell::not_run("b"),
                     ],
                 ),
@@ -422,15 +455,15 @@ mod tests {
         let missed = conclude(
             vec!["a".into()],
             vec![
-                row("correct", "", vec![pass("a")]),
+                row("correct", &[], vec![pass("a")]),
                 row(
                     "m1",
-                    "keyless_copies",
+                    &[Signature::KeylessCopies],
                     vec![cell("a", CellOutcome::Other, None, &[other])],
                 ),
                 row(
                     "m2",
-                    "lost",
+                    &[Signature::Lost],
                     vec![cell("a", CellOutcome::Error, None, &["exit 3"])],
                 ),
             ],
@@ -458,7 +491,7 @@ mod tests {
             vec![
                 row(
                     "correct",
-                    "",
+                    &[],
                     vec![cell(
                         "a",
                         CellOutcome::Other,
@@ -468,30 +501,36 @@ mod tests {
                 ),
                 row(
                     "m1",
-                    "lost",
-                    vec![cell("a", CellOutcome::Caught, Some(("lost", 9)), &[])],
+                    &[Signature::Lost],
+                    vec![cell(
+                        "a",
+                        CellOutcome::Caught,
+                        Some((Signature::Lost, 9)),
+                        &[],
+                    )],
                 ),
             ],
             0.0,
         );
         assert!(!alarm.ok);
         assert_eq!(alarm.false_alarms.len(), 1);
+        // The drill failed the correct engine too: the mutant's catch there is no catch.
+        assert_eq!(alarm.missed, ["m1"]);
+        assert_eq!(alarm.rows[1].cells[0].outcome, CellOutcome::Other);
+        assert!(
+            alarm.rows[1].cells[0].failures[0].starts_with("not a catch: the correct engine"),
+            "{:?}",
+            alarm.rows[1].cells[0].failures
+        );
     }
 
-    /// Every signature names a check `report.json` has, or `keyless_copies`.
+    /// Every mutant has a signature, and no two mutants share a name.
     #[cfg(feature = "mutants")]
     #[test]
-    fn every_signature_names_a_check_of_the_report() {
+    fn every_mutant_has_a_signature() {
         for m in crate::engine::mutant::Mutant::ALL {
             assert!(!m.signature().is_empty(), "{}", m.name());
-            for word in m.signature() {
-                let check = serde_json::from_value::<crate::report::Check>(serde_json::json!(word));
-                assert!(
-                    check.is_ok() || *word == "keyless_copies",
-                    "{}: `{word}` is no check",
-                    m.name()
-                );
-            }
+            assert_eq!(crate::engine::mutant::Mutant::parse(m.name()), Ok(m));
         }
     }
 }

@@ -2,6 +2,7 @@
 //! first, then each mutant's cells in order; unless `--full`, a mutant's next cell is queued
 //! only while it has not been caught by its signature.
 
+use crate::check::Signature;
 use std::collections::VecDeque;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -111,7 +112,7 @@ impl Jobs<'_> {
     fn spawn(
         &self,
         engine: &str,
-        signature: Vec<String>,
+        signature: Vec<Signature>,
         r: usize,
         c: usize,
         cancel: CancellationToken,
@@ -172,7 +173,6 @@ impl Jobs<'_> {
             let json = std::fs::read_to_string(&report)
                 .ok()
                 .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
-            let signature: Vec<&str> = signature.iter().map(String::as_str).collect();
             let (outcome, caught_by, mut failures) =
                 judge(exit, json.as_ref(), &signature, &planned);
             if outcome == CellOutcome::Error {

@@ -57,7 +57,7 @@ pub fn row_result(i: usize, row: &Row) -> String {
     }
     match row.cells.iter().find(|c| c.outcome == CellOutcome::Caught) {
         Some(c) => format!("caught by {} ({})", c.scenario, c.short()),
-        None => format!("MISSED (signature: {})", row.signature.join(" or ")),
+        None => format!("MISSED (signature: {})", names(&row.signature, " or ")),
     }
 }
 
@@ -136,7 +136,7 @@ pub fn markdown(result: &Selftest) -> String {
         md.push_str(&format!(
             "| `{}` | {} |",
             row.engine,
-            row.signature.join(", ")
+            names(&row.signature, ", ")
         ));
         for c in &row.cells {
             let text = match cell_text(i, c) {
@@ -187,4 +187,13 @@ pub fn markdown(result: &Selftest) -> String {
         }
     }
     md
+}
+
+/// A signature's names, joined.
+fn names(signature: &[crate::check::Signature], sep: &str) -> String {
+    signature
+        .iter()
+        .map(|s| s.name())
+        .collect::<Vec<_>>()
+        .join(sep)
 }
