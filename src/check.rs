@@ -27,6 +27,8 @@ pub enum Check {
     Reordered,
     Ledger,
     Recovery,
+    /// A write that arrived while an earlier attempt with its write key was still open.
+    OverlappingAttempts,
 }
 
 /// How a mutant must fail a drill to be caught: a failed expectation of one check, in one
@@ -59,6 +61,10 @@ pub enum Signature {
     /// No delivery at all after a heal (not a late one).
     #[serde(rename = "recovery: none")]
     RecoveryNone,
+    /// A second attempt for a write key while the first was open (judged where drill is the
+    /// destination).
+    #[serde(rename = "overlapping_attempts")]
+    OverlappingAttempts,
 }
 
 impl Signature {
@@ -73,6 +79,7 @@ impl Signature {
             Signature::Altered => Check::Altered,
             Signature::Unexpected => Check::Unexpected,
             Signature::RecoveryNone => Check::Recovery,
+            Signature::OverlappingAttempts => Check::OverlappingAttempts,
         }
     }
 
@@ -88,6 +95,7 @@ impl Signature {
             Signature::Altered => "altered",
             Signature::Unexpected => "unexpected",
             Signature::RecoveryNone => "recovery: none",
+            Signature::OverlappingAttempts => "overlapping_attempts",
         }
     }
 
@@ -140,6 +148,7 @@ mod tests {
             Signature::Altered,
             Signature::Unexpected,
             Signature::RecoveryNone,
+            Signature::OverlappingAttempts,
         ] {
             let v = serde_json::to_value(s).unwrap();
             assert_eq!(v, serde_json::json!(s.name()));

@@ -82,6 +82,10 @@ pub struct Received {
     /// The first few messages that carried no harness id (an engine's status or retained
     /// messages), shortened, for the report.
     pub unexpected_examples: Vec<String>,
+    /// Where the destination is drill's own and sees attempts (HTTP): the write keys of
+    /// requests that arrived while an earlier request with the same key was unanswered and its
+    /// connection still open, in arrival order. `None` where the destination cannot tell.
+    pub overlapping_keys: Option<Vec<String>>,
 }
 
 /// How many messages without a harness id the report quotes.

@@ -243,6 +243,50 @@ fn the_ci_catalogue_catches_every_mutant_and_passes_the_correct_engine() {
             row["signature"]
         );
     }
+    // The committed matrix (reports/catalogue/selftest-ci.json, what the book and the README
+    // quote) is what CI sees: the same drills, the same mutants, each with the same signature
+    // and the same status — not cell by cell (timing moves which drill catches first).
+    let committed: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("reports/catalogue/selftest-ci.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        summary(&committed),
+        summary(&json),
+        "the committed ci matrix differs from CI's; regenerate reports/catalogue/selftest-ci.{{json,md}} from {}",
+        out.join("selftest").display()
+    );
+}
+
+/// A selftest's drills, and per engine its signature and whether any drill caught it.
+fn summary(selftest: &serde_json::Value) -> (Vec<String>, Vec<(String, String, bool)>) {
+    let scenarios = selftest["scenarios"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| s.as_str().unwrap_or("").to_string())
+        .collect();
+    let rows = selftest["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let caught = r["cells"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["outcome"] == "caught");
+            (
+                r["engine"].as_str().unwrap_or("").to_string(),
+                r["signature"].to_string(),
+                caught,
+            )
+        })
+        .collect();
+    (scenarios, rows)
 }
 
 /// Without the `mutants` feature there is nothing to test the catalogue against: the selftest

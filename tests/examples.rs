@@ -137,7 +137,10 @@ fn the_mq_bridge_disk_full_example_shows_acknowledged_records_lost() {
     let r = drill_example("mq-bridge-disk-full");
     let l = &r["ledger"];
     println!("mq-bridge on a full disk: {l}");
-    assert!(l["lost"].as_u64().unwrap() > 0, "{l}");
+    // Measured: 400 of 1500 (what it acknowledged while the disk was full); bounded both
+    // ways, so a drill that lost everything, or one record, does not pass for this finding.
+    let lost = l["lost"].as_u64().unwrap();
+    assert!((200..=800).contains(&lost), "{l}");
     assert_eq!(l["ingest_refused"], 0, "mq-bridge refused nothing: {l}");
     // The records it acknowledged and could not spool never left it.
     let seen = &r["lost_last_seen"];
@@ -158,7 +161,9 @@ fn the_rsyslog_omrelp_example_loses_what_its_memory_queue_held_at_the_kill() {
     let l = &r["ledger"];
     println!("rsyslog omrelp: {} {l}", r["headline"]);
     assert_eq!(r["verdict"], "fail", "{}", r["headline"]);
-    assert!(l["lost"].as_u64().unwrap() >= 200, "{l}");
+    // Measured: 400 (8 s × 50/s held in memory at the kill); bounded both ways.
+    let lost = l["lost"].as_u64().unwrap();
+    assert!((200..=600).contains(&lost), "{l}");
     assert_eq!(l["duplicates_same_key"], 0, "it has no write key: {l}");
     assert!(
         l["sent_unconfirmed_missing"].is_null(),

@@ -367,7 +367,8 @@ fn a_panic_inside_the_runner_removes_the_broker_container() {
         "name: panics-in-a-container\ndestination: { kind: mqtt, topic: t/panics }\nworkload: { rate: 20/s, duration: 3s }\n",
     )
     .unwrap();
-    let status = Command::new(env!("CARGO_BIN_EXE_drill"))
+    let err = dir.path().join("stderr");
+    let mut drill = Command::new(env!("CARGO_BIN_EXE_drill"))
         .args([
             "run",
             &file.display().to_string(),
@@ -379,10 +380,25 @@ fn a_panic_inside_the_runner_removes_the_broker_container() {
         .env("DRILL_TEST_PANIC_AFTER_PLAY", "1")
         .env("DRILL_IMAGE_MQTT", "drill-local/mosquitto")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
         .unwrap();
+    // The broker's container is seen while the drill runs (else "none left" proves nothing).
+    let mut seen = false;
+    let status = loop {
+        if let Some(status) = drill.try_wait().unwrap() {
+            break status;
+        }
+        seen |= !containers_of("panics-in-a-container-1").is_empty();
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(!status.success(), "{status:?}");
+    assert!(seen, "the broker's container was never seen running");
+    let stderr = std::fs::read_to_string(&err).unwrap_or_default();
+    assert!(
+        stderr.contains("DRILL_TEST_PANIC_AFTER_PLAY: a panic inside the runner, on purpose"),
+        "{stderr}"
+    );
     let left = containers_of("panics-in-a-container-1");
     assert!(left.is_empty(), "left behind after a panic: {left:?}");
 }

@@ -229,7 +229,12 @@ async fn kafka_probes_write_nothing() {
 async fn http_probes_write_nothing() {
     use drill::dest::http::endpoint::{Store, serve};
     let dir = tempfile::tempdir().unwrap();
-    let store = std::sync::Arc::new(Store::new("/in", true, "Idempotency-Key", None));
+    let store = std::sync::Arc::new(Store::new(
+        "/in",
+        drill::dest::http::Dedupe::Atomic,
+        "Idempotency-Key",
+        None,
+    ));
     let (addr, stop) = serve(store.clone()).await.unwrap();
     let link = link_to(addr).await;
     let answered = probes_during_an_outage(

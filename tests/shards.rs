@@ -319,6 +319,42 @@ fn selftest_shards_merged_give_the_unsharded_matrix() {
         .collect();
     assert_eq!(correct, ["pass", "pass"], "{merged:#}");
 
+    // A shard's summary is not taken on its word: one that claims its catch was a miss is
+    // judged again from the drill's report (still caught); one whose report is gone is an
+    // error, not the catch it claims: the mutant is missed (exit 1).
+    let holder = shards
+        .iter()
+        .find(|s| {
+            read(s)["rows"][1]["cells"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["scenario"] == "st-killed" && c["outcome"] == "caught")
+        })
+        .expect("a shard caught memory-only");
+    let file = holder.join("selftest/selftest.json");
+    let mut doc = read(holder);
+    for c in doc["rows"][1]["cells"].as_array_mut().unwrap() {
+        if c["scenario"] == "st-killed" {
+            c["outcome"] = "pass".into();
+            c["caught_by"] = serde_json::json!([]);
+        }
+    }
+    std::fs::write(&file, serde_json::to_string(&doc).unwrap()).unwrap();
+    let rejudged = dir.path().join("rejudged");
+    let r = rejudged.display().to_string();
+    let o = drill(&["merge", &a, &b, "--out", &r]);
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    assert_eq!(caught_by(&read(&rejudged)), ["st-killed"]);
+    std::fs::remove_file(holder.join("selftest/memory-only/st-killed/report.json")).unwrap();
+    let gone = dir.path().join("gone");
+    let g = gone.display().to_string();
+    let o = drill(&["merge", &a, &b, "--out", &g]);
+    assert_eq!(o.status.code(), Some(1), "{}", show(&o));
+    assert_eq!(read(&gone)["missed"], serde_json::json!(["memory-only"]));
+    let errors = read(&gone)["errors"].to_string();
+    assert!(errors.contains("no report to judge again"), "{errors}");
+
     // Merges that cannot be one selftest: only shard 1 (exit 3); shard 1 beside an empty
     // folder, a shard that died before writing (exit 3); beside a drill run's folder (exit 2).
     let empty = dir.path().join("empty");

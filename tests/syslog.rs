@@ -133,6 +133,11 @@ fn an_engine_killed_while_it_sends_over_tcp_sends_nothing_twice() {
         r["ledger"]
     );
     assert_eq!(ran.number(&["ledger", "lost"]), 0);
+    assert!(
+        ran.number(&["ledger", "delivered"]) > 0,
+        "a drill that delivered nothing proves nothing: {:#}",
+        r["ledger"]
+    );
 }
 
 /// The receiving side in a container (`drill-local/rsyslog`, built by `ci/images.sh` from the

@@ -53,11 +53,12 @@ pub struct RawDestination {
     #[serde(default)]
     #[schemars(with = "Option<RawReadBack>")]
     pub read_back: Option<Spanned<RawReadBack>>,
-    /// HTTP: the endpoint stores a write key once and answers a repeat `200` (default false:
-    /// it stores every copy). `effectively_once` needs it.
+    /// HTTP: how the endpoint recognises a repeated write key: `true` (= `atomic`), `false`
+    /// (the default: it stores every copy), `conflict` (a `409` to a key in flight) or `racy`
+    /// (check then insert). `effectively_once` needs one that recognises repeats.
     #[serde(default)]
-    #[schemars(with = "Option<bool>")]
-    pub dedupe: Option<Spanned<bool>>,
+    #[schemars(with = "Option<crate::dest::http::Dedupe>")]
+    pub dedupe: Option<Spanned<crate::dest::http::Dedupe>>,
     /// HTTP: the request header that carries the write key (default `Idempotency-Key`).
     #[serde(default)]
     #[schemars(with = "Option<String>")]

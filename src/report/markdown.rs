@@ -155,6 +155,14 @@ fn account(md: &mut String, report: &Report) {
         l.ingest_unknown,
         l.recovered
     );
+    if let Some(n) = l.overlapping_attempts.filter(|n| *n > 0) {
+        let _ = writeln!(md);
+        let _ = writeln!(
+            md,
+            "Overlapping attempts: {n} writes arrived while an earlier attempt with the same write key was unanswered and its connection still open (first: {}). One open attempt per write key: a resend waits for the first attempt's answer, or closes it first.",
+            report.overlapping_examples.join(", ")
+        );
+    }
     if l.ingest_refused > 0 {
         let _ = writeln!(md);
         let _ = writeln!(

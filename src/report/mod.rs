@@ -98,6 +98,10 @@ pub struct Ledger {
     /// the engine has no answer yet. Counted in `delivered`, not in `waiting`, so it never keeps
     /// the ledger from closing.
     pub delivered_unanswered: u64,
+    /// Where drill is the destination (HTTP): writes that arrived while an earlier attempt with
+    /// their write key was unanswered and its connection open. `None` where it cannot tell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlapping_attempts: Option<u64>,
     /// On a destination that cannot confirm a write: records the engine sent (the OS took
     /// them) that are not at the destination — gone in flight, counted apart from `lost`.
     /// `None` where the destination confirms each write.
@@ -166,6 +170,8 @@ pub struct Report {
     pub duplicate_examples: Vec<String>,
     /// Ids of the first copies that arrived altered.
     pub altered_examples: Vec<String>,
+    /// Ids of the first records written again while an attempt of theirs was open.
+    pub overlapping_examples: Vec<String>,
     /// Messages at the destination that carried no harness id (shortened).
     pub unexpected_examples: Vec<String>,
     /// Whether the system under test gives an account of what it holds.

@@ -88,6 +88,7 @@ pub fn judge(facts: &Facts) -> Report {
         duplicate_examples: r.duplicate_examples.clone(),
         unexpected_examples: facts.received.unexpected_examples.clone(),
         altered_examples: r.altered_examples.clone(),
+        overlapping_examples: overlapping_examples(facts),
         series: series(&facts.samples, &facts.received),
         gives_account: facts.gives_account,
         system: facts.system.clone(),
@@ -122,13 +123,14 @@ fn allowance(facts: &Facts) -> Allowance {
 /// link (where the tap reads every frame).
 fn inconclusive(facts: &Facts) -> Vec<String> {
     let entry_of = |i: usize| facts.plan.faults.get(i).map_or(usize::MAX - i, |f| f.entry);
-    let mut why = oracle::unbitten(
+    let mut why: Vec<String> = never_worked(facts).into_iter().collect();
+    why.extend(oracle::unbitten(
         &facts.faults,
         &facts.sent,
         &facts.received,
         facts.end_ms,
         entry_of,
-    );
+    ));
     if facts.bypass_is_judged {
         why.extend(oracle::bypassed(
             &facts.faults,
@@ -141,6 +143,65 @@ fn inconclusive(facts: &Facts) -> Vec<String> {
         why.extend(oracle::went_around(tapped, &facts.received));
     }
     why
+}
+
+/// The ids of the first records written again while an attempt of theirs was open (their write
+/// keys, as the source was told them).
+fn overlapping_examples(facts: &Facts) -> Vec<String> {
+    let Some(keys) = &facts.received.overlapping_keys else {
+        return Vec::new();
+    };
+    let ids: std::collections::HashMap<&str, &str> = facts
+        .sent
+        .accepted()
+        .filter_map(|(r, key, _)| Some((key?, r.id.as_str())))
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    keys.iter()
+        .filter(|k| seen.insert(k.as_str()))
+        .map(|k| {
+            ids.get(k.as_str())
+                .map_or_else(|| k.clone(), |id| id.to_string())
+        })
+        .take(5)
+        .collect()
+}
+
+/// How long records must have been accepted before the first fault for "nothing delivered
+/// before it" to say the pipeline never worked (a client takes a moment to connect).
+const WORKED_WITHIN: Duration = Duration::from_secs(3);
+
+/// A pipeline that never worked: records were accepted well before the first fault and none
+/// reached the destination before it (a wrong address, a client the broker cannot talk to).
+/// Its losses say nothing about faults, so the drill is inconclusive, with the link's counts.
+fn never_worked(facts: &Facts) -> Option<String> {
+    let first = facts.faults.iter().map(|f| f.at_ms).min()?;
+    let first = Duration::from_millis(first);
+    let accepted_early = facts
+        .sent
+        .accepted()
+        .any(|(_, _, at)| at + WORKED_WITHIN <= first);
+    // Where arrival times are not the destination's own (Kafka's), the link's tap tells
+    // what went up before the fault; without either, nothing is judged.
+    let delivered_before = if facts.plan.destination.imp.arrivals_timed_by_destination() {
+        facts.received.arrivals.iter().any(|a| a.at < first)
+    } else if let Some(t) = facts.tapped.as_ref().filter(|t| t.reads_everything()) {
+        t.sent.values().any(|ms| Duration::from_millis(*ms) < first)
+    } else {
+        true
+    };
+    if !accepted_early || delivered_before {
+        return None;
+    }
+    let l = &facts.link;
+    Some(format!(
+        "nothing was delivered before the first fault at {:.1} s, though records were accepted from the start: the engine never reached its destination (link {}: {} connections accepted, {} bytes up, {} down; see the engine's log)",
+        first.as_secs_f64(),
+        l.name,
+        l.connections_accepted,
+        l.bytes_upstream,
+        l.bytes_downstream
+    ))
 }
 
 /// The ledger: what is neither at the destination nor still held by the engine is lost. Also
@@ -176,6 +237,11 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
         failed,
         lost,
         delivered_unanswered,
+        overlapping_attempts: facts
+            .received
+            .overlapping_keys
+            .as_ref()
+            .map(|k| k.len() as u64),
         sent_unconfirmed_missing: unconfirmed,
         duplicates: r.duplicates,
         duplicates_same_key: r.duplicates_same_key,
@@ -323,6 +389,11 @@ fn expectations(facts: &Facts, j: Judged<'_>) -> Vec<ExpectationResult> {
     if let Some(n) = e.reordered {
         at_most(Check::Reordered, "reordered".into(), n, r.reordered);
     }
+    // One open attempt per write key, where the destination sees attempts.
+    if let (Some(n), Some(seen)) = (e.overlapping_attempts, l.overlapping_attempts) {
+        let name = "overlapping attempts".into();
+        at_most(Check::OverlappingAttempts, name, n, seen);
+    }
     // Set aside: exactly as many as the destination refused (drill's brokers refuse only the
     // planted poison records), so drops reported as "failed" do not pass.
     if let Some(n) = e.failed {
@@ -389,6 +460,7 @@ fn order(mut rows: Vec<ExpectationResult>) -> Vec<ExpectationResult> {
         Check::Reordered => 9,
         Check::Ledger => 10,
         Check::Recovery => 11,
+        Check::OverlappingAttempts => 12,
     };
     rows.sort_by_key(|x| rank(x.check));
     rows
@@ -945,6 +1017,72 @@ pub(crate) mod tests {
         f.gives_account = false;
         assert!(failed(&f).is_empty(), "{:?}", failed(&f));
         assert_eq!(judge(&f).headline, "1 record lost.");
+    }
+
+    #[test]
+    fn a_pipeline_that_never_delivered_before_the_first_fault_is_named_as_such() {
+        let mut f = clean(ALL);
+        f.faults = vec![link_fault(Fault::Refuse, 5000, 6000)];
+        // Everything arrived only after the fault: nothing in the first five seconds.
+        for a in f.received.arrivals.iter_mut() {
+            a.at += Duration::from_secs(6);
+        }
+        f.bypass_is_judged = false;
+        let report = judge(&f);
+        assert!(!report.verdict.is_pass());
+        assert!(
+            report.inconclusive[0].starts_with(
+                "nothing was delivered before the first fault at 5.0 s, though records were accepted from the start"
+            ),
+            "{:?}",
+            report.inconclusive
+        );
+        assert!(report.inconclusive[0].contains("link mqtt: 0 connections accepted"));
+        // A delivery before it: the pipeline worked.
+        f.received.arrivals[0].at = Duration::from_millis(100);
+        assert!(
+            judge(&f).inconclusive.is_empty(),
+            "{:?}",
+            judge(&f).inconclusive
+        );
+        // A fault too early to tell (nothing accepted 3 s before it): not judged.
+        let mut f = clean(ALL);
+        f.faults = vec![link_fault(Fault::Refuse, 2000, 2500)];
+        for a in f.received.arrivals.iter_mut() {
+            a.at += Duration::from_secs(3);
+        }
+        f.bypass_is_judged = false;
+        assert!(
+            !judge(&f)
+                .inconclusive
+                .iter()
+                .any(|w| w.starts_with("nothing was delivered")),
+            "{:?}",
+            judge(&f).inconclusive
+        );
+    }
+
+    #[test]
+    fn a_write_sent_again_while_its_attempt_was_open_is_an_overlapping_attempt() {
+        let mut f = clean(ALL);
+        // The destination sees attempts and saw none overlap: a row, passing.
+        f.received.overlapping_keys = Some(Vec::new());
+        let report = judge(&f);
+        assert!(report.verdict.is_pass(), "{:?}", report.expectations);
+        assert_eq!(report.ledger.overlapping_attempts, Some(0));
+        // Two requests for w3 arrived while its first was open.
+        f.received.overlapping_keys = Some(vec!["w3".into(), "w3".into(), "w5".into()]);
+        assert_eq!(failed(&f), ["overlapping attempts 3"]);
+        assert_eq!(judge(&f).overlapping_examples, ["r/k0/3", "r/k0/5"]);
+        let md = crate::report::markdown(&judge(&f));
+        assert!(
+            md.contains("Overlapping attempts: 3 writes arrived"),
+            "{md}"
+        );
+        // Where the destination cannot tell: no row, no count.
+        f.received.overlapping_keys = None;
+        assert!(judge(&f).ledger.overlapping_attempts.is_none());
+        assert!(judge(&f).verdict.is_pass());
     }
 
     #[test]

@@ -186,7 +186,9 @@ impl<'a> Drill<'a> {
                 // Beside what the link already holds (DESIGN.md §3: conditions stack, one cut).
                 let (cut, conditions) = self.stacks.start(name, index, *spec).specs();
                 if let Err(e) = l.set_stack(cut, conditions).await {
+                    // Not applied: it proves nothing, and the drill must not pass on it.
                     self.notes.push(format!("fault {index}: {e}"));
+                    no_target = Some(format!("the link could not apply it: {e}"));
                 }
             } else {
                 l.apply_spec_settled(*spec).await;
@@ -344,6 +346,14 @@ impl<'a> Drill<'a> {
         torn: bool,
         now: Duration,
     ) -> Result<(), RunError> {
+        // A kill, stop or pause of an engine that is already down (or paused) strikes nothing.
+        let down = (!self.system.is_running() || self.engine_paused).then(|| {
+            if self.engine_paused {
+                "the engine was paused (SIGSTOP) already".to_string()
+            } else {
+                "the engine was already down".to_string()
+            }
+        });
         let kind = match action {
             ProcessAction::Kill => {
                 self.system.kill().await;
@@ -389,7 +399,18 @@ impl<'a> Drill<'a> {
             }
         };
         self.after_engine_fault(index, action, wipe_data, kind, now)
-            .await
+            .await?;
+        let strikes_a_process = matches!(
+            action,
+            ProcessAction::Kill | ProcessAction::Stop | ProcessAction::Pause
+        );
+        if let (Some(why), true) = (down, strikes_a_process)
+            && let Some(f) = self.faults.last_mut()
+        {
+            f.until_ms = Some(f.until_ms.unwrap_or(f.at_ms));
+            f.no_target = Some(why);
+        }
+        Ok(())
     }
 
     /// What every engine fault does once it struck: the data wiped if asked, the fault

@@ -231,6 +231,9 @@ pub struct Expectations {
     /// At most this many held records still with the engine when the drain ends, never
     /// delivered (default 0; `None`: `undelivered: any`).
     pub undelivered: Option<u64>,
+    /// At most this many writes that arrived while an attempt with their write key was open,
+    /// where the destination can tell (default 0; `None`: `overlapping_attempts: any`).
+    pub overlapping_attempts: Option<u64>,
     pub duplicates: Option<u64>,
     pub reordered: Option<u64>,
     pub ledger_closes: bool,

@@ -251,6 +251,10 @@ pub(super) struct RawExpect {
     /// `any` for a destination that is unreachable on purpose.
     #[serde(default)]
     pub(super) undelivered: Option<Bound>,
+    /// Where drill is the destination (HTTP): writes that arrived while an earlier attempt with
+    /// the same write key was still open: 0 unless said.
+    #[serde(default)]
+    pub(super) overlapping_attempts: Option<Bound>,
     /// A destination that cannot confirm a write (syslog over plain TCP or UDP): records lost
     /// before they left the engine. What was sent without confirmation and is missing is
     /// counted apart; on such a destination `lost` means the same.

@@ -1051,6 +1051,7 @@ fn expect(
                 (Some(Bound::AtMost(a)), None) => Some(a),
             },
             undelivered: e.undelivered.map_or(Some(0), Bound::limit),
+            overlapping_attempts: e.overlapping_attempts.map_or(Some(0), Bound::limit),
             duplicates: e.duplicates,
             reordered: e.reordered,
             ledger_closes: e.ledger == Some(LedgerExpectation::Closes),
@@ -1065,6 +1066,7 @@ fn expect(
         None => Expectations {
             lost: Some(0),
             undelivered: Some(0),
+            overlapping_attempts: Some(0),
             ledger_closes: true,
             failed: Some(poison),
             unexpected: Some(0),

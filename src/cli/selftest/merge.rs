@@ -3,14 +3,18 @@
 //! no shard caught it — and published as `selftest.md` / `selftest.json` in `OUT/selftest`,
 //! beside the drills' reports each shard ran (copied, under `OUT/selftest/<engine>/`).
 //!
+//! A shard's summary is not trusted: each cell is judged again from the drill's own
+//! `report.json` (and exit code), with the same rules as `drill selftest` (`cell::judge`); a
+//! cell whose report is missing is an error, whatever the shard said.
+//!
 //! Bad input, exit 2: parts of different drill versions, of different drill sets or of
 //! different shard counts. A shard missing among 1..N, or a cell no shard ran, exit 3 (what was
 //! there is still merged and shown).
 
 use std::path::{Path, PathBuf};
 
-use super::cell::CellOutcome;
-use super::{Selftest, conclude, exit_code, publish};
+use super::cell::{CellOutcome, judge};
+use super::{Row, Selftest, conclude, exit_code, publish};
 use crate::cli::{INFRASTRUCTURE, INVALID};
 
 /// Whether `dir` holds a selftest's output (`dir/selftest/selftest.json`).
@@ -84,7 +88,6 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> u8 {
     }
     // The shards ran side by side: the merged selftest took as long as the longest.
     let took_s = parts.iter().map(|(_, p)| p.took_s).fold(0.0, f64::max);
-    let result = conclude(scenarios, rows, took_s);
     let dir = out.join("selftest");
     if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| copy_reports(&parts, &dir)) {
         problems.push(format!(
@@ -92,6 +95,10 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> u8 {
             dir.display()
         ));
     }
+    let planned = first.planned.clone();
+    rejudge(&mut rows, &planned, &dir);
+    let mut result = conclude(scenarios, rows, took_s);
+    result.planned = planned;
     let published = publish(&result, &dir);
     for p in &problems {
         eprintln!("drill merge: {p}");
@@ -100,6 +107,42 @@ pub fn merge(inputs: &[PathBuf], out: &Path) -> u8 {
         INFRASTRUCTURE
     } else {
         exit_code(&result)
+    }
+}
+
+/// Judges every cell that ran again from its drill's report under `dir/<engine>/<drill>/`:
+/// a shard's word for it is not taken.
+fn rejudge(rows: &mut [Row], planned: &[Vec<String>], dir: &Path) {
+    for row in rows.iter_mut() {
+        for (c, cell) in row.cells.iter_mut().enumerate() {
+            if !matches!(
+                cell.outcome,
+                CellOutcome::Pass | CellOutcome::Caught | CellOutcome::Other
+            ) {
+                continue;
+            }
+            let file = dir
+                .join(&row.engine)
+                .join(&cell.scenario)
+                .join("report.json");
+            let report = std::fs::read_to_string(&file)
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+            let targets = planned.get(c).cloned().unwrap_or_default();
+            let claimed = cell.short();
+            let (outcome, caught_by, failures) =
+                judge(cell.exit, report.as_ref(), &row.signature, &targets);
+            cell.outcome = outcome;
+            cell.caught_by = caught_by;
+            cell.failures = if outcome == CellOutcome::Error {
+                vec![format!(
+                    "{}: no report to judge again (the shard said {claimed})",
+                    file.display()
+                )]
+            } else {
+                failures
+            };
+        }
     }
 }
 

@@ -75,6 +75,10 @@ pub struct Selftest {
     #[serde(default)]
     pub shard: Option<(usize, usize)>,
     pub scenarios: Vec<String>,
+    /// Per drill (in `scenarios`' order), the fault targets it plans: what `drill merge` needs
+    /// to judge each cell again from its report.
+    #[serde(default)]
+    pub planned: Vec<Vec<String>>,
     pub rows: Vec<Row>,
     /// Mutants no drill caught by their signature.
     pub missed: Vec<String>,
@@ -160,6 +164,7 @@ pub async fn run(flags: Flags, cancel: CancellationToken) -> u8 {
         rows,
         started.elapsed().as_secs_f64(),
     );
+    result.planned = plans.iter().map(play::planned_targets).collect();
     result.shard = flags.shard.map(|s| (s.k, s.n));
     if result.shard.is_some() {
         // Whether a mutant is missed is the merge's to say: another shard may catch it.
@@ -331,6 +336,7 @@ fn conclude(scenarios: Vec<String>, mut rows: Vec<Row>, took_s: f64) -> Selftest
         version: env!("DRILL_BUILD").to_string(),
         shard: None,
         scenarios,
+        planned: Vec::new(),
         rows,
         missed,
         false_alarms,

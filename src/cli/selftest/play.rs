@@ -33,9 +33,15 @@ impl Jobs<'_> {
         full: bool,
         cancel: &CancellationToken,
     ) {
-        // The correct engine's row first (every cell), then each mutant's cells in order.
+        // The correct engine's row first (every cell), longest drill first: the selftest
+        // lasts at least as long as its longest drill (kafka-cut-6m, 6.5 min), so that one
+        // starts at once and the other slots work through everything else meanwhile (queued
+        // last, it ended the `ci` selftest minutes after every other cell). Then each
+        // mutant's cells in order.
         let mut queue: VecDeque<(usize, usize)> = VecDeque::new();
-        for c in 0..self.plans.len() {
+        let mut longest_first: Vec<usize> = (0..self.plans.len()).collect();
+        longest_first.sort_by_key(|c| std::cmp::Reverse(self.plans[*c].plays_for()));
+        for c in longest_first {
             if rows[0].cells[c].outcome == CellOutcome::NotRun {
                 queue.push_back((0, c));
             }

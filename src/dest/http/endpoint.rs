@@ -2,7 +2,17 @@
 //!
 //! `POST {path}`: each non-empty line of the body (JSON or NDJSON) is stored as one copy, with
 //! the request's headers and the instant it arrived. With `dedupe`, a write key (the
-//! `key_header` header) already stored is answered `200` and not stored again. A record (a
+//! `key_header` header) already stored is answered `200` and not stored again — as real APIs
+//! do it ([`Dedupe`]): `atomic` (the key stored with the write), `conflict` (and a `409` to a
+//! key still in flight) or `racy` (check then insert: the key is stored only when the answer
+//! ends — answered, or given up by the client — so copies sent while it is open are all stored).
+//!
+//! **One open attempt per write key** is judged here: a request that arrives while an earlier
+//! request with the same key is unanswered *and its connection still open* is an overlapping
+//! attempt, counted by key. An attempt is open from its arrival until its answer is handed to
+//! the connection, or until the client closes the connection (hyper then drops the request's
+//! future, and with it the attempt's guard): an engine that gave up on an attempt and closed
+//! it before resending overlaps nothing. A record (a
 //! line) larger than the drill's message limit (a poison record) makes its request answered
 //! `422` and not stored, while every other write is taken; the limit is per record, so a
 //! batch of many small records is taken whatever its size. `HEAD {path}` answers `200`: the engine's data-free probe.
@@ -13,7 +23,7 @@
 //! The listener sets `TCP_NODELAY` on every connection: an answer split across two writes
 //! would stall a keep-alive client on Nagle and delayed ACK.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,7 +36,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use super::Http;
+use super::{Dedupe, Http};
 use crate::dest::running::Place;
 use crate::dest::{
     AnswerControl, AnswerFault, DestError, Destination, Provision, Provisioned, ReadBack,
@@ -45,7 +55,7 @@ struct Copy {
 /// What the endpoint holds and how it answers now.
 pub struct Store {
     path: String,
-    dedupe: bool,
+    dedupe: Dedupe,
     key_header: String,
     /// Bodies larger than this are answered 422 (poison records).
     message_limit: Option<usize>,
@@ -57,6 +67,14 @@ struct Inner {
     copies: Vec<Copy>,
     /// Write keys stored (with `dedupe`).
     keys: HashSet<String>,
+    /// Requests in flight, by write key: arrived, not answered, connection open (their ids).
+    open: HashMap<String, Vec<u64>>,
+    /// The next request's id.
+    next_attempt: u64,
+    /// Write keys of requests that arrived while one with the same key was open.
+    overlaps: Vec<String>,
+    /// Requests answered `409` (`dedupe: conflict`).
+    conflicts: u64,
     fault: Option<AnswerFault>,
     /// Counts for the report: writes answered by a fault, repeats recognised, poison refused.
     by_fault: u64,
@@ -67,7 +85,12 @@ struct Inner {
 impl Store {
     /// An endpoint's store: writes POSTed to `path`, the write key in `key_header`, repeats
     /// recognised with `dedupe`, bodies over `message_limit` refused (422).
-    pub fn new(path: &str, dedupe: bool, key_header: &str, message_limit: Option<usize>) -> Store {
+    pub fn new(
+        path: &str,
+        dedupe: Dedupe,
+        key_header: &str,
+        message_limit: Option<usize>,
+    ) -> Store {
         Store {
             path: path.to_string(),
             dedupe,
@@ -94,12 +117,14 @@ impl Store {
     pub fn summary(&self) -> String {
         let inner = self.lock();
         format!(
-            "HTTP endpoint: {} copies stored, {} repeats recognised (dedupe {}), {} writes answered by a destination fault, {} refused (422)",
+            "HTTP endpoint: {} copies stored, {} repeats recognised (dedupe {}), {} writes answered by a destination fault, {} refused (422), {} overlapping attempts, {} answered 409 (a key in flight)",
             inner.copies.len(),
             inner.repeats,
-            if self.dedupe { "on" } else { "off" },
+            self.dedupe.name(),
             inner.by_fault,
-            inner.refused
+            inner.refused,
+            inner.overlaps.len(),
+            inner.conflicts
         )
     }
 }
@@ -151,7 +176,7 @@ pub(super) async fn provision(
     let version = format!(
         "drill's HTTP endpoint (POST {}, dedupe {})",
         http.path,
-        if http.dedupe { "on" } else { "off" }
+        http.dedupe.name()
     );
     let mut running = Running::new(
         dest,
@@ -200,6 +225,12 @@ async fn answer(
     body: Bytes,
 ) -> Response {
     let arrived = Instant::now();
+    let key = (method == Method::POST)
+        .then(|| store.key_of(&headers))
+        .flatten();
+    // Open from now until the answer is handed over, or the client closes the connection
+    // (the future is dropped, and the guard with it).
+    let mut attempt = key.as_ref().map(|k| Attempt::open(&store, k));
     let fault = store.lock().fault;
     let late = match fault {
         Some(AnswerFault::Status { code, retry_after }) => {
@@ -211,17 +242,107 @@ async fn answer(
         Some(AnswerFault::After(d)) => Some(d),
         None => None,
     };
+    if store.dedupe == Dedupe::Conflict && attempt.as_ref().is_some_and(|a| a.overlapped) {
+        store.lock().conflicts += 1;
+        return StatusCode::CONFLICT.into_response();
+    }
     let result = match method {
-        Method::POST => store_write(&store, &headers, body, arrived),
+        Method::POST => store_write(&store, key.as_deref(), &headers, body, arrived),
         Method::HEAD | Method::GET => StatusCode::OK,
         _ => StatusCode::METHOD_NOT_ALLOWED,
     };
+    // `racy`: the key is stored only when this attempt ends — answered, or given up by the
+    // client — so copies that came while it was open were stored too.
+    if store.dedupe == Dedupe::Racy
+        && result == StatusCode::OK
+        && let Some(a) = attempt.as_mut()
+    {
+        a.insert_key_at_end = true;
+    }
     // Only writes are slow (a slow commit behind a fast front end): the probe is answered at
     // once.
     if let Some(d) = late.filter(|_| method == Method::POST) {
         tokio::time::sleep(d).await;
     }
+    drop(attempt);
     result.into_response()
+}
+
+/// How long an earlier attempt must still be open after a write with its key arrived for the
+/// write to count as overlapping: an engine that closed the earlier attempt just before it
+/// resent (its close still crossing the link) overlaps nothing; one that keeps two open does
+/// for seconds.
+const OVERLAP_GRACE: Duration = Duration::from_millis(250);
+
+/// One request with a write key, open while its guard lives.
+struct Attempt {
+    store: Arc<Store>,
+    key: String,
+    id: u64,
+    /// Another request with the key was open when this one arrived.
+    overlapped: bool,
+    /// `racy`: the key goes into the store when the attempt ends.
+    insert_key_at_end: bool,
+}
+
+impl Attempt {
+    /// Opens a request; when others with its key are open, checks [`OVERLAP_GRACE`] later
+    /// whether any still is, and counts an overlap if so.
+    fn open(store: &Arc<Store>, key: &str) -> Attempt {
+        let mut inner = store.lock();
+        let id = inner.next_attempt;
+        inner.next_attempt += 1;
+        let open = inner.open.entry(key.to_string()).or_default();
+        let earlier = open.clone();
+        open.push(id);
+        drop(inner);
+        let overlapped = !earlier.is_empty();
+        if overlapped {
+            let (store, key) = (store.clone(), key.to_string());
+            tokio::spawn(async move {
+                tokio::time::sleep(OVERLAP_GRACE).await;
+                let mut inner = store.lock();
+                let still = inner
+                    .open
+                    .get(&key)
+                    .is_some_and(|o| o.iter().any(|a| earlier.contains(a)));
+                if still {
+                    inner.overlaps.push(key);
+                }
+            });
+        }
+        Attempt {
+            store: store.clone(),
+            key: key.to_string(),
+            id,
+            overlapped,
+            insert_key_at_end: false,
+        }
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        let mut inner = self.store.lock();
+        if self.insert_key_at_end {
+            inner.keys.insert(self.key.clone());
+        }
+        if let Some(open) = inner.open.get_mut(&self.key) {
+            open.retain(|a| *a != self.id);
+            if open.is_empty() {
+                inner.open.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Store {
+    fn key_of(&self, headers: &HeaderMap) -> Option<String> {
+        headers
+            .get(self.key_header.as_str())
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    }
 }
 
 fn status(code: u16, retry_after: Option<Duration>) -> Response {
@@ -257,7 +378,13 @@ fn records(body: &Bytes) -> Vec<Bytes> {
 /// over the message limit is poison: the request holding it is answered 422 and nothing of it
 /// is stored — one answer cannot take some records of a batch and refuse others. The limit is
 /// per record, not per body: a batch of many small records is taken.
-fn store_write(store: &Store, headers: &HeaderMap, body: Bytes, at: Instant) -> StatusCode {
+fn store_write(
+    store: &Store,
+    key: Option<&str>,
+    headers: &HeaderMap,
+    body: Bytes,
+    at: Instant,
+) -> StatusCode {
     let lines = records(&body);
     if let Some(limit) = store.message_limit
         && lines.iter().any(|l| l.len() > limit)
@@ -265,10 +392,6 @@ fn store_write(store: &Store, headers: &HeaderMap, body: Bytes, at: Instant) -> 
         store.lock().refused += 1;
         return StatusCode::UNPROCESSABLE_ENTITY;
     }
-    let key = headers
-        .get(store.key_header.as_str())
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
     let kept: Arc<Vec<(String, String)>> = Arc::new(
         headers
             .iter()
@@ -276,12 +399,18 @@ fn store_write(store: &Store, headers: &HeaderMap, body: Bytes, at: Instant) -> 
             .collect(),
     );
     let mut inner = store.lock();
-    if store.dedupe
-        && let Some(key) = key
-        && !inner.keys.insert(key)
-    {
-        inner.repeats += 1;
-        return StatusCode::OK;
+    if let Some(key) = key {
+        let repeat = match store.dedupe {
+            Dedupe::Off => false,
+            // The key goes in with the write.
+            Dedupe::Atomic | Dedupe::Conflict => !inner.keys.insert(key.to_string()),
+            // Checked now, stored with the answer (see `answer`).
+            Dedupe::Racy => inner.keys.contains(key),
+        };
+        if repeat {
+            inner.repeats += 1;
+            return StatusCode::OK;
+        }
     }
     for line in lines {
         inner.copies.push(Copy {
@@ -320,6 +449,7 @@ impl ReadBack for Reader {
         async move {
             let mut received = Received::default();
             let inner = self.store.lock();
+            received.overlapping_keys = Some(inner.overlaps.clone());
             for copy in &inner.copies {
                 let meta = |name: &str| {
                     copy.headers
@@ -340,7 +470,7 @@ impl ReadBack for Reader {
 mod tests {
     use super::*;
 
-    fn store(dedupe: bool, limit: Option<usize>) -> Arc<Store> {
+    fn store(dedupe: Dedupe, limit: Option<usize>) -> Arc<Store> {
         Arc::new(Store::new("/in", dedupe, "Idempotency-Key", limit))
     }
 
@@ -364,7 +494,7 @@ mod tests {
     /// stores nothing; a late answer stores at once.
     #[tokio::test]
     async fn the_endpoint_stores_recognises_refuses_and_obeys_its_faults() {
-        let s = store(true, Some(100));
+        let s = store(Dedupe::Atomic, Some(100));
         let (addr, stop) = serve(s.clone()).await.unwrap();
         let client = reqwest::Client::new();
         assert_eq!(
@@ -427,10 +557,88 @@ mod tests {
         stop.cancel();
     }
 
+    /// A raw HTTP/1.1 POST on its own connection, left open (the answer is not read).
+    async fn post_raw(addr: SocketAddr, key: &str, id: u32) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let body = format!("{{\"id\":{id}}}");
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /in HTTP/1.1\r\nhost: x\r\nidempotency-key: {key}\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        c.write_all(head.as_bytes()).await.unwrap();
+        c
+    }
+
+    /// Waits until the endpoint has seen `n` requests with their key open (or 2 s).
+    async fn until_open(s: &Store, key: &str, n: u32) {
+        for _ in 0..200 {
+            if s.lock().open.get(key).map_or(0, |o| o.len() as u32) >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{key} never had {n} open attempts");
+    }
+
+    /// One open attempt per write key, on real sockets: a second request while the first is
+    /// unanswered and its connection open is an overlap; one sent after the client closed the
+    /// first is not. `conflict` answers the overlap 409; `racy` stores both copies.
+    #[tokio::test]
+    async fn a_second_attempt_while_the_first_is_open_is_an_overlap() {
+        for dedupe in [Dedupe::Atomic, Dedupe::Conflict, Dedupe::Racy] {
+            let s = store(dedupe, None);
+            let (addr, stop) = serve(s.clone()).await.unwrap();
+            s.set(Some(AnswerFault::After(Duration::from_millis(800))));
+            // Closed first: the client gave up and hung up before sending again.
+            let first = post_raw(addr, "k1", 1).await;
+            until_open(&s, "k1", 1).await;
+            drop(first);
+            for _ in 0..200 {
+                if !s.lock().open.contains_key("k1") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(
+                !s.lock().open.contains_key("k1"),
+                "{dedupe:?}: a closed connection ends the attempt"
+            );
+            let again = post_raw(addr, "k1", 1).await;
+            until_open(&s, "k1", 1).await;
+            assert!(s.lock().overlaps.is_empty(), "{dedupe:?}: no overlap");
+            // Open first: the second request overlaps it.
+            let a = post_raw(addr, "k2", 2).await;
+            until_open(&s, "k2", 1).await;
+            let b = post_raw(addr, "k2", 2).await;
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            assert_eq!(s.lock().overlaps, ["k2"], "{dedupe:?}");
+            let stored = |id: &str| {
+                s.lines()
+                    .iter()
+                    .filter(|l| l.contains(&format!("\"id\":{id}")))
+                    .count()
+            };
+            // The resend after the client gave up the first is recognised in every mode
+            // (`racy` stored the key when that attempt ended).
+            assert_eq!(stored("1"), 1, "{dedupe:?}");
+            match dedupe {
+                Dedupe::Atomic => assert_eq!(stored("2"), 1),
+                Dedupe::Conflict => {
+                    assert_eq!((stored("2"), s.lock().conflicts), (1, 1));
+                }
+                // Check then insert: both requests found the key absent and stored.
+                _ => assert_eq!(stored("2"), 2),
+            }
+            drop((again, a, b));
+            stop.cancel();
+        }
+    }
+
     /// Without dedupe every copy is stored.
     #[tokio::test]
     async fn without_dedupe_every_copy_is_stored() {
-        let s = store(false, None);
+        let s = store(Dedupe::Off, None);
         let (addr, stop) = serve(s.clone()).await.unwrap();
         let client = reqwest::Client::new();
         for _ in 0..3 {

@@ -52,12 +52,85 @@ pub static ENTRY: Entry = Entry {
     taps: None,
 };
 
+/// How the endpoint recognises a repeat of a write key, as real APIs do (`dedupe:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dedupe {
+    /// `false`: every copy is stored.
+    Off,
+    /// `true` or `atomic`: the key is stored with the write, at once; a repeat is answered
+    /// `200` and not stored, even while the first is still unanswered.
+    Atomic,
+    /// `conflict`: as `atomic`, and a write whose key is still in flight (an earlier request
+    /// with it unanswered) is answered `409` and not stored.
+    Conflict,
+    /// `racy`: check, then insert: the key is stored only when the attempt ends (its answer
+    /// sent, or the client gone), so copies sent while one is open are all stored (what many
+    /// APIs do).
+    Racy,
+}
+
+impl Dedupe {
+    /// Whether a repeat that arrives after the first was answered is recognised.
+    pub fn recognises_repeats(self) -> bool {
+        self != Dedupe::Off
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dedupe::Off => "off",
+            Dedupe::Atomic => "atomic",
+            Dedupe::Conflict => "conflict",
+            Dedupe::Racy => "racy",
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Dedupe {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Text {
+            Flag(bool),
+            Word(String),
+        }
+        match Text::deserialize(deserializer)? {
+            Text::Flag(true) => Ok(Dedupe::Atomic),
+            Text::Flag(false) => Ok(Dedupe::Off),
+            Text::Word(w) => match w.trim() {
+                "atomic" => Ok(Dedupe::Atomic),
+                "conflict" => Ok(Dedupe::Conflict),
+                "racy" => Ok(Dedupe::Racy),
+                "off" | "none" => Ok(Dedupe::Off),
+                other => Err(serde::de::Error::custom(format!(
+                    "`{other}` is no deduplication: write true (= atomic), false, atomic, conflict or racy"
+                ))),
+            },
+        }
+    }
+}
+
+impl schemars::JsonSchema for Dedupe {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Dedupe".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "anyOf": [
+                { "type": "boolean" },
+                { "enum": ["atomic", "conflict", "racy", "off"] }
+            ],
+            "description": "How the endpoint recognises a repeated write key: true (= atomic), false (stores every copy), atomic, conflict (409 to a key in flight) or racy (check then insert)."
+        })
+    }
+}
+
 /// An HTTP destination: where the endpoint listens and whether it recognises a repeat.
 #[derive(Debug, Clone)]
 pub struct Http {
     /// The path writes are POSTed to (the scenario's `topic`, with a leading `/`).
     pub path: String,
-    pub dedupe: bool,
+    pub dedupe: Dedupe,
     /// The header the endpoint reads the write key from (lower case, as HTTP/1.1 compares it).
     pub key_header: String,
 }
@@ -106,7 +179,7 @@ fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination
     }
     Ok(Arc::new(Http {
         path: path_of(topic),
-        dedupe: raw.dedupe.as_ref().is_some_and(|d| d.value),
+        dedupe: raw.dedupe.as_ref().map_or(Dedupe::Off, |d| d.value),
         key_header: key_header.to_ascii_lowercase(),
     }))
 }
@@ -122,7 +195,7 @@ impl Destination for Http {
     }
 
     fn promise_bound(&self) -> Option<(Promise, &'static str)> {
-        (!self.dedupe).then_some((
+        (!self.dedupe.recognises_repeats()).then_some((
             Promise::AtLeastOnce,
             "an HTTP endpoint without `dedupe: true` stores every copy (a lost answer means a resend it cannot recognise), so it keeps `at_least_once`",
         ))
@@ -152,7 +225,7 @@ impl Destination for Http {
 
     fn write_key_place(&self, value: &serde_json::Value) -> Result<WriteKeyPlace, String> {
         match value.as_str().map(str::trim).filter(|s| !s.is_empty()) {
-            Some(name) if self.dedupe && !name.eq_ignore_ascii_case(&self.key_header) => Err(format!(
+            Some(name) if self.dedupe.recognises_repeats() && !name.eq_ignore_ascii_case(&self.key_header) => Err(format!(
                 "the endpoint recognises a repeat by the header `{}` (`destination.key_header`), so a key in `{name}` would never be recognised: name the same header here, or set `destination.key_header: {name}`",
                 self.key_header
             )),

@@ -219,6 +219,13 @@ impl HttpSession {
             });
             return Err(gone(format!("HTTP {status}{retry}: the destination is away")));
         }
+        if status == reqwest::StatusCode::CONFLICT {
+            // An API that answers 409 to a key in flight: an earlier attempt of this write is
+            // still being worked on there. Neither refused nor delivered: wait, ask again.
+            return Err(gone(format!(
+                "HTTP {status}: the write key is in flight at the destination; asked again after a probe"
+            )));
+        }
         if about_the_request(status) {
             return Err(not_taking(format!(
                 "HTTP {status}: about the request, not the record — the endpoint takes no write from this engine"

@@ -119,6 +119,7 @@ impl Reader {
                     arrivals: r.arrivals.clone(),
                     verifier_fault: r.verifier_fault.clone(),
                     unexpected_examples: r.unexpected_examples.clone(),
+                    overlapping_keys: r.overlapping_keys.clone(),
                 });
                 r.unwrap_or_default()
             }
