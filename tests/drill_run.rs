@@ -629,13 +629,7 @@ fn a_kill_of_an_engine_already_down_makes_the_drill_inconclusive() {
     let file = scenario(
         dir.path(),
         "deadkill",
-        "name: deadkill
-         destination: { kind: mqtt, topic: t/deadkill }
-         workload: { rate: 50/s, duration: 6s }
-         faults:
-           - { at: 2s, target: engine, action: kill, restart_after: 3s }
-           - { at: 3s, target: engine, action: kill, restart_after: 1s }
-",
+        "name: deadkill\ndestination: { kind: mqtt, topic: t/deadkill }\nworkload: { rate: 50/s, duration: 6s }\nfaults:\n  - { at: 2s, target: engine, action: kill, restart_after: 3s }\n  - { at: 3s, target: engine, action: kill, restart_after: 1s }\n",
     );
     let ran = run_drill(&file, "deadkill", &["--runtime", "process"]);
     let o = &ran.output;
