@@ -133,7 +133,7 @@ expect: { lost: 0, duplicates: 0, ledger: closes, recovery_within: 1ms }
     // JUnit: the failing expectations with expected and actual, read by junitparser.
     let seen = junit_check(&folder.join("junit.xml"));
     assert!(
-        seen.contains("suite 'two-windows': tests=9 failures=3"),
+        seen.contains("suite 'two-windows': tests=10 failures=3"),
         "{seen}"
     );
     assert!(seen.contains("expected ≤ 1 ms, got"), "{seen}");
