@@ -255,8 +255,8 @@ impl Mutant {
     /// drill instead of walking the catalogue shortest first: the `ci` selftest went from
     /// 648 s to the length of its longest drill). The rest follow, shortest first, until one
     /// catches it by its signature — a drill missing from the selection is skipped.
-    pub fn tried_first(self) -> Option<&'static str> {
-        Some(match self {
+    pub fn tried_first(self) -> &'static str {
+        match self {
             Mutant::AckBeforeWrite | Mutant::MemoryOnly | Mutant::ForgetDeliveryMarks => {
                 "engine-crash"
             }
@@ -274,7 +274,7 @@ impl Mutant {
             Mutant::TrustTornTail => "power-cut-torn",
             Mutant::OutageStatusSpendsAttempts => "http-503",
             Mutant::HandshakeFailureIsRefusal => "mqtt-tls-bad-certificate",
-        })
+        }
     }
 
     /// The mutant called `name`, or an error that lists every known name.
