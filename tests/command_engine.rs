@@ -463,3 +463,46 @@ fn an_engine_that_gives_up_after_an_outage_fails_every_mqtt_ci_drill_that_cuts_t
         assert!(r["undelivered"]["stalled"] == true, "{name}");
     }
 }
+
+/// A pipeline that never worked — here an engine pointed at a port where nothing listens, not
+/// at its link — is named as such ("nothing was delivered before the first fault"), with the
+/// link's counts, instead of its records being reported lost to the fault.
+#[test]
+fn an_engine_that_never_reached_its_destination_is_inconclusive_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = dead.local_addr().unwrap();
+    drop(dead);
+    let text = format!(
+        r#"name: nowhere
+destination: {{ kind: mqtt, runtime: process, topic: drill/nowhere }}
+system:
+  command: [python3, "{}/forwarder.py", --ingest-kind, http, --ingest, "{{ingest}}",
+            --mqtt, "{nowhere}", --topic, "{{topic}}", --data, "{{data_dir}}"]
+  ingest: {{ kind: http, path: /ingest, batch: 50 }}
+  ready: {{ http: /health, within: 15s }}
+  promise: at_least_once
+workload: {{ rate: 50/s, duration: 8s, keys: 2 }}
+faults:
+  - {{ at: 5s, link: mqtt, fault: refuse, for: 2s }}
+drain_timeout: 10s
+"#,
+        fixtures()
+    );
+    let ran = run(dir.path(), "nowhere", &text);
+    assert_eq!(ran.output.status.code(), Some(1), "{}", show(&ran.output));
+    let why = ran.report["inconclusive"].to_string();
+    assert!(
+        why.contains("nothing was delivered before the first fault at 5.0 s")
+            && why.contains("link mqtt: 0 connections accepted"),
+        "{why}"
+    );
+    assert!(
+        ran.report["headline"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("Inconclusive: nothing was delivered"),
+        "{}",
+        ran.markdown
+    );
+}
