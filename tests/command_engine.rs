@@ -466,7 +466,8 @@ fn an_engine_that_gives_up_after_an_outage_fails_every_mqtt_ci_drill_that_cuts_t
 
 /// A pipeline that never worked — here an engine pointed at a port where nothing listens, not
 /// at its link — is named as such ("nothing was delivered before the first fault"), with the
-/// link's counts, instead of its records being reported lost to the fault.
+/// link's counts and the engine's last log lines, instead of its records being reported lost
+/// to the fault.
 #[test]
 fn an_engine_that_never_reached_its_destination_is_inconclusive_not_lost() {
     let dir = tempfile::tempdir().unwrap();
@@ -495,6 +496,13 @@ drain_timeout: 10s
     assert!(
         why.contains("nothing was delivered before the first fault at 5.0 s")
             && why.contains("link mqtt: 0 connections accepted"),
+        "{why}"
+    );
+    // The engine's own last words: its connection errors, and where its log is.
+    assert!(
+        why.contains("the engine's last log lines: ")
+            && why.contains("[connection error ")
+            && why.contains("engine.log"),
         "{why}"
     );
     assert!(

@@ -287,6 +287,65 @@ fn an_engine_that_drops_what_waited_fails_on_both_transports_with_its_losses_cou
     }
 }
 
+/// On TCP and UDP the engine's journal is the only word that a record was sent — unless the
+/// link reads what the engine wrote. An engine that journals every tenth message as sent
+/// without writing it (the mutant `sent-without-writing`) fails the half-open TCP drill and
+/// the UDP loss drill with exactly what it skipped counted lost before sending, none of it
+/// hidden among the unconfirmed; the link's tap read none of those from the engine. The
+/// verdict before the tap (the journal alone) passed it. Only in test builds.
+#[cfg(feature = "mutants")]
+#[test]
+fn an_engine_that_journals_sent_without_writing_is_caught_by_what_the_link_read() {
+    if !have_rsyslogd() {
+        return;
+    }
+    let runs: Vec<_> = ["syslog-tcp-half-open", "syslog-udp-loss"]
+        .into_iter()
+        .map(|name| {
+            std::thread::spawn(move || {
+                (
+                    name,
+                    common::run::catalogue_drill_fails_mutant(name, "sent-without-writing"),
+                )
+            })
+        })
+        .collect();
+    for run in runs {
+        let (name, ran) = run.join().unwrap();
+        let r = &ran.report;
+        let held = ran.number(&["ledger", "held"]);
+        let lost = ran.number(&["ledger", "lost"]);
+        let unconfirmed = ran.number(&["ledger", "sent_unconfirmed_missing"]);
+        // Every tenth write skipped: about held / 10 (each record is written once).
+        let tenth = held / 10;
+        assert!(
+            (tenth.saturating_sub(tenth / 10)..=tenth + tenth / 10 + 1).contains(&lost),
+            "{name}: lost {lost} of {held} held: {r:#}"
+        );
+        let failed: Vec<&str> = r["expectations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["ok"] == false)
+            .filter_map(|x| x["check"].as_str())
+            .collect();
+        assert!(failed.contains(&"lost"), "{name}: {failed:?}");
+        let headline = r["headline"].as_str().unwrap();
+        assert!(
+            headline.contains(&format!("{lost} records lost before sending")),
+            "{name}: {headline}"
+        );
+        assert!(
+            ran.markdown
+                .contains(&format!("{lost} missing records the engine's attempt journal calls sent never reached the link")),
+            "{name}: {}",
+            ran.markdown
+        );
+        // The fault still bit: the link swallowed or dropped what was in flight.
+        assert!(unconfirmed > 0, "{name}: {r:#}");
+    }
+}
+
 /// What a syslog destination cannot honour is an invalid scenario: exit 2, one line with
 /// file:line:col and the field.
 #[test]

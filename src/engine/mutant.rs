@@ -103,6 +103,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "stop-after-outage",
         "after its first failed connect or lost session it opens no destination connection again; ingest and stats go on, honestly: every record accepted after that waits for good",
     ),
+    (
+        "sent-without-writing",
+        "syslog over TCP or UDP: journals every tenth message as sent (the OS took it) without writing it; nothing on those transports answers, so only the link can tell",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -184,11 +188,17 @@ pub enum Mutant {
     /// record from then on, reporting them waiting. Caught by `undelivered` on any drill whose
     /// link or broker fault ends a session.
     StopAfterOutage,
+    /// Syslog over TCP and UDP: `SyslogSession::send` (`src/dest/syslog/sink.rs`). Skips every
+    /// [`SKIP_EVERY`]th message and answers it `sent_unconfirmed` as if the OS had taken it.
+    /// Caught by the link's tap on any TCP or UDP syslog drill (`syslog-udp-loss`,
+    /// `syslog-tcp-half-open`): what the journal calls sent that the link never read from the
+    /// engine is lost before sending.
+    SentWithoutWriting,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 18] = [
+    pub const ALL: [Mutant; 19] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -207,6 +217,7 @@ impl Mutant {
         Mutant::OutageStatusSpendsAttempts,
         Mutant::HandshakeFailureIsRefusal,
         Mutant::StopAfterOutage,
+        Mutant::SentWithoutWriting,
     ];
 
     fn index(self) -> usize {
@@ -231,7 +242,8 @@ impl Mutant {
             | Mutant::AckBeforeFdatasync
             | Mutant::MemoryOnly
             | Mutant::ExpireByAge
-            | Mutant::EvictOldestWhenFull => &[Signature::Lost],
+            | Mutant::EvictOldestWhenFull
+            | Mutant::SentWithoutWriting => &[Signature::Lost],
             // Where drill is the destination (HTTP), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
                 &[Signature::Duplicates, Signature::OverlappingAttempts]
@@ -274,6 +286,7 @@ impl Mutant {
             Mutant::TrustTornTail => "power-cut-torn",
             Mutant::OutageStatusSpendsAttempts => "http-503",
             Mutant::HandshakeFailureIsRefusal => "mqtt-tls-bad-certificate",
+            Mutant::SentWithoutWriting => "syslog-udp-loss",
         }
     }
 
@@ -291,6 +304,20 @@ impl Mutant {
                 )
             })
     }
+}
+
+/// `sent-without-writing` skips one message in this many.
+pub const SKIP_EVERY: u64 = 10;
+
+/// Whether `sent-without-writing` skips the message it is about to write (every
+/// [`SKIP_EVERY`]th, counted across the engine).
+pub fn skips_this_write() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    is(Mutant::SentWithoutWriting)
+        && WRITES
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SKIP_EVERY)
 }
 
 /// How long `ack-before-write` keeps an acknowledged batch before writing it.

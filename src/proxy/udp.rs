@@ -7,7 +7,9 @@
 //! opened by its client's first datagram that is not dropped, and ends at a `refuse`, at the
 //! link's shutdown, or after [`FLOW_IDLE`] without a datagram from its client or its upstream.
 //! The connection counters of [`super::LinkStatus`] count flows; its byte counters count
-//! datagram payloads, and [`super::DatagramCounts`] the datagrams themselves.
+//! datagram payloads, and [`super::DatagramCounts`] the datagrams themselves. A link with a
+//! protocol tap reads every datagram it took from a client (it left the engine, whatever its
+//! fate) and every one it sent upstream, each with a tap of its own.
 //!
 //! A datagram's fate is decided when the link reads it, under the condition in force at that
 //! instant (the same `watch` channel as a TCP link's, so a fault is atomic for every flow):
@@ -55,6 +57,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::tap::{Tap, TapLog};
 use super::{Condition, Fault, LinkShared, Side, add};
 use crate::seed::Seeded;
 
@@ -192,7 +195,13 @@ fn late_by(shared: &LinkShared, latency: Duration, jitter: Duration) -> Duration
     (latency + Duration::from_micros(draw)).saturating_sub(jitter)
 }
 
-fn passed(shared: &LinkShared, side: Side, n: usize) {
+/// A datagram went on to `side`: counted, and an upstream one read by the link's tap (it
+/// reached the receiver's socket).
+fn passed(shared: &LinkShared, side: Side, datagram: &[u8]) {
+    if side == Side::Up {
+        tap(shared, |t, log| t.up(datagram, log));
+    }
+    let n = datagram.len();
     let c = &shared.counters;
     let (datagrams, bytes) = match side {
         Side::Up => (&c.datagrams_up, &c.bytes_up),
@@ -200,6 +209,17 @@ fn passed(shared: &LinkShared, side: Side, n: usize) {
     };
     add(datagrams, 1);
     add(bytes, n as u64);
+}
+
+/// Reads one datagram with the link's protocol tap, if it has one: a tap of its own, so that
+/// nothing of one datagram is read as part of the next.
+fn tap(shared: &LinkShared, read: impl FnOnce(&mut dyn Tap, &TapLog)) {
+    let Ok(tapping) = shared.tapping.read() else {
+        return;
+    };
+    if let Some(t) = tapping.as_ref() {
+        read(t.maker.tap().as_mut(), &t.log);
+    }
 }
 
 fn dropped(shared: &LinkShared, side: Side, n: usize) {
@@ -345,7 +365,7 @@ async fn forward(shared: &LinkShared, fate: Fate, onward: &Onward, held: &Held, 
         Fate::Drop => return dropped(shared, side, bytes.len()),
         Fate::Pass if held.is_empty() => {
             if onward.send(bytes).await {
-                passed(shared, side, bytes.len());
+                passed(shared, side, bytes);
             }
             return;
         }
@@ -370,7 +390,7 @@ async fn deliver_late(
     let side = onward.side();
     let released = |bytes: &Bytes, sent: Option<bool>| {
         match sent {
-            Some(true) => passed(&shared, side, bytes.len()),
+            Some(true) => passed(&shared, side, bytes),
             Some(false) => {}
             None => dropped(&shared, side, bytes.len()),
         }
@@ -571,6 +591,8 @@ async fn from_client(
     // The condition now, not the one the read began under: a fault is in force from the
     // instant it is published.
     let condition = shared.condition.borrow().clone();
+    // It left the engine, whether or not the link passes it on.
+    tap(shared, |t, log| t.left(bytes, log));
     let fate = fate(shared, &condition, Side::Up);
     if fate == Fate::Drop {
         return dropped(shared, Side::Up, bytes.len());

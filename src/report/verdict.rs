@@ -138,11 +138,39 @@ fn inconclusive(facts: &Facts) -> Vec<String> {
             facts.end_ms,
         ));
     }
+    why.extend(idle_link_cuts(facts));
     if let Some(tapped) = &facts.tapped {
         why.extend(oracle::leaked(&facts.faults, tapped, facts.end_ms));
         why.extend(oracle::went_around(tapped, &facts.received));
     }
     why
+}
+
+/// Faults on a broker link nothing crossed in the whole drill, while records reached the
+/// destination: they went by the other brokers' links, and the cut met nothing.
+fn idle_link_cuts(facts: &Facts) -> Vec<String> {
+    if facts.received.arrivals.is_empty() {
+        return Vec::new();
+    }
+    let mut named = std::collections::HashSet::new();
+    facts
+        .faults
+        .iter()
+        .filter(|f| f.no_target.is_none())
+        .filter_map(|f| match &f.target {
+            crate::runner::events::FaultTarget::Link(name)
+                if facts.idle_links.contains(name) && named.insert(name.clone()) =>
+            {
+                Some(format!(
+                    "the fault at {:.1} s ({} {}) met no traffic: nothing crossed link {name} in the whole drill (no connection, no byte), while records reached the destination by the other brokers' links",
+                    f.at_ms as f64 / 1000.0,
+                    f.target,
+                    f.what()
+                ))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The ids of the first records written again while an attempt of theirs was open (their write
@@ -194,8 +222,12 @@ fn never_worked(facts: &Facts) -> Option<String> {
         return None;
     }
     let l = &facts.link;
+    let log = match &facts.engine_log {
+        Some(tail) => format!("; the engine's last log lines: {tail}"),
+        None => "; see the engine's log".to_string(),
+    };
     Some(format!(
-        "nothing was delivered before the first fault at {:.1} s, though records were accepted from the start: the engine never reached its destination (link {}: {} connections accepted, {} bytes up, {} down; see the engine's log)",
+        "nothing was delivered before the first fault at {:.1} s, though records were accepted from the start: the engine never reached its destination (link {}: {} connections accepted, {} bytes up, {} down{log})",
         first.as_secs_f64(),
         l.name,
         l.connections_accepted,
@@ -258,11 +290,19 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
 }
 
 /// On a destination that cannot confirm a write: the missing records the engine sent without
-/// confirmation (their write key's attempt ended `sent_unconfirmed` in its journal). `None`
-/// where the destination confirms, and for a user's engine, whose attempts drill cannot see:
-/// drill cannot split what was lost in flight from what never left, so every missing record
-/// counts as lost and a note says so.
+/// confirmation (their write key's attempt ended `sent_unconfirmed` in its journal) and, where
+/// the links are tapped, that the link read from the engine. A record the journal calls sent
+/// that never reached the link was never written: lost before sending, whatever the journal
+/// says. `None` where the destination confirms, and for a user's engine, whose attempts drill
+/// cannot see: drill cannot split what was lost in flight from what never left, so every
+/// missing record counts as lost and a note says so.
 fn sent_unconfirmed_missing(facts: &Facts) -> Option<u64> {
+    Some(sent_unconfirmed_split(facts)?.0)
+}
+
+/// [`sent_unconfirmed_missing`], and how many of the missing records the journal calls sent
+/// the link never read from the engine (0 without a tap).
+fn sent_unconfirmed_split(facts: &Facts) -> Option<(u64, u64)> {
     if facts.plan.destination.imp.confirms() {
         return None;
     }
@@ -273,14 +313,24 @@ fn sent_unconfirmed_missing(facts: &Facts) -> Option<u64> {
         .iter()
         .filter_map(|a| a.id.as_deref())
         .collect();
-    let n = facts
-        .sent
-        .accepted()
-        .filter(|(r, key, _)| {
-            !arrived.contains(r.id.as_str()) && key.is_some_and(|k| keys.contains(k))
-        })
-        .count();
-    Some(n as u64)
+    let left = |id: &str| {
+        facts
+            .tapped
+            .as_ref()
+            .is_none_or(|t| t.left.contains(id) || t.sent.contains_key(id))
+    };
+    let (mut sent, mut never_left) = (0, 0);
+    for (r, key, _) in facts.sent.accepted() {
+        if arrived.contains(r.id.as_str()) || !key.is_some_and(|k| keys.contains(k)) {
+            continue;
+        }
+        if left(&r.id) {
+            sent += 1;
+        } else {
+            never_left += 1;
+        }
+    }
+    Some((sent, never_left))
 }
 
 /// What the engine still held when the drain ended (`None`: nothing), and whether delivery had
@@ -507,7 +557,8 @@ fn notes(facts: &Facts, verifier_fault: Option<&str>) -> Vec<String> {
     }
     if !facts.plan.destination.imp.confirms() {
         notes.push(match facts.sent_unconfirmed_keys {
-            Some(_) => "the destination never confirms a write: a record the engine sent (the OS took the bytes) and that is missing is counted as sent but not confirmed, apart from lost; lost counts what never left the engine (from its attempt journal)".to_string(),
+            Some(_) if facts.tapped.is_some() => "the destination never confirms a write: a record the engine sent (its attempt journal says so, and the link read it from the engine) and that is missing is counted as sent but not confirmed, apart from lost; lost counts what never left the engine".to_string(),
+            Some(_) => "the destination never confirms a write: a record the engine sent (the OS took the bytes) and that is missing is counted as sent but not confirmed, apart from lost; lost counts what never left the engine (from its attempt journal alone: no tap read the link)".to_string(),
             None => "the destination never confirms a write, and drill cannot see a user's engine's attempts: what was lost in flight cannot be told from what never left the engine, so every missing record counts as lost".to_string(),
         });
     }
@@ -521,6 +572,9 @@ fn notes(facts: &Facts, verifier_fault: Option<&str>) -> Vec<String> {
             "the links carry no protocol tap for this destination kind"
         };
         notes.push(format!("{why}: where lost records were last seen cannot be told, and a bypass of the proxy is judged by arrival times alone"));
+    }
+    if let Some((_, n)) = sent_unconfirmed_split(facts).filter(|(_, n)| *n > 0) {
+        notes.push(format!("{n} missing records the engine's attempt journal calls sent never reached the link (its tap read no byte of them from the engine): they were never written, and count as lost before sending"));
     }
     if let Some(n) = facts.engine.as_ref().map(|a| a.errors).filter(|n| *n > 0) {
         notes.push(format!("the engine reported {n} failed writes of its attempt journal, delivery marks or failed store (see its log): the verdict's allowance for extra copies may be wrong"));

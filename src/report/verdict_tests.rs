@@ -42,6 +42,8 @@ pub(crate) fn facts(plan: Plan, sent: Sent, received: Received) -> Facts {
         engine: None,
         gives_account: false,
         system: "test".to_string(),
+        engine_log: None,
+        idle_links: Vec::new(),
         link: link_status(),
         versions: BTreeMap::new(),
         notes: Vec::new(),
@@ -219,6 +221,47 @@ fn a_destination_that_cannot_confirm_counts_the_unconfirmed_apart_and_never_says
     f.plan.expect.ledger_closes = false;
     assert_eq!(failed(&f), ["lost 4"]);
     assert!(report.notes.iter().any(|n| n.contains("cannot be told")));
+}
+
+/// The link's tap is the second witness the journal's "sent" needs on TCP and UDP: of the
+/// four missing records the journal calls sent, the link read two from the engine (swallowed
+/// on the way: sent, unconfirmed) and never saw the other two, which were never written.
+#[test]
+fn a_record_the_journal_calls_sent_that_never_reached_the_link_is_lost_before_sending() {
+    let sent: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
+    let sent: Vec<&str> = sent.iter().map(String::as_str).collect();
+    let mut f = unconfirmed(Some(&sent));
+    // Without a tap the journal's word stands: a pass (the parent commit's verdict).
+    assert!(judge(&f).verdict.is_pass());
+    let mut t = tapped(&f);
+    t.link = Some("syslog".to_string());
+    let never_written = |f: &Facts, key: &str| {
+        f.sent
+            .accepted()
+            .find(|(_, k, _)| *k == Some(key))
+            .map(|(r, ..)| r.id.clone())
+            .unwrap()
+    };
+    for key in ["w3", "w7"] {
+        let id = never_written(&f, key);
+        t.left.remove(&id);
+        t.sent.remove(&id);
+    }
+    f.tapped = Some(t);
+    let report = judge(&f);
+    let l = &report.ledger;
+    assert_eq!((l.lost, l.sent_unconfirmed_missing), (2, Some(2)));
+    assert_eq!(
+        failed(&f),
+        ["lost before sending 2", "ledger does not close"]
+    );
+    assert!(
+        report.notes.iter().any(|n| n.starts_with(
+            "2 missing records the engine's attempt journal calls sent never reached the link"
+        )),
+        "{:?}",
+        report.notes
+    );
 }
 
 const ALL: &str = "{ lost: 0, duplicates: 0, reordered: 0, ledger: closes, recovery_within: 5s, failed: 0, unexpected: 0, altered: 0, not_accepted: 0, drain_within: 1s, max_copies: 2 }";
@@ -441,6 +484,16 @@ fn a_pipeline_that_never_delivered_before_the_first_fault_is_named_as_such() {
         report.inconclusive
     );
     assert!(report.inconclusive[0].contains("link mqtt: 0 connections accepted"));
+    assert!(report.inconclusive[0].ends_with("; see the engine's log)"));
+    // The engine's own words, where its log is on this host.
+    f.engine_log = Some("connect to 127.0.0.1:1 refused (log /tmp/w/engine.log)".to_string());
+    assert!(
+        judge(&f).inconclusive[0].ends_with(
+            "; the engine's last log lines: connect to 127.0.0.1:1 refused (log /tmp/w/engine.log))"
+        ),
+        "{:?}",
+        judge(&f).inconclusive
+    );
     // A delivery before it: the pipeline worked.
     f.received.arrivals[0].at = Duration::from_millis(100);
     assert!(
@@ -523,6 +576,32 @@ fn recovery_within() {
         failed(&f),
         ["recovery after link mqtt swallow downstream 5100 ms"]
     );
+}
+
+/// A cut of one broker's link of a Kafka cluster that led nothing the engine wrote to: records
+/// flowed the whole time by the other brokers' links, and nothing crossed this one.
+#[test]
+fn a_cut_of_a_broker_link_nothing_crossed_is_inconclusive() {
+    let mut f = clean(ALL);
+    let mut cut = link_fault(Fault::Refuse, 0, 20_000);
+    cut.target = crate::runner::events::FaultTarget::Link("kafka-2".to_string());
+    f.faults = vec![cut];
+    f.bypass_is_judged = false;
+    // Records met the cut (accepted during it): by the records alone it bit.
+    assert!(
+        judge(&f).inconclusive.is_empty(),
+        "{:?}",
+        judge(&f).inconclusive
+    );
+    f.idle_links = vec!["kafka-2".to_string()];
+    let report = judge(&f);
+    assert_eq!(
+        report.inconclusive,
+        [
+            "the fault at 0.0 s (link kafka-2 refuse) met no traffic: nothing crossed link kafka-2 in the whole drill (no connection, no byte), while records reached the destination by the other brokers' links"
+        ]
+    );
+    assert!(!report.verdict.is_pass());
 }
 
 #[test]

@@ -76,6 +76,11 @@ pub struct Facts {
     pub gives_account: bool,
     /// `builtin`, or the user's engine's command line.
     pub system: String,
+    /// Broker links a fault was put on that nothing crossed in the whole drill (a Kafka
+    /// cluster's `kafka-N` that led no partition the engine wrote to): that cut met nothing.
+    pub idle_links: Vec<String>,
+    /// The last lines of the engine's log, with its path, when it ran on this host.
+    pub engine_log: Option<String>,
     /// The proxy link's counters (with its broker links, for a Kafka-aware link).
     pub link: LinkStatus,
     pub versions: BTreeMap<String, String>,

@@ -31,7 +31,7 @@ use crate::scenario::Plan;
 use crate::sut::System;
 use crate::verify::Decoder;
 use crate::workload::{self, Ingested, Sent};
-use events::FaultRecord;
+use events::{FaultRecord, FaultTarget};
 use play::{Drill, Played};
 use provision::Rig;
 
@@ -364,6 +364,7 @@ async fn finish(
     let gives_account = system.gives_account();
     notes.extend(account_notes(gives_account, system.sees_attempts()));
     system.stop(Duration::from_secs(10)).await;
+    let engine_log = system.log_tail();
     let received = reader.finish(rig.running.addrs.clone()).await;
     let mut sent = take_sent(played.sent);
     if let Some(meaning) = played.ingest_meaning {
@@ -389,6 +390,7 @@ async fn finish(
         ("broker".to_string(), running.version.clone()),
         ("runtime".to_string(), running.runtime.to_string()),
     ]);
+    let idle_links = idle_links(&played.faults, rig);
     Ok(Facts {
         plan: plan.clone(),
         seed: clock.seed,
@@ -403,6 +405,7 @@ async fn finish(
         faults: played.faults,
         samples: played.samples.lock().map(|s| s.clone()).unwrap_or_default(),
         tapped: rig.tapped(t0),
+        idle_links,
         // Bypass is judged where arrival times are the destination's own and where one link
         // is the only way to the broker.
         bypass_is_judged: plan.destination.imp.arrivals_timed_by_destination()
@@ -412,6 +415,7 @@ async fn finish(
         engine: final_stats,
         gives_account,
         system: system.describe(),
+        engine_log,
         link: rig.link_status(),
         versions,
         notes,
@@ -422,6 +426,19 @@ async fn finish(
 
 /// What the report must say of a system that gives no account or whose attempts drill cannot
 /// see.
+/// The broker links faults were put on that nothing crossed in the whole drill.
+fn idle_links(faults: &[FaultRecord], rig: &Rig) -> Vec<String> {
+    let mut idle: Vec<String> = faults
+        .iter()
+        .filter_map(|f| match &f.target {
+            FaultTarget::Link(name) if rig.carried_nothing(name) => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    idle.dedup();
+    idle
+}
+
 fn account_notes(gives_account: bool, sees_attempts: bool) -> Vec<String> {
     let mut notes = Vec::new();
     if !gives_account {

@@ -177,6 +177,30 @@ impl Rig {
         }
     }
 
+    /// Whether `name` is one of a Kafka-aware link's broker links through which nothing at all
+    /// crossed in the whole drill (no connection accepted, no byte up), or one no metadata
+    /// ever named: a cut of it met nothing, whatever the records did. False for every other
+    /// link (a link the engine is pointed at is judged by the records).
+    pub fn carried_nothing(&self, name: &str) -> bool {
+        if self.links.iter().any(|l| l.name() == name) {
+            return false;
+        }
+        let Some(head) = self
+            .links
+            .iter()
+            .find(|l| l.is_kafka_aware() && name.starts_with(&format!("{}-", l.name())))
+        else {
+            return false;
+        };
+        match head.members().into_iter().find(|m| m.name() == name) {
+            Some(m) => {
+                let s = m.status();
+                s.connections_accepted == 0 && s.bytes_upstream == 0
+            }
+            None => true,
+        }
+    }
+
     /// How many links stand between the engine and the broker.
     pub fn link_count(&self) -> usize {
         self.links.len() + usize::from(self.remote.is_some())

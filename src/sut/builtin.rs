@@ -63,6 +63,11 @@ impl EngineProcess {
         self.config.listen
     }
 
+    /// Where the engine's stdout and stderr go.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
     pub fn data_dir(&self) -> &Path {
         &self.config.data_dir
     }

@@ -20,9 +20,6 @@ use tokio::process::{Child, Command};
 use super::{Account, AccountSource, SutError};
 use crate::scenario::{CommandSpec, Ready, StatsSpec};
 
-/// How many of the log's last lines an error quotes.
-const TAIL_LINES: usize = 5;
-
 /// A user's engine, started from its argv.
 pub struct CommandEngine {
     /// The rendered argv; `argv[0]` resolved (`drill` is drill's own executable).
@@ -279,21 +276,7 @@ impl CommandEngine {
 
     /// The log's last lines, joined for one error line.
     pub fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
-        let lines: Vec<&str> = text
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .rev()
-            .take(TAIL_LINES)
-            .collect();
-        if lines.is_empty() {
-            return format!("(no output; log {})", self.log_path.display());
-        }
-        format!(
-            "{} (log {})",
-            lines.into_iter().rev().collect::<Vec<_>>().join(" | "),
-            self.log_path.display()
-        )
+        super::log_tail(&self.log_path)
     }
 
     /// Whether the engine ended on its own since the last look: `Some(why)` once.

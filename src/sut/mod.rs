@@ -130,6 +130,37 @@ pub enum SutError {
     Refused(String),
 }
 
+/// How many of a log's last lines an error or a verdict quotes.
+const TAIL_LINES: usize = 5;
+
+/// The last [`TAIL_LINES`] lines of the log at `path` that say something, joined with ` | `
+/// for one line, and the log's path. Only the log's last 64 KiB are read (an engine's log may
+/// be long).
+pub fn log_tail(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut text = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)));
+        let _ = f.read_to_end(&mut text);
+    }
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .rev()
+        .take(TAIL_LINES)
+        .collect();
+    if lines.is_empty() {
+        return format!("(no output; log {})", path.display());
+    }
+    format!(
+        "{} (log {})",
+        lines.into_iter().rev().collect::<Vec<_>>().join(" | "),
+        path.display()
+    )
+}
+
 /// The system a drill drives.
 pub enum System {
     /// drill's reference engine (`drill engine --config`), with its full account and attempt
@@ -230,6 +261,16 @@ impl System {
             System::Builtin(_) => true,
             System::Command(e) => e.gives_account(),
             System::Remote(e) => e.gives_account(),
+        }
+    }
+
+    /// The last lines of the engine's log on this host, joined for one line (`None`: an engine
+    /// on another host, whose log its agent keeps).
+    pub fn log_tail(&self) -> Option<String> {
+        match self {
+            System::Builtin(e) => Some(log_tail(e.log_path())),
+            System::Command(e) => Some(e.tail()),
+            System::Remote(_) => None,
         }
     }
 

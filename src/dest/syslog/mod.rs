@@ -22,6 +22,7 @@ pub mod message;
 pub mod read;
 pub mod relp;
 pub mod sink;
+pub mod tap;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -101,8 +102,13 @@ pub static ENTRY: Entry = Entry {
     broker_tls: false,
     validate,
     bench: None,
-    taps: None,
+    taps: Some(taps),
 };
+
+/// The kind's tap for the ids of run `run`.
+fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
+    Arc::new(tap::SyslogTaps::new(run))
+}
 
 /// A syslog destination: its transport and, for a receiver the user runs, the file it writes.
 #[derive(Debug, Clone)]

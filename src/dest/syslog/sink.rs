@@ -175,6 +175,11 @@ impl Session for SyslogSession {
                 }
                 Link::Tcp(stream) => {
                     for (tag, record) in attempts.iter() {
+                        #[cfg(feature = "mutants")]
+                        if crate::engine::mutant::skips_this_write() {
+                            answers.push((*tag, Answer::SentUnconfirmed));
+                            continue;
+                        }
                         let frame = octet_counted(&message_for(&record.key, &record.data));
                         stream
                             .write_all(&frame)
@@ -186,6 +191,11 @@ impl Session for SyslogSession {
                 }
                 Link::Udp(socket) => {
                     for (tag, record) in attempts.iter() {
+                        #[cfg(feature = "mutants")]
+                        if crate::engine::mutant::skips_this_write() {
+                            answers.push((*tag, Answer::SentUnconfirmed));
+                            continue;
+                        }
                         let message = message_for(&record.key, &record.data);
                         socket
                             .send(message.as_bytes())
