@@ -33,9 +33,50 @@ pub fn dies_with_drill(command: &mut Command) -> &mut Command {
     }
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; callers retry if it is taken meanwhile).
+/// A free port on 127.0.0.1, for TCP and UDP alike, that no other caller in this process got.
+///
+/// Not the kernel's pick (`bind(":0")`): that comes from the ephemeral range, where the
+/// kernel hands the same port to the next `:0` bind or outgoing connection of any process
+/// once it is released — two drills, or two tests, starting side by side then meet on one
+/// port. This picks at random below the ephemeral range (`ip_local_port_range`), where the
+/// kernel never hands ports out on its own, checks that TCP and UDP both bind there, and
+/// hands each port out once per process; two processes picking the same port in the same
+/// instant is about a 1-in-20,000 chance per port. A machine whose ephemeral range leaves no room
+/// below it falls back to the kernel's pick.
 pub fn free_port() -> std::io::Result<u16> {
+    use std::hash::{BuildHasher, Hasher};
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let (low, high) = below_ephemeral();
+    if high > low {
+        let span = u32::from(high - low) + 1;
+        let start = std::hash::RandomState::new().build_hasher().finish() as u32 % span;
+        let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        for i in 0..span.min(2048) {
+            // A stride coprime with any span not a multiple of 7919 walks it without repeats.
+            let port = low + ((start + i * 7919) % span) as u16;
+            if handed.contains(&port) {
+                continue;
+            }
+            let tcp = StdListener::bind(("127.0.0.1", port));
+            let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+            if tcp.is_ok() && udp.is_ok() {
+                handed.insert(port);
+                return Ok(port);
+            }
+        }
+    }
     Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// The ports [`free_port`] picks from: from 10000 to just below the kernel's ephemeral range
+/// (32767 on Linux's default `32768 60999`).
+fn below_ephemeral() -> (u16, u16) {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    (10_000, ephemeral_low.saturating_sub(1))
 }
 
 /// A free 127.0.0.1 port for each of `names`, none of them in `taken` nor twice.
@@ -216,4 +257,27 @@ pub async fn start_listening(
         }
     }
     Err(fail(last_error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ports come from below the kernel's ephemeral range, never twice in a process, each one
+    /// free for TCP and UDP when handed out — also while the kernel's own picks go on.
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range_and_never_handed_out_twice() {
+        let (low, high) = below_ephemeral();
+        let mut seen = std::collections::HashSet::new();
+        let mut kernel = Vec::new();
+        for _ in 0..200 {
+            let port = free_port().unwrap();
+            assert!((low..=high).contains(&port), "{port}");
+            assert!(seen.insert(port), "{port} handed out twice");
+            StdListener::bind(("127.0.0.1", port)).unwrap();
+            std::net::UdpSocket::bind(("127.0.0.1", port)).unwrap();
+            kernel.push(StdListener::bind("127.0.0.1:0").unwrap());
+        }
+        assert!(kernel.iter().all(|k| k.local_addr().unwrap().port() > high));
+    }
 }

@@ -105,11 +105,10 @@ pub fn in_ns_connects(ns: Option<&str>, addr: SocketAddr) -> bool {
     }
 }
 
+/// A free 127.0.0.1 address (`drill::process::free_port`: below the kernel's ephemeral range,
+/// never twice in one test).
 pub fn free() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    ([127, 0, 0, 1], drill::process::free_port().unwrap()).into()
 }
 
 /// Two network namespaces this test makes, joined by a veth pair with addresses from

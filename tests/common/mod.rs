@@ -93,12 +93,7 @@ impl Drop for ProxyProcess {
 
 /// Starts `drill proxy` with one link `t` to `upstream` (or no link at all).
 pub async fn drill_proxy(upstream: Option<SocketAddr>) -> ProxyProcess {
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-    };
+    let free = || -> SocketAddr { ([127, 0, 0, 1], drill::process::free_port().unwrap()).into() };
     let (listen, api) = (free(), free());
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_drill"));
     command.args(["proxy", "--api", &api.to_string()]);
