@@ -62,7 +62,7 @@ pub enum Signature {
     #[serde(rename = "recovery: none")]
     RecoveryNone,
     /// A second attempt for a write key while the first was open (judged where drill is the
-    /// destination).
+    /// destination, HTTP, and at a link whose tap pairs statements with answers, PostgreSQL).
     #[serde(rename = "overlapping_attempts")]
     OverlappingAttempts,
 }

@@ -642,6 +642,37 @@ fn a_kill_of_an_engine_already_down_makes_the_drill_inconclusive() {
     assert_eq!(ran.report["ledger"]["lost"], 0, "{}", ran.markdown);
 }
 
+/// A link condition the link did not take (test builds: `DRILL_TEST_LINKS_REFUSE_CONDITIONS`,
+/// as a condition the proxy refuses would be) proves nothing: the drill is inconclusive (exit
+/// 1), saying which fault and why, and the records that flowed untouched are not a pass.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_link_condition_not_applied_makes_the_drill_inconclusive() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = scenario(
+        dir.path(),
+        "notapplied",
+        "name: notapplied\ndestination: { kind: mqtt, topic: t/notapplied }\nworkload: { rate: 50/s, duration: 6s }\nfaults:\n  - { at: 2s, link: mqtt, fault: swallow, for: 2s }\n",
+    );
+    let ran = run_drill_with(
+        &file,
+        "notapplied",
+        &["--runtime", "process"],
+        &[("DRILL_TEST_LINKS_REFUSE_CONDITIONS", "1")],
+    );
+    let o = &ran.output;
+    assert_eq!(o.status.code(), Some(1), "{}", show(o));
+    let why = ran.report["inconclusive"].to_string();
+    assert!(
+        why.contains("the fault at 2.0 s (link mqtt swallow")
+            && why.contains("found no target: the link could not apply it"),
+        "{why}"
+    );
+    // Nothing was swallowed: the records flowed as if no fault had been scripted.
+    assert_eq!(ran.number(&["link", "bytes_swallowed_upstream"]), 0);
+    assert_eq!(ran.report["ledger"]["lost"], 0, "{}", ran.markdown);
+}
+
 /// A stranded Kafka connection (silent for good, never reset): the built-in engine's producer
 /// must notice within its answer timeout and deliver again. It did not before librdkafka's
 /// `socket.timeout.ms` was set to the answer timeout (no delivery for 36 s, 1,601 waiting).

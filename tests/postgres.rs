@@ -44,6 +44,60 @@ fn resends_after_lost_answers_store_nothing_twice() {
 
 /// The poison record violates the table's CHECK (SQLSTATE 23514) while every other insert
 /// commits: refused five times, then set aside.
+/// One open attempt per write key, judged at the link: for 10 s every answer comes 4 s late.
+/// The correct engine waits for each (no overlap, one row each); the engines that send a record
+/// again while its statement is unanswered on an open connection (`second-attempt-while-open`,
+/// `resend-on-timer`) store nothing twice — the key column absorbs the copy, so before the
+/// PostgreSQL tap they passed — and are caught by `overlapping_attempts`. Test builds only.
+#[cfg(feature = "mutants")]
+#[test]
+fn a_second_attempt_while_the_first_is_unanswered_is_caught_at_the_link() {
+    if !have_postgres() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().display().to_string();
+    let file = format!(
+        "{}/scenarios/postgres-slow-answer.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let o = common::run::drill(&[
+        "selftest",
+        &file,
+        "--mutant",
+        "second-attempt-while-open",
+        "--mutant",
+        "resend-on-timer",
+        "--full",
+        "--jobs",
+        "3",
+        "--out",
+        &out,
+    ]);
+    println!("{}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("selftest/selftest.json")).unwrap(),
+    )
+    .unwrap();
+    for row in doc["rows"].as_array().unwrap() {
+        let cell = &row["cells"][0];
+        let engine = &row["engine"];
+        if engine == "correct" {
+            assert_eq!(cell["outcome"], "pass", "{cell:#}");
+            continue;
+        }
+        assert_eq!(cell["outcome"], "caught", "{engine}: {cell:#}");
+        let by: Vec<&str> = cell["caught_by"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f["signature"].as_str())
+            .collect();
+        assert!(by.contains(&"overlapping_attempts"), "{engine}: {cell:#}");
+    }
+}
+
 #[test]
 fn a_row_the_table_rejects_is_a_refusal_set_aside() {
     if !have_postgres() {

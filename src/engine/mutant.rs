@@ -244,7 +244,8 @@ impl Mutant {
             | Mutant::ExpireByAge
             | Mutant::EvictOldestWhenFull
             | Mutant::SentWithoutWriting => &[Signature::Lost],
-            // Where drill is the destination (HTTP), the second attempt itself is seen.
+            // Where drill is the destination (HTTP) or the link pairs statements with answers
+            // (PostgreSQL), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
                 &[Signature::Duplicates, Signature::OverlappingAttempts]
             }

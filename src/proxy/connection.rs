@@ -267,6 +267,13 @@ impl Pump {
         }
     }
 
+    /// This pump read the end of its stream: from the engine, the connection is over for it.
+    fn tap_ended(&self) {
+        if let (Side::Up, Some(tap)) = (self.side, &self.conn.tap) {
+            tap.ended();
+        }
+    }
+
     /// Resets the whole connection: RST on every socket this pump holds.
     fn reset(&mut self) {
         if !self.conn.counted_reset.swap(true, Ordering::SeqCst) {
@@ -372,7 +379,7 @@ impl Pump {
                     };
                     tokio::select! {
                         n = from.read(&mut buf) => match n {
-                            Ok(0) => { self.at_eof = true; self.lose(0); }
+                            Ok(0) => { self.at_eof = true; self.tap_ended(); self.lose(0); }
                             Ok(n) => { self.tap_read(&buf[..n]); self.lose(n) }
                             Err(_) => return self.reset(),
                         },
@@ -596,7 +603,10 @@ impl Pump {
         };
         tokio::select! {
             n = read => match n {
-                Ok(0) => self.at_eof = true,
+                Ok(0) => {
+                    self.at_eof = true;
+                    self.tap_ended();
+                }
                 Ok(n) => {
                     let data = self.translate(&buf[..n]);
                     let alive = self.pass_on(shape, &data).await;
@@ -725,8 +735,10 @@ impl Pump {
         match write_following(to, bytes, &mut self.rx, &self.conn, self.side).await {
             Ok(()) => {
                 self.counted(true, bytes.len());
-                if let (Side::Up, Some(tap)) = (self.side, &self.conn.tap) {
-                    tap.up(bytes);
+                match (self.side, &self.conn.tap) {
+                    (Side::Up, Some(tap)) => tap.up(bytes),
+                    (Side::Down, Some(tap)) => tap.delivered(bytes),
+                    (_, None) => {}
                 }
                 true
             }

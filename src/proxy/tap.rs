@@ -7,7 +7,10 @@
 //! broker's socket through the link), and the bytes read from the broker (the broker
 //! *answered*, whether or not the answer reached the engine). The tap finds the records' ids
 //! in what it reads and notes, in the log, which left, which reached the broker and which the
-//! broker confirmed.
+//! broker confirmed. A tap that pairs requests with answers also reads the bytes written to
+//! the engine (the answer *reached* it) and the connection's end, and notes which attempts are
+//! open: an id sent again while an attempt carrying it is open is an *overlapping attempt*
+//! (DESIGN.md §1.4: one open attempt per write key).
 //!
 //! The proxy knows no protocol: the tap is called with bytes and decides. A tap must never
 //! change, hold or slow the bytes; it reads them, and it must cope with any cut of a stream
@@ -58,6 +61,13 @@ pub struct Seen {
     pub unreadable: u64,
     /// Data frames read at all.
     pub frames: u64,
+    /// How many attempts carrying each id are open now, on any connection: sent by the engine
+    /// and neither answered to it nor ended by the end of their connection (only taps that
+    /// pair requests with answers note these: PostgreSQL's).
+    pub open: HashMap<TapId, u32, FxBuildHasher>,
+    /// Ids the engine sent again while an attempt carrying them was open, once each, in the
+    /// order seen.
+    pub overlapping: Vec<TapId>,
 }
 
 impl TapLog {
@@ -89,6 +99,35 @@ impl TapLog {
         }
     }
 
+    /// Notes an attempt carrying `ids` that the engine just sent: an id with an attempt still
+    /// open is an overlapping attempt.
+    pub fn opened(&self, ids: &[TapId]) {
+        if let Ok(mut s) = self.inner.lock() {
+            for &id in ids {
+                let open = s.open.entry(id).or_insert(0);
+                *open += 1;
+                if *open > 1 && !s.overlapping.contains(&id) {
+                    s.overlapping.push(id);
+                }
+            }
+        }
+    }
+
+    /// Notes that an attempt carrying `ids` is over: answered to the engine, or its connection
+    /// ended.
+    pub fn closed(&self, ids: &[TapId]) {
+        if let Ok(mut s) = self.inner.lock() {
+            for id in ids {
+                if let Some(open) = s.open.get_mut(id) {
+                    *open -= 1;
+                    if *open == 0 {
+                        s.open.remove(id);
+                    }
+                }
+            }
+        }
+    }
+
     /// What was seen so far.
     pub fn seen(&self) -> Seen {
         self.inner.lock().map(|s| s.clone()).unwrap_or_default()
@@ -104,6 +143,11 @@ pub trait Tap: Send {
     fn up(&mut self, bytes: &[u8], log: &TapLog);
     /// Bytes read from the broker.
     fn down(&mut self, bytes: &[u8], log: &TapLog);
+    /// Bytes written to the engine: an answer reached it (a `delay` holds them until then).
+    fn delivered(&mut self, _bytes: &[u8], _log: &TapLog) {}
+    /// The connection is over for the engine: it closed its side, or the connection ended.
+    /// Called once at least; a tap must take a second call in its stride.
+    fn ended(&mut self, _log: &TapLog) {}
 }
 
 /// Makes a connection's tap: a destination kind's protocol reader.
@@ -111,6 +155,11 @@ pub trait TapMaker: Send + Sync {
     /// The protocol it reads, for the report (`MQTT PUBLISH/PUBACK`).
     fn protocol(&self) -> &'static str;
     fn tap(&self) -> Box<dyn Tap>;
+    /// Whether its taps pair the engine's attempts with their answers ([`TapLog::opened`]):
+    /// then what they note of overlapping attempts is a judgement.
+    fn pairs_answers(&self) -> bool {
+        false
+    }
 }
 
 /// A link's tapping: how to read its connections, and where to note what they carried.
@@ -150,6 +199,25 @@ impl ConnTap {
         if let Ok(mut t) = self.tap.lock() {
             t.down(bytes, &self.log);
         }
+    }
+
+    pub(crate) fn delivered(&self, bytes: &[u8]) {
+        if let Ok(mut t) = self.tap.lock() {
+            t.delivered(bytes, &self.log);
+        }
+    }
+
+    pub(crate) fn ended(&self) {
+        if let Ok(mut t) = self.tap.lock() {
+            t.ended(&self.log);
+        }
+    }
+}
+
+impl Drop for ConnTap {
+    /// However the connection ended, its attempts are over.
+    fn drop(&mut self) {
+        self.ended();
     }
 }
 

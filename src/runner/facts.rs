@@ -108,6 +108,12 @@ pub struct Tapped {
     pub unreadable: u64,
     /// Data frames read.
     pub frames: u64,
+    /// Whether the tap pairs the engine's statements with their answers (PostgreSQL's): then
+    /// `overlapping` is judged.
+    pub pairs_answers: bool,
+    /// Ids the engine sent again while an attempt carrying them was open on a connection it
+    /// still held, in the order seen.
+    pub overlapping: Vec<String>,
     /// The one link every connection to the broker crosses, when there is only one (a
     /// Kafka-aware link with its broker links counts as one): only a fault on it can be
     /// judged by what the shared tap saw cross (several links, as to a NATS cluster, share the

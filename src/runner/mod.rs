@@ -391,6 +391,24 @@ async fn finish(
         ("runtime".to_string(), running.runtime.to_string()),
     ]);
     let idle_links = idle_links(&played.faults, rig);
+    let tapped = rig.tapped(t0);
+    let mut received = received;
+    if received.overlapping_keys.is_none()
+        && let Some(t) = tapped.as_ref().filter(|t| t.pairs_answers)
+    {
+        // Where the link's tap pairs statements with their answers (PostgreSQL), it judges
+        // one open attempt per write key: its overlapping ids, by the keys they were sent with.
+        let keys: std::collections::HashMap<&str, &str> = sent
+            .accepted()
+            .filter_map(|(r, key, _)| Some((r.id.as_str(), key?)))
+            .collect();
+        received.overlapping_keys = Some(
+            t.overlapping
+                .iter()
+                .filter_map(|id| keys.get(id.as_str()).map(|k| k.to_string()))
+                .collect(),
+        );
+    }
     Ok(Facts {
         plan: plan.clone(),
         seed: clock.seed,
@@ -404,7 +422,7 @@ async fn finish(
         power_cuts: played.power_cuts,
         faults: played.faults,
         samples: played.samples.lock().map(|s| s.clone()).unwrap_or_default(),
-        tapped: rig.tapped(t0),
+        tapped,
         idle_links,
         // Bypass is judged where arrival times are the destination's own and where one link
         // is the only way to the broker.

@@ -185,7 +185,21 @@ impl<'a> Drill<'a> {
             if l.stacks() && !spec.fault.instantaneous() {
                 // Beside what the link already holds (DESIGN.md §3: conditions stack, one cut).
                 let (cut, conditions) = self.stacks.start(name, index, *spec).specs();
-                if let Err(e) = l.set_stack(cut, conditions).await {
+                // Test builds: a link that takes no condition at all (as one the proxy refused,
+                // or one that could not listen again, would not).
+                #[cfg(feature = "test-hooks")]
+                let refused = std::env::var_os("DRILL_TEST_LINKS_REFUSE_CONDITIONS").is_some();
+                #[cfg(not(feature = "test-hooks"))]
+                let refused = false;
+                let applied = if refused {
+                    Err(crate::proxy::ProxyError::FaultRefused {
+                        name: name.to_string(),
+                        why: "DRILL_TEST_LINKS_REFUSE_CONDITIONS".to_string(),
+                    })
+                } else {
+                    l.set_stack(cut, conditions).await
+                };
+                if let Err(e) = applied {
                     // Not applied: it proves nothing, and the drill must not pass on it.
                     self.notes.push(format!("fault {index}: {e}"));
                     no_target = Some(format!("the link could not apply it: {e}"));

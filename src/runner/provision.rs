@@ -29,9 +29,8 @@ pub struct Rig {
     pub running: Running,
     /// What the report should say about how the broker was set up.
     pub notes: Vec<String>,
-    /// The protocol every link's connections are read with, and what it saw.
-    /// The tap's protocol, its log, and the run its ids belong to.
-    tap: Option<(&'static str, Arc<TapLog>, String)>,
+    /// The links' tap: its protocol, its log, the run's id, whether it pairs answers.
+    tap: Option<(&'static str, Arc<TapLog>, String, bool)>,
     /// Cancels every link's tasks.
     link_cancel: CancellationToken,
     /// The link served by a `drill proxy` on another host (`links:`), in place of drill's own:
@@ -112,7 +111,12 @@ impl Rig {
             for l in &links {
                 l.set_tap(tapping.clone());
             }
-            (maker.protocol(), log, run_id.to_string())
+            (
+                maker.protocol(),
+                log,
+                run_id.to_string(),
+                maker.pairs_answers(),
+            )
         });
         let mut rig = Rig {
             link,
@@ -239,7 +243,7 @@ impl Rig {
 
     /// What the links' tap saw, times relative to `t0` (the drill's start).
     pub fn tapped(&self, t0: Instant) -> Option<Tapped> {
-        let (protocol, log, run) = self.tap.as_ref()?;
+        let (protocol, log, run, pairs) = self.tap.as_ref()?;
         let seen = log.seen();
         let name = |id: TapId| id.name(run);
         let ms = |at: Instant| at.saturating_duration_since(t0).as_millis() as u64;
@@ -254,6 +258,8 @@ impl Rig {
             acked: seen.acked.into_iter().map(name).collect(),
             unreadable: seen.unreadable,
             frames: seen.frames,
+            pairs_answers: *pairs,
+            overlapping: seen.overlapping.into_iter().map(name).collect(),
             link: (self.links.len() == 1).then(|| self.links[0].name().to_string()),
         })
     }

@@ -13,7 +13,10 @@
 //!   nothing.
 //! - **The reader** ([`read`]): the table itself, read once the drill ends (each row one copy,
 //!   timed by `stored_at`, the server's own clock).
-//! - **Links**: one plain TCP link named `postgres` in front of the server.
+//! - **Links**: one plain TCP link named `postgres` in front of the server, read by the
+//!   PostgreSQL tap ([`tap`]): which records went up, and a record sent again while a statement
+//!   carrying it was still unanswered to the engine on an open connection — an *overlapping
+//!   attempt*, judged as on HTTP (the key column would hide the copy).
 //!
 //! - **`runtime: external`**: the user's PostgreSQL, reached with the connection string in the
 //!   environment variable `dsn_env` names (never in the file). drill creates its table there
@@ -28,6 +31,7 @@
 pub mod broker;
 pub mod read;
 pub mod sink;
+pub mod tap;
 
 use std::sync::Arc;
 
@@ -61,8 +65,15 @@ pub static ENTRY: Entry = Entry {
     broker_tls: false,
     validate,
     bench: None,
-    taps: None,
+    taps: Some(taps),
 };
+
+/// The kind's tap for the ids of run `run`.
+fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
+    Arc::new(tap::PostgresTaps {
+        ids: crate::proxy::tap::IdFinder::new(run),
+    })
+}
 
 /// A PostgreSQL destination: the table the records go to, and whose database it is.
 #[derive(Debug, Clone)]
