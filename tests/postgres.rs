@@ -98,6 +98,30 @@ fn a_second_attempt_while_the_first_is_unanswered_is_caught_at_the_link() {
     }
 }
 
+/// A stranded connection (silent for good, never closed by the link): the engine gives up on
+/// its statements after the answer timeout and must close that connection before it sends them
+/// again elsewhere. It did not — tokio-postgres keeps a connection open while a statement waits
+/// for its answer, after the client is gone — and the link counted 64 overlapping attempts; the
+/// session now owns its connection's task and ends it.
+#[test]
+fn a_stranded_connection_is_closed_before_its_statements_go_again() {
+    if !have_postgres() {
+        return;
+    }
+    let ran = catalogue_drill_passes("postgres-strand");
+    assert_eq!(
+        ran.number(&["ledger", "overlapping_attempts"]),
+        0,
+        "{:#}",
+        ran.report["ledger"]
+    );
+    assert!(
+        ran.number(&["attempts", "possibly_sent"]) > 0,
+        "{:#}",
+        ran.report["attempts"]
+    );
+}
+
 #[test]
 fn a_row_the_table_rejects_is_a_refusal_set_aside() {
     if !have_postgres() {

@@ -438,7 +438,9 @@ impl Pump {
             };
             tokio::select! {
                 n = from.read(buf) => match n {
-                    Ok(0) | Err(_) => break,
+                    // The engine closed its side: its attempts on this connection are over,
+                    // though the stranded connection's other side may never close.
+                    Ok(0) | Err(_) => { self.tap_ended(); break }
                     Ok(n) => { self.tap_read(&buf[..n]); self.counted(false, n) }
                 },
                 _ = self.conn.abort.cancelled() => return self.reset(),

@@ -490,6 +490,18 @@ async fn answers(addr: SocketAddr, process: &mut LocalProcess) -> Result<String,
 
 /// A client logged in as `login`; the connection runs on its own task.
 pub async fn connect(addr: SocketAddr, login: &Login) -> Result<tokio_postgres::Client, String> {
+    let (client, mut connection) = connect_owned(addr, login).await?;
+    connection.detach_all();
+    Ok(client)
+}
+
+/// [`connect`], with the task that drives the connection: dropping the set closes the
+/// connection at once, answered or not (tokio-postgres otherwise keeps a connection open while
+/// any statement on it waits for its answer, after the client is gone).
+pub async fn connect_owned(
+    addr: SocketAddr,
+    login: &Login,
+) -> Result<(tokio_postgres::Client, tokio::task::JoinSet<()>), String> {
     let mut config = tokio_postgres::Config::new();
     config
         .host(addr.ip().to_string())
@@ -504,8 +516,11 @@ pub async fn connect(addr: SocketAddr, login: &Login) -> Result<tokio_postgres::
         .connect(tokio_postgres::NoTls)
         .await
         .map_err(|e| super::read::message(&e))?;
-    tokio::spawn(connection);
-    Ok(client)
+    let mut task = tokio::task::JoinSet::new();
+    task.spawn(async move {
+        let _ = connection.await;
+    });
+    Ok((client, task))
 }
 
 /// drill's role on its own server's maintenance database.

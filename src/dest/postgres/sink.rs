@@ -50,7 +50,8 @@ impl Sink for PostgresSink {
         let cfg = to.cfg;
         let limit = cfg.answer_timeout.0;
         let session = async {
-            let client = super::broker::connect(cfg.address, &login(cfg)?).await?;
+            let (client, connection) =
+                super::broker::connect_owned(cfg.address, &login(cfg)?).await?;
             client
                 .simple_query("SELECT 1")
                 .await
@@ -72,9 +73,9 @@ impl Sink for PostgresSink {
                 .prepare(&insert_sql(&cfg.topic))
                 .await
                 .map_err(|e| format!("prepare: {}", db_message(&e)))?;
-            Ok::<_, String>((client, insert))
+            Ok::<_, String>((client, insert, connection))
         };
-        let (client, insert) = tokio::time::timeout(limit, session)
+        let (client, insert, connection) = tokio::time::timeout(limit, session)
             .await
             .map_err(|_| format!("no answer within {limit:?}"))??;
         let (done, replies) = mpsc::unbounded_channel();
@@ -86,6 +87,7 @@ impl Sink for PostgresSink {
             client,
             answer_timeout: limit,
             _worker: worker,
+            _connection: connection,
             queue,
             replies,
         })
@@ -129,6 +131,10 @@ pub struct PostgresSession {
     answer_timeout: Duration,
     /// The one task that issues the statements, in order; dropped (aborted) with the session.
     _worker: JoinSet<()>,
+    /// The task that drives the connection: dropped with the session, which closes the
+    /// connection, so a statement the engine gave up on is never left open behind its resend
+    /// (DESIGN.md §1.4; tokio-postgres alone kept a stranded connection open for good).
+    _connection: JoinSet<()>,
     queue: mpsc::UnboundedSender<(u16, Arc<StoredRecord>)>,
     replies: mpsc::UnboundedReceiver<(u16, Reply)>,
 }
