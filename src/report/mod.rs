@@ -98,8 +98,9 @@ pub struct Ledger {
     /// the engine has no answer yet. Counted in `delivered`, not in `waiting`, so it never keeps
     /// the ledger from closing.
     pub delivered_unanswered: u64,
-    /// Where drill is the destination (HTTP): writes that arrived while an earlier attempt with
-    /// their write key was unanswered and its connection open. `None` where it cannot tell.
+    /// Where drill is the destination (HTTP), or the link pairs statements with their answers
+    /// (PostgreSQL): writes that arrived while an earlier attempt with their write key was
+    /// unanswered and its connection open. `None` where it cannot tell.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlapping_attempts: Option<u64>,
     /// On a destination that cannot confirm a write: records the engine sent (the OS took

@@ -251,8 +251,9 @@ pub(super) struct RawExpect {
     /// `any` for a destination that is unreachable on purpose.
     #[serde(default)]
     pub(super) undelivered: Option<Bound>,
-    /// Where drill is the destination (HTTP): writes that arrived while an earlier attempt with
-    /// the same write key was still open: 0 unless said.
+    /// Where drill is the destination (HTTP), or the link pairs statements with their answers
+    /// (PostgreSQL): writes that arrived while an earlier attempt with the same write key was
+    /// still open: 0 unless said.
     #[serde(default)]
     pub(super) overlapping_attempts: Option<Bound>,
     /// A destination that cannot confirm a write (syslog over plain TCP or UDP): records lost
