@@ -17,6 +17,8 @@ targets=(
   "the_mqtt_decoder_never_panics 4000"
   "the_mqtt_decoder_reads_back_packets_cut_anyhow 1000"
   "the_mqtt_tap_notes_exactly_what_crossed 1000"
+  "the_syslog_tap_notes_exactly_the_ids_written 2000"
+  "the_postgres_tap_finds_exactly_the_overlapping_attempts 2000"
   "the_log_recovers_every_record_before_the_damage_and_invents_none 250"
   "the_control_apis_answer_any_json 1000"
 )

@@ -8,7 +8,8 @@
 //! engine's NDJSON batch check, the record log's recovery (real segment files cut short and
 //! corrupted at random, judged frame by frame against what was written), the MQTT decoder
 //! (random bytes, and packets built from their structure and cut anyhow), the MQTT tap against
-//! a model of the session, and the JSON of the proxy's control APIs (drill's and the
+//! a model of the session, the syslog tap against the ids written, the PostgreSQL tap's
+//! overlapping attempts against a model of a pipelined session, and the JSON of the proxy's control APIs (drill's and the
 //! Toxiproxy-shaped one; only fault-setting routes, so nothing binds a port).
 
 use std::path::Path;
@@ -453,5 +454,121 @@ proptest! {
             }
             cancel.cancel();
         });
+    }
+}
+
+/// One step of a PostgreSQL session as the engine's link sees it: a statement carrying record
+/// `fuzz/k0/<id>` (Bind, Execute, Sync), or the server's answer to the oldest open one reaching
+/// the engine (BindComplete, CommandComplete, ReadyForQuery).
+#[derive(Debug, Clone)]
+enum PgStep {
+    Send(u64),
+    Answer,
+}
+
+fn pg_typed(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![kind];
+    m.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases_or(64), ..ProptestConfig::default() })]
+
+    /// The syslog tap, fed octet-counted messages cut anyhow (and between them bytes that
+    /// hold no id of this run), notes exactly the ids written: never a prefix of one as an id
+    /// of its own, none twice.
+    #[test]
+    fn the_syslog_tap_notes_exactly_the_ids_written(
+        ids in proptest::collection::vec((0u32..1000, any::<u64>()), 0..24),
+        noise in proptest::collection::vec(any::<u8>(), 0..64),
+        cuts in proptest::collection::vec(any::<usize>(), 0..24),
+    ) {
+        use drill::proxy::tap::{TapLog, TapMaker};
+        let mut wire = Vec::new();
+        for (key, seq) in &ids {
+            let msg = format!("<13>1 - h drill - - [drill key=\"w\"] {{\"id\":\"{RUN}/k{key}/{seq}\"}}");
+            wire.extend(drill::dest::syslog::message::octet_counted(&msg));
+            // Noise that is no id of this run (no `fuzz/` in it).
+            wire.extend(noise.iter().map(|b| if b.is_ascii_alphanumeric() { b'.' } else { *b }));
+        }
+        let maker = drill::dest::syslog::tap::SyslogTaps::new(RUN);
+        let log = TapLog::default();
+        let mut tap = maker.tap();
+        for chunk in chunks(&wire, &cuts) {
+            tap.left(chunk, &log);
+            tap.up(chunk, &log);
+        }
+        let seen = log.seen();
+        let written: std::collections::BTreeSet<(u32, u64)> = ids.iter().copied().collect();
+        let of = |v: Vec<drill::proxy::tap::TapId>| v.into_iter().map(|t| (t.key, t.seq)).collect::<std::collections::BTreeSet<_>>();
+        prop_assert_eq!(of(seen.left.iter().copied().collect()), written.clone());
+        prop_assert_eq!(of(seen.sent.keys().copied().collect()), written);
+    }
+
+    /// The PostgreSQL tap, fed a session's steps with each side cut anyhow, counts as
+    /// overlapping exactly the records a model says went again while a statement carrying them
+    /// was open (answers reach the engine oldest first); garbage on any side never panics it.
+    #[test]
+    fn the_postgres_tap_finds_exactly_the_overlapping_attempts(
+        steps in proptest::collection::vec(prop_oneof![(0u64..6).prop_map(PgStep::Send), Just(PgStep::Answer)], 0..40),
+        cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        garbage in proptest::collection::vec(any::<u8>(), 0..200),
+    ) {
+        use drill::proxy::tap::{TapLog, TapMaker};
+        let maker = drill::dest::postgres::tap::PostgresTaps { ids: drill::proxy::tap::IdFinder::new(RUN) };
+        let log = TapLog::default();
+        let mut tap = maker.tap();
+        let startup = {
+            let body = b"\0\x03\0\0user\0drill\0\0";
+            let mut m = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+            m.extend_from_slice(body);
+            m
+        };
+        for chunk in chunks(&startup, &cuts) {
+            tap.left(chunk, &log);
+        }
+        tap.delivered(&pg_typed(b'Z', b"I"), &log);
+        // The model: statements open oldest first; an answer with none open is not sent.
+        let mut open: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
+        let mut overlapping: Vec<u64> = Vec::new();
+        for step in &steps {
+            match step {
+                PgStep::Send(id) => {
+                    if open.contains(id) && !overlapping.contains(id) {
+                        overlapping.push(*id);
+                    }
+                    open.push_back(*id);
+                    let mut m = pg_typed(b'B', format!("\0s\0\0\0\0\x01\0\0\0\x09{RUN}/k0/{id}").as_bytes());
+                    m.extend(pg_typed(b'E', b"\0\0\0\0\0"));
+                    m.extend(pg_typed(b'S', b""));
+                    for chunk in chunks(&m, &cuts) {
+                        tap.left(chunk, &log);
+                        tap.up(chunk, &log);
+                    }
+                }
+                PgStep::Answer => {
+                    if open.pop_front().is_none() {
+                        continue;
+                    }
+                    let mut m = pg_typed(b'2', b"");
+                    m.extend(pg_typed(b'C', b"INSERT 0 1\0"));
+                    m.extend(pg_typed(b'Z', b"I"));
+                    for chunk in chunks(&m, &cuts) {
+                        tap.delivered(chunk, &log);
+                    }
+                }
+            }
+        }
+        let seen: Vec<u64> = log.seen().overlapping.iter().map(|t| t.seq).collect();
+        prop_assert_eq!(seen, overlapping);
+        // Garbage after it all, on every side, then the end: no panic, nothing left open.
+        tap.left(&garbage, &log);
+        tap.up(&garbage, &log);
+        tap.down(&garbage, &log);
+        tap.delivered(&garbage, &log);
+        tap.ended(&log);
+        prop_assert!(log.seen().open.is_empty());
     }
 }
