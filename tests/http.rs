@@ -10,7 +10,7 @@ mod common;
 
 use common::run::{catalogue_drill_passes, refused_at};
 #[cfg(feature = "mutants")]
-use common::run::{drill, run_drill_with, show};
+use common::run::{run_drill_with, show};
 
 #[cfg(feature = "mutants")]
 fn catalogue(name: &str) -> String {
@@ -225,32 +225,11 @@ fn what_an_http_destination_cannot_honour_exits_2_located() {
 #[cfg(feature = "mutants")]
 #[test]
 fn a_second_attempt_while_the_first_is_open_is_caught_as_an_overlapping_attempt() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().display().to_string();
     let (a, b) = (
         catalogue("http-slow-answer"),
         catalogue("http-slow-answer-racy"),
     );
-    let o = drill(&[
-        "selftest",
-        &a,
-        &b,
-        "--mutant",
-        "second-attempt-while-open",
-        "--mutant",
-        "resend-on-timer",
-        "--full",
-        "--jobs",
-        "3",
-        "--out",
-        &out,
-    ]);
-    println!("{}", String::from_utf8_lossy(&o.stdout));
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    let doc: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("selftest/selftest.json")).unwrap(),
-    )
-    .unwrap();
+    let doc = common::run::selftest_the_repeat_makers(&[&a, &b]);
     let mut racy_copies = 0;
     for row in doc["rows"].as_array().unwrap() {
         for cell in row["cells"].as_array().unwrap() {
@@ -260,12 +239,7 @@ fn a_second_attempt_while_the_first_is_open_is_caught_as_an_overlapping_attempt(
                 continue;
             }
             assert_eq!(cell["outcome"], "caught", "{engine} × {drill}: {cell:#}");
-            let by: Vec<&str> = cell["caught_by"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(|f| f["signature"].as_str())
-                .collect();
+            let by = common::run::caught_by(cell);
             assert!(
                 by.contains(&"overlapping_attempts"),
                 "{engine} × {drill}: {by:?}"

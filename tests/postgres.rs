@@ -55,31 +55,11 @@ fn a_second_attempt_while_the_first_is_unanswered_is_caught_at_the_link() {
     if !have_postgres() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().display().to_string();
     let file = format!(
         "{}/scenarios/postgres-slow-answer.yaml",
         env!("CARGO_MANIFEST_DIR")
     );
-    let o = common::run::drill(&[
-        "selftest",
-        &file,
-        "--mutant",
-        "second-attempt-while-open",
-        "--mutant",
-        "resend-on-timer",
-        "--full",
-        "--jobs",
-        "3",
-        "--out",
-        &out,
-    ]);
-    println!("{}", String::from_utf8_lossy(&o.stdout));
-    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
-    let doc: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("selftest/selftest.json")).unwrap(),
-    )
-    .unwrap();
+    let doc = common::run::selftest_the_repeat_makers(&[&file]);
     for row in doc["rows"].as_array().unwrap() {
         let cell = &row["cells"][0];
         let engine = &row["engine"];
@@ -88,12 +68,7 @@ fn a_second_attempt_while_the_first_is_unanswered_is_caught_at_the_link() {
             continue;
         }
         assert_eq!(cell["outcome"], "caught", "{engine}: {cell:#}");
-        let by: Vec<&str> = cell["caught_by"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|f| f["signature"].as_str())
-            .collect();
+        let by = common::run::caught_by(cell);
         assert!(by.contains(&"overlapping_attempts"), "{engine}: {cell:#}");
     }
 }

@@ -10,7 +10,7 @@
 //! broker confirmed. A tap that pairs requests with answers also reads the bytes written to
 //! the engine (the answer *reached* it) and the connection's end, and notes which attempts are
 //! open: an id sent again while an attempt carrying it is open is an *overlapping attempt*
-//! (DESIGN.md §1.4: one open attempt per write key).
+//! (one open attempt per write key: docs/src/engine.md, docs/src/destinations.md).
 //!
 //! The proxy knows no protocol: the tap is called with bytes and decides. A tap must never
 //! change, hold or slow the bytes; it reads them, and it must cope with any cut of a stream

@@ -393,21 +393,8 @@ async fn finish(
     let idle_links = idle_links(&played.faults, rig);
     let tapped = rig.tapped(t0);
     let mut received = received;
-    if received.overlapping_keys.is_none()
-        && let Some(t) = tapped.as_ref().filter(|t| t.pairs_answers)
-    {
-        // Where the link's tap pairs statements with their answers (PostgreSQL), it judges
-        // one open attempt per write key: its overlapping ids, by the keys they were sent with.
-        let keys: std::collections::HashMap<&str, &str> = sent
-            .accepted()
-            .filter_map(|(r, key, _)| Some((r.id.as_str(), key?)))
-            .collect();
-        received.overlapping_keys = Some(
-            t.overlapping
-                .iter()
-                .filter_map(|id| keys.get(id.as_str()).map(|k| k.to_string()))
-                .collect(),
-        );
+    if received.overlapping_keys.is_none() {
+        received.overlapping_keys = tapped_overlaps(tapped.as_ref(), &sent);
     }
     Ok(Facts {
         plan: plan.clone(),
@@ -444,6 +431,23 @@ async fn finish(
 
 /// What the report must say of a system that gives no account or whose attempts drill cannot
 /// see.
+/// Where the links' tap pairs statements with their answers (PostgreSQL), it judges one open
+/// attempt per write key: the ids it saw sent again while open, by the keys they were sent
+/// with. `None` where no tap judges it.
+fn tapped_overlaps(tapped: Option<&Tapped>, sent: &Sent) -> Option<Vec<String>> {
+    let t = tapped.filter(|t| t.pairs_answers)?;
+    let keys: std::collections::HashMap<&str, &str> = sent
+        .accepted()
+        .filter_map(|(r, key, _)| Some((r.id.as_str(), key?)))
+        .collect();
+    Some(
+        t.overlapping
+            .iter()
+            .filter_map(|id| keys.get(id.as_str()).map(|k| k.to_string()))
+            .collect(),
+    )
+}
+
 /// The broker links faults were put on that nothing crossed in the whole drill.
 fn idle_links(faults: &[FaultRecord], rig: &Rig) -> Vec<String> {
     let mut idle: Vec<String> = faults

@@ -228,3 +228,39 @@ pub fn refused_at(
     );
     assert_eq!(said.trim().lines().count(), 1, "{name}: one line: {said}");
 }
+
+/// `drill selftest SCENARIOS… --mutant second-attempt-while-open --mutant resend-on-timer --full`
+/// (the two engines that send a write again while its attempt is open, and the correct one),
+/// asserted to pass; its `selftest.json`.
+pub fn selftest_the_repeat_makers(scenarios: &[&str]) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().display().to_string();
+    let mut args = vec!["selftest"];
+    args.extend_from_slice(scenarios);
+    args.extend([
+        "--mutant",
+        "second-attempt-while-open",
+        "--mutant",
+        "resend-on-timer",
+        "--full",
+        "--jobs",
+        "3",
+        "--out",
+        &out,
+    ]);
+    let o = drill(&args);
+    println!("{}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("selftest/selftest.json")).unwrap(),
+    )
+    .unwrap()
+}
+
+/// The signatures a selftest cell was caught by (`overlapping_attempts`, `duplicates`).
+pub fn caught_by(cell: &serde_json::Value) -> Vec<&str> {
+    cell["caught_by"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|f| f["signature"].as_str()).collect())
+        .unwrap_or_default()
+}

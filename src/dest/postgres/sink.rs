@@ -133,7 +133,8 @@ pub struct PostgresSession {
     _worker: JoinSet<()>,
     /// The task that drives the connection: dropped with the session, which closes the
     /// connection, so a statement the engine gave up on is never left open behind its resend
-    /// (DESIGN.md §1.4; tokio-postgres alone kept a stranded connection open for good).
+    /// (one open attempt per write key: docs/src/engine.md; tokio-postgres alone kept a
+    /// stranded connection open for good).
     _connection: JoinSet<()>,
     queue: mpsc::UnboundedSender<(u16, Arc<StoredRecord>)>,
     replies: mpsc::UnboundedReceiver<(u16, Reply)>,
