@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Checks the book and the README: every relative link points at a file that exists (and at
 a heading that exists, for `file.md#anchor`), and every YAML code block that is a whole
-scenario (top-level `name:`, `destination:` and `workload:`) passes `drill check`.
+scenario (top-level `name:`, `destination:` and `workload:`) passes `drill check`. Also checks
+the book's pages cited from code, tests and CI scripts (src/, tests/, ci/ of the repository
+this script is in): a citation such as docs/src/design.md#rule-1-5 must name a page of the book
+and, after `#`, one of that page's anchors (a heading's, or an explicit `<a id="...">` or
+`{#id}`).
 
     python3 ci/book_check.py DRILL_BINARY README.md docs/src
-Exit 1 with one line per broken link or invalid scenario.
+Exit 1 with one line per broken link, broken citation or invalid scenario.
 """
 
+import functools
 import os
 import re
 import subprocess
@@ -15,6 +20,14 @@ import tempfile
 
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```(\w*)\s*$")
+# An explicit anchor: `<a id="rule-1-5"></a>` anywhere in prose, `{#id}` at a heading's end.
+HTML_ANCHOR = re.compile(r"""<a\s[^>]*?\b(?:id|name)\s*=\s*["']([^"']+)["']""")
+HEADING_ID = re.compile(r"\{#([\w-]+)[^}]*\}\s*$")
+# A page of the book cited from code: its path under docs/src/, optionally with #anchor.
+CODE_REF = re.compile(r"docs/src/([\w-]+\.md)(#[\w-]+)?")
+CODE_DIRS = ("src", "tests", "ci")
+CODE_EXTS = (".rs", ".py", ".sh", ".toml", ".yml", ".yaml")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def slug(heading):
@@ -42,9 +55,46 @@ def prose_and_blocks(path):
     return prose, blocks
 
 
+@functools.lru_cache(maxsize=None)
 def anchors(path):
+    """Every anchor a page has: each heading's (its `{#id}` if it gives one, else its slug) and
+    each explicit `<a id="...">` outside code blocks."""
     prose, _ = prose_and_blocks(path)
-    return {slug(l.lstrip("#")) for _, l in prose if l.startswith("#")}
+    found = set()
+    for _, line in prose:
+        if line.startswith("#"):
+            explicit = HEADING_ID.search(line)
+            found.add(explicit.group(1) if explicit else slug(line.lstrip("#")))
+        found.update(HTML_ANCHOR.findall(line))
+    return found
+
+
+def code_refs(root=ROOT):
+    """Citations of the book in the code, tests and CI scripts under `root` that do not
+    resolve, each as `file:line: CITATION: no such file` (or `no such heading`)."""
+    broken, checked = [], 0
+    for top in CODE_DIRS:
+        for dirpath, dirnames, names in os.walk(os.path.join(root, top)):
+            dirnames.sort()
+            for name in sorted(names):
+                if not name.endswith(CODE_EXTS):
+                    continue
+                path = os.path.join(dirpath, name)
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        lines = f.read().splitlines()
+                except (UnicodeDecodeError, OSError):
+                    continue
+                for n, line in enumerate(lines, 1):
+                    for m in CODE_REF.finditer(line):
+                        checked += 1
+                        page = os.path.join(root, "docs", "src", m.group(1))
+                        where = f"{os.path.relpath(path, root)}:{n}: {m.group(0)}"
+                        if not os.path.isfile(page):
+                            broken.append(f"{where}: no such file")
+                        elif m.group(2) and m.group(2)[1:] not in anchors(page):
+                            broken.append(f"{where}: no such heading")
+    return broken, checked
 
 
 def is_scenario(text):
@@ -87,9 +137,14 @@ def main():
             if r.returncode != 0:
                 said = (r.stdout + r.stderr).strip().replace(f, "the block")
                 broken.append(f"{path}:{start}: a scenario block that fails drill check: {said}")
+    cited, refs = code_refs()
+    broken += cited
     for b in broken:
         print(b)
-    print(f"book check: {len(files)} files, {len(scenarios)} scenario blocks checked, {len(broken)} problems")
+    print(
+        f"book check: {len(files)} files, {len(scenarios)} scenario blocks, "
+        f"{refs} citations of the book in {', '.join(CODE_DIRS)} checked, {len(broken)} problems"
+    )
     sys.exit(1 if broken else 0)
 
 

@@ -6,6 +6,7 @@ reads) as the book's reference chapter, so the reference cannot drift from the p
 """
 
 import json
+import re
 import sys
 
 
@@ -60,8 +61,23 @@ def enum_rows(node):
     return rows
 
 
+def book_link(m):
+    """A citation of a book page in a doc comment (the path under docs/src/, as the code writes
+    it) as a link from this chapter: `[design §1.7](design.md#rule-1-7)`."""
+    page, anchor = m.group(1), m.group(2) or ""
+    label = page[: -len(".md")]
+    rule = re.fullmatch(r"#rule-(\d+)-(\d+)", anchor)
+    section = re.fullmatch(r"#(\d+)-[\w-]+", anchor)
+    if page == "design.md" and rule:
+        label = f"design §{rule.group(1)}.{rule.group(2)}"
+    elif page == "design.md" and section:
+        label = f"design §{section.group(1)}"
+    return f"[{label}]({page}{anchor})"
+
+
 def one_line(text):
-    return " ".join((text or "").split()).replace("|", "\\|")
+    text = " ".join((text or "").split()).replace("|", "\\|")
+    return re.sub(r"docs/src/([\w-]+\.md)(#[\w-]+)?", book_link, text)
 
 
 def table(node, defs, out):

@@ -1,13 +1,13 @@
 //! `drill diff BASE NEW`: what changed between two runs of the same drills — a pull request's
 //! reports against main's — read from their `report.json` files.
 //!
-//! It reads only the fields DESIGN.md §6 makes a contract (`scenario`, `verdict`, `ledger`,
-//! `recovery`) and `series`, never a rendered line. Per drill, paired by scenario name: the
-//! verdict, lost, duplicates beyond the promise, reordered, the recovery after each fault
-//! (heal → first delivery), the drain after it (heal → every record accepted before the heal
-//! delivered) and the peak delivery rate, each with its change. Margins (`--fail-on
-//! recovery+20%,drain+20%,duplicates+0`) turn a change beyond them into a regression; without
-//! margins nothing is one. It never judges a drill again: the verdict is the run's own.
+//! It reads only the fields the design makes a contract (`scenario`, `verdict`, `ledger`,
+//! `recovery`: docs/src/design.md#6-interfaces) and `series`, never a rendered line. Per drill,
+//! paired by scenario name: the verdict, lost, duplicates beyond the promise, reordered, the
+//! recovery after each fault (heal → first delivery), the drain after it (heal → every record
+//! accepted before the heal delivered) and the peak delivery rate, each with its change. Margins
+//! (`--fail-on recovery+20%,drain+20%,duplicates+0`) turn a change beyond them into a regression;
+//! without margins nothing is one. It never judges a drill again: the verdict is the run's own.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

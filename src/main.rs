@@ -1,4 +1,5 @@
-//! The `drill` binary: the command line is `drill::cli` (exit codes in DESIGN.md §6).
+//! The `drill` binary: the command line is `drill::cli` (exit codes in
+//! docs/src/design.md#6-interfaces).
 
 use std::process::ExitCode;
 

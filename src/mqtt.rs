@@ -21,7 +21,7 @@ pub use rumqttc::v5::mqttbytes::v5::{
     SubscribeReasonCode,
 };
 
-/// The user property that carries a write key (DESIGN.md §1.3).
+/// The user property that carries a write key (docs/src/design.md#rule-1-3).
 pub const WRITE_KEY_PROPERTY: &str = "write-key";
 
 #[cfg(test)]

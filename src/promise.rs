@@ -1,11 +1,13 @@
-//! What an output promises and in which order it delivers (DESIGN.md §1.7, §1.9): the words
-//! the engine's config, the scenario and the verdict share.
+//! What an output promises and in which order it delivers (docs/src/design.md#rule-1-7,
+//! docs/src/design.md#rule-1-9): the words the engine's config, the scenario and the verdict
+//! share.
 //!
 //! A leaf: it knows nothing of engines, brokers or scenarios.
 
 use serde::{Deserialize, Serialize};
 
-/// What an output promises (DESIGN.md §1.7). An output may declare only what it can keep.
+/// What an output promises (docs/src/design.md#rule-1-7). An output may declare only what it can
+/// keep.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default, schemars::JsonSchema,
 )]
@@ -41,7 +43,7 @@ impl Promise {
     }
 }
 
-/// The order an output keeps (DESIGN.md §1.9).
+/// The order an output keeps (docs/src/design.md#rule-1-9).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default, schemars::JsonSchema,
 )]

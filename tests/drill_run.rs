@@ -683,9 +683,10 @@ fn a_stranded_kafka_connection_is_noticed_within_the_answer_timeout() {
     assert_clean_pass(&ran);
 }
 
-/// Faults that overlap on one link stack (DESIGN.md §3): a swallow and a rate in the middle of a
-/// delay, each ending on its own — the delay holds until its own end, and the drill says so at
-/// each heal. Before, the second fault replaced the first and the first heal ended both.
+/// Faults that overlap on one link stack (docs/src/design.md#3-fault-vocabulary): a swallow and a
+/// rate in the middle of a delay, each ending on its own — the delay holds until its own end, and
+/// the drill says so at each heal. Before, the second fault replaced the first and the first heal
+/// ended both.
 #[test]
 fn overlapping_faults_on_one_link_stack_and_end_one_by_one() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,8 +1,8 @@
-//! Acceptance is durable (DESIGN.md §1.8): the engine, under steady ingest, is SIGKILLed at 100
-//! random (seeded) instants and restarted on the same data directory each time; after a drain
-//! every record it acknowledged is at the broker. Real engine process, real broker, real disk.
-//! Segments are small (32 KiB), so the log rolls and deletes delivered segments all the while:
-//! a kill can land mid-roll or mid-delete too.
+//! Acceptance is durable (docs/src/design.md#rule-1-8): the engine, under steady ingest, is
+//! SIGKILLed at 100 random (seeded) instants and restarted on the same data directory each time;
+//! after a drain every record it acknowledged is at the broker. Real engine process, real broker,
+//! real disk. Segments are small (32 KiB), so the log rolls and deletes delivered segments all the
+//! while: a kill can land mid-roll or mid-delete too.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

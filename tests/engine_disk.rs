@@ -1,8 +1,8 @@
-//! Disk is the only limit (DESIGN.md §1.10), on a real small filesystem: the engine warns when
-//! room runs low, refuses ingest with HTTP 507 and a clear message when the reserve is reached,
-//! never evicts a stored record, and takes ingest again once space returns.
-//! Needs root to mount a 4 MiB tmpfs: under `CI=true` its absence fails the test; elsewhere
-//! the test says so and skips.
+//! Disk is the only limit (docs/src/design.md#rule-1-10), on a real small filesystem: the engine
+//! warns when room runs low, refuses ingest with HTTP 507 and a clear message when the reserve is
+//! reached, never evicts a stored record, and takes ingest again once space returns. Needs root to
+//! mount a 4 MiB tmpfs: under `CI=true` its absence fails the test; elsewhere the test says so and
+//! skips.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

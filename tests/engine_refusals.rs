@@ -1,8 +1,8 @@
-//! Only the destination decides a write's fate (DESIGN.md §1.2): a real mosquitto refuses one
-//! oversized record (PUBACK 0x95) while it accepts the others. The engine counts exactly 10
-//! refusals with growing gaps, an outage in the middle spends none, the record lands in Failed
-//! messages with the broker's words, and a replay after the limit is raised delivers one copy
-//! with the same write key. Backoff is scaled down (100 ms → 400 ms) to keep the test short.
+//! Only the destination decides a write's fate (docs/src/design.md#rule-1-2): a real mosquitto
+//! refuses one oversized record (PUBACK 0x95) while it accepts the others. The engine counts
+//! exactly 10 refusals with growing gaps, an outage in the middle spends none, the record lands in
+//! Failed messages with the broker's words, and a replay after the limit is raised delivers one
+//! copy with the same write key. Backoff is scaled down (100 ms → 400 ms) to keep the test short.
 
 use std::net::SocketAddr;
 use std::path::Path;

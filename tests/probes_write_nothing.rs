@@ -1,6 +1,6 @@
-//! Probes carry no data (DESIGN.md §1.5), for every output kind, against real brokers: the
-//! engine delivers 100 records, then its link is refused for 6 s while 50 more arrive (the
-//! engine probes about once a second and holds them), and meanwhile 30 probes of exactly the
+//! Probes carry no data (docs/src/design.md#rule-1-5), for every output kind, against real
+//! brokers: the engine delivers 100 records, then its link is refused for 6 s while 50 more arrive
+//! (the engine probes about once a second and holds them), and meanwhile 30 probes of exactly the
 //! kind the engine makes reach the broker and are answered. After the heal the destination holds
 //! exactly 150 records, one copy each: read-back count = accepted count.
 

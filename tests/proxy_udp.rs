@@ -1,6 +1,7 @@
-//! What a UDP client observes through a datagram link under each fault (DESIGN.md §3).
-//! Real sockets on 127.0.0.1 only: clients, the link, and an upstream that records every
-//! datagram it got (and from which flow) and echoes it unless told not to.
+//! What a UDP client observes through a datagram link under each fault
+//! (docs/src/design.md#3-fault-vocabulary). Real sockets on 127.0.0.1 only: clients, the link, and
+//! an upstream that records every datagram it got (and from which flow) and echoes it unless told
+//! not to.
 //!
 //! Clients are std sockets in non-blocking mode, polled: a `recv` is then a real system call,
 //! so "nothing arrived" and "ECONNREFUSED arrived" are what the kernel says, not what a

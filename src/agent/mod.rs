@@ -1,8 +1,8 @@
 //! `drill agent`: a `drill proxy` that also runs one engine on its host for a drill elsewhere
-//! (DESIGN.md §2, "past one machine"). It owns the engine's side of `sut::remote`: the slot
-//! one drill holds under a lease, the engine's folders on this host, the power-cut filesystem
-//! under its data directory, and the relays that publish the engine's loopback ports to that
-//! drill.
+//! (docs/src/design.md#2-parts, "past one machine"). It owns the engine's side of `sut::remote`:
+//! the slot one drill holds under a lease, the engine's folders on this host, the power-cut
+//! filesystem under its data directory, and the relays that publish the engine's loopback ports to
+//! that drill.
 //!
 //! API beside the proxy's, behind the same token: `PUT /engine` (an [`EngineOrder`]: start it
 //! and answer once ready), `POST /engine/act` (an [`EngineAct`]), `POST /engine/lease`,

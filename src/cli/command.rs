@@ -1,8 +1,9 @@
 //! The `drill` command line: its flags (`run`, `selftest`, `diff`, `init`, `check`, `schema`,
 //! `engine`, `proxy`, `bench`) and the dispatch to each command's body.
 //!
-//! Exit codes (DESIGN.md §6): 0 every expectation held, 1 an expectation failed, 2 invalid
-//! input (scenario, flags), 3 infrastructure failure (a broker or the engine could not start).
+//! Exit codes (docs/src/design.md#6-interfaces): 0 every expectation held, 1 an expectation
+//! failed, 2 invalid input (scenario, flags), 3 infrastructure failure (a broker or the engine
+//! could not start).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

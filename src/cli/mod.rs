@@ -14,7 +14,7 @@ pub mod shard;
 
 pub use command::main;
 
-/// Exit codes (DESIGN.md §6).
+/// Exit codes (docs/src/design.md#6-interfaces).
 pub const PASS: u8 = 0;
 pub const FAIL: u8 = 1;
 pub const INVALID: u8 = 2;

@@ -1,6 +1,7 @@
-//! What every kind does with brokers the user already runs (`runtime: external`, DESIGN.md §2):
-//! reach them. Finding or creating the drill's topic or stream, and removing only what drill
-//! created, is each kind's (`<kind>/broker.rs`). Every error is one line that says what to do.
+//! What every kind does with brokers the user already runs (`runtime: external`,
+//! docs/src/design.md#2-parts): reach them. Finding or creating the drill's topic or stream, and
+//! removing only what drill created, is each kind's (`<kind>/broker.rs`). Every error is one line
+//! that says what to do.
 
 use std::net::SocketAddr;
 use std::time::Duration;

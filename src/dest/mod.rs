@@ -159,7 +159,8 @@ pub struct Entry {
 pub type TapsFor = fn(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker>;
 
 /// How a destination drill hosts itself answers for a while: a destination fault
-/// (`target: destination`, DESIGN.md §3), on the timeline like a link fault.
+/// (`target: destination`, docs/src/design.md#3-fault-vocabulary), on the timeline like a link
+/// fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AnswerFault {
     /// Every write and probe answered with this status (`answer: 503`), with `Retry-After`
@@ -192,7 +193,7 @@ pub trait AnswerControl: Send + Sync {
     fn set(&self, fault: Option<AnswerFault>);
 }
 
-/// Where a broker runs (DESIGN.md §2). `auto` picks the best one available.
+/// Where a broker runs (docs/src/design.md#2-parts). `auto` picks the best one available.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Runtime {
@@ -374,7 +375,8 @@ pub trait Destination: std::fmt::Debug + Send + Sync {
 
     /// Whether the destination confirms each write. One that cannot (plain TCP, UDP) is judged
     /// apart: a missing record the engine sent without confirmation is counted as *sent but
-    /// not confirmed*, not lost, and the report never says "nothing lost" (DESIGN.md §2).
+    /// not confirmed*, not lost, and the report never says "nothing lost"
+    /// (docs/src/design.md#2-parts).
     fn confirms(&self) -> bool {
         true
     }

@@ -1,6 +1,6 @@
 //! `engine.yaml`: what the engine is told, and the checks that refuse a configuration it could
-//! not honour (DESIGN.md §1.7: an output may declare only the promise it can keep, which its
-//! kind's [`SinkKind`] says). Defaults live here once. Owns no state and starts nothing.
+//! not honour (docs/src/design.md#rule-1-7: an output may declare only the promise it can keep,
+//! which its kind's [`SinkKind`] says). Defaults live here once. Owns no state and starts nothing.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -25,8 +25,8 @@ pub struct EngineConfig {
     /// The durable buffer, attempt journal and failed messages.
     pub data_dir: PathBuf,
     pub outputs: Vec<OutputConfig>,
-    /// When room runs low: warn, then refuse new ingest (DESIGN.md §1.10). Nothing stored is
-    /// ever evicted.
+    /// When room runs low: warn, then refuse new ingest (docs/src/design.md#rule-1-10). Nothing
+    /// stored is ever evicted.
     #[serde(default)]
     pub disk: DiskLimits,
 }
@@ -237,7 +237,8 @@ impl EngineConfig {
             };
             kind.check(o)
                 .map_err(|why| err(format!("output `{}`: {why}", o.name)))?;
-            // DESIGN.md §1.7: claiming more than an output can keep is a configuration error.
+            // docs/src/design.md#rule-1-7: claiming more than an output can keep is a
+            // configuration error.
             let (can, why) = kind.strongest_promise(o);
             if o.promise.rank() > can.rank() {
                 return Err(err(format!(

@@ -1,7 +1,7 @@
 //! The HTTP API: `POST /ingest` (NDJSON; answered only once the batch is on disk, with its
 //! first sequence and count rather than every write key unless asked),
 //! `GET /failed`, `POST /failed/replay`, and the disk check that refuses ingest when room runs
-//! out (DESIGN.md §1.10). Never stores anything itself: the writer thread does.
+//! out (docs/src/design.md#rule-1-10). Never stores anything itself: the writer thread does.
 
 use std::ops::Range;
 use std::path::Path;
@@ -30,8 +30,8 @@ pub(super) fn disk_free(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// Disk is the only limit (DESIGN.md §1.10): warn once per crossing below the warning level,
-/// and below the reserve refuse before storing anything.
+/// Disk is the only limit (docs/src/design.md#rule-1-10): warn once per crossing below the warning
+/// level, and below the reserve refuse before storing anything.
 pub(super) fn disk_check(shared: &Shared) -> Option<Response> {
     let free = disk_free(&shared.data_dir);
     let low = free < shared.disk.warn_below_bytes;
@@ -185,7 +185,7 @@ pub(super) async fn ingest(
         #[cfg(feature = "mutants")]
         if mutant::is(Mutant::EvictOldestWhenFull) {
             // MUTANT: room is made by dropping the oldest waiting records, and the batch is
-            // taken (DESIGN.md §1.10: never evict).
+            // taken (docs/src/design.md#rule-1-10: never evict).
             mutant::evict_oldest(&shared, lines.len());
             break 'room;
         }

@@ -148,7 +148,8 @@ fn look_at(bytes: &[u8], at: usize) -> AtOffset {
     #[cfg(feature = "mutants")]
     let crc = if mutant::is(Mutant::TrustTornTail) {
         // MUTANT: a frame whose header and length are there is taken as written: a torn
-        // tail's zeros pass for data (DESIGN.md §1: nothing delivered but what was accepted).
+        // tail's zeros pass for data (docs/src/design.md#1-engine-rules: nothing delivered but
+        // what was accepted).
         crc32fast::hash(body)
     } else {
         crc
@@ -395,7 +396,7 @@ impl RecordLog {
         #[cfg(feature = "mutants")]
         if mutant::is(Mutant::MemoryOnly) {
             // MUTANT: the buffer is as good as memory: what the last run stored is gone
-            // (DESIGN.md §1.8).
+            // (docs/src/design.md#rule-1-8).
             mutant::forget_last_run(dir);
         }
         let key_prefix = format!("{}-", engine_id(dir)?);
@@ -540,7 +541,7 @@ impl RecordLog {
             #[cfg(feature = "mutants")]
             if mutant::is(Mutant::AckBeforeFdatasync) {
                 // MUTANT: acknowledged from the page cache; the writer thread syncs every
-                // couple of seconds (DESIGN.md §1.8).
+                // couple of seconds (docs/src/design.md#rule-1-8).
                 return Ok(());
             }
             self.file.sync_data()

@@ -1,4 +1,5 @@
-//! The reference store-and-forward engine (DESIGN.md §1), run as `drill engine --config FILE`.
+//! The reference store-and-forward engine (docs/src/design.md#1-engine-rules), run as
+//! `drill engine --config FILE`.
 //!
 //! Data flows: `POST /ingest` (NDJSON) → the writer thread appends every batch waiting to the
 //! record log and syncs them once (group commit) → only then each HTTP answer gives its batch's
@@ -8,7 +9,7 @@
 //! attempt. `GET /stats` reports held = delivered + waiting + failed from the engine's own
 //! state.
 //!
-//! The rules (DESIGN.md §1) and where each is kept:
+//! The rules (docs/src/design.md#1-engine-rules) and where each is kept:
 //!
 //! - acceptance is durable, disk is the only limit: [`writer`] (group commit), [`ingest`]
 //!   (the disk check), [`log`] (the bytes on disk);

@@ -10,12 +10,12 @@
 //! drill engine: MUTANT ack-before-write: answers the ingest … (a deliberately broken engine for drill selftest)
 //! ```
 //!
-//! Each mutant breaks one rule of DESIGN.md §1 at the one place where the correct engine keeps
-//! it, behind `#[cfg(feature = "mutants")] if mutant::is(Mutant::X)` (grep `Mutant::` to find
-//! them all). The breakage is meant to be plain, so that a drill with the right fault fails it;
-//! the attempt journal records what the mutant really did (only `forget-delivery-marks`
-//! forgets, by design, what its journals said). Where each switch is, and which fault and count
-//! catch it, is said on each [`Mutant`] variant.
+//! Each mutant breaks one rule of docs/src/design.md#1-engine-rules at the one place where the
+//! correct engine keeps it, behind `#[cfg(feature = "mutants")] if mutant::is(Mutant::X)` (grep
+//! `Mutant::` to find them all). The breakage is meant to be plain, so that a drill with the right
+//! fault fails it; the attempt journal records what the mutant really did (only
+//! `forget-delivery-marks` forgets, by design, what its journals said). Where each switch is, and
+//! which fault and count catch it, is said on each [`Mutant`] variant.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -374,8 +374,8 @@ pub fn is(m: Mutant) -> bool {
 /// What a session's tick does under the mutants that break it, for every sink that has a
 /// keepalive or an answer timeout: `no-keepalive` (nothing is probed or timed out: only a
 /// transport error ends the session) and `local-connected-flag` (the flag says connected, so
-/// an attempt unanswered for the answer timeout is a refusal, DESIGN.md §1.2). `None`: no such
-/// mutant runs, the sink ticks as it should.
+/// an attempt unanswered for the answer timeout is a refusal, docs/src/design.md#rule-1-2).
+/// `None`: no such mutant runs, the sink ticks as it should.
 pub fn session_tick(answer_timeout: std::time::Duration) -> Option<super::sink::Tick> {
     match active() {
         Some(Mutant::NoKeepalive) => Some(super::sink::Tick::Fine),

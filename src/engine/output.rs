@@ -13,14 +13,15 @@
 //! there (settled before a restart, lost to damage) is a [`SeqSet`] of ranges. Memory does not
 //! grow with the backlog.
 //!
-//! Rules kept here (DESIGN.md §1): no age limit anywhere; at most one open attempt per write key
-//! (a record with an open attempt is never put on the wire again); every attempt ends
-//! `delivered`, `refused` or `possibly_sent` — or, on a destination that cannot confirm (plain
-//! TCP, UDP), `sent_unconfirmed` once the operating system took the bytes; only a refusal (the destination itself said no to
-//! this record while the connection worked: an MQTT PUBACK with an error reason, a JetStream API
-//! error) counts toward the refusal limit — a cut, a timeout or a refused connect spends nothing;
-//! a record whose attempt ended `possibly_sent` is held and sent again with the same write key
-//! only after a data-free probe shows the destination back.
+//! Rules kept here (docs/src/design.md#1-engine-rules): no age limit anywhere; at most one open
+//! attempt per write key (a record with an open attempt is never put on the wire again); every
+//! attempt ends `delivered`, `refused` or `possibly_sent` — or, on a destination that cannot
+//! confirm (plain TCP, UDP), `sent_unconfirmed` once the operating system took the bytes; only a
+//! refusal (the destination itself said no to this record while the connection worked: an MQTT
+//! PUBACK with an error reason, a JetStream API error) counts toward the refusal limit — a cut, a
+//! timeout or a refused connect spends nothing; a record whose attempt ended `possibly_sent` is
+//! held and sent again with the same write key only after a data-free probe shows the destination
+//! back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -62,7 +63,7 @@ impl RefusalPolicy {
     }
 }
 
-/// How an attempt ended (DESIGN.md §1.6).
+/// How an attempt ended (docs/src/design.md#rule-1-6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -108,7 +109,7 @@ pub enum Answer {
     Refused(String),
     /// The operating system took the bytes, and that is all anyone will ever know (plain TCP,
     /// UDP): the record is settled as sent, never resent, and the report counts it apart if
-    /// it is missing (DESIGN.md §1.6).
+    /// it is missing (docs/src/design.md#rule-1-6).
     SentUnconfirmed,
 }
 
@@ -437,8 +438,8 @@ impl Output {
         }
         #[cfg(feature = "mutants")]
         if mutant::is(Mutant::ExpireByAge) {
-            // MUTANT: old records are dropped and counted delivered (DESIGN.md §1.1: no age
-            // limit anywhere).
+            // MUTANT: old records are dropped and counted delivered (docs/src/design.md#rule-1-1:
+            // no age limit anywhere).
             self.expire(now);
         }
         while self.open.len() < self.window {
@@ -447,7 +448,7 @@ impl Output {
             };
             #[cfg(feature = "mutants")]
             let seq = match self.ready.last_key_value() {
-                // MUTANT: a backlog goes newest first (DESIGN.md §1.9).
+                // MUTANT: a backlog goes newest first (docs/src/design.md#rule-1-9).
                 Some((&newest, _))
                     if mutant::is(Mutant::ResendOutOfOrder) && self.ready.len() > self.window =>
                 {
@@ -486,12 +487,13 @@ impl Output {
         #[cfg(feature = "mutants")]
         if mutant::is(Mutant::ResendOnTimer) {
             // MUTANT: an unanswered attempt's record goes on the wire again, on a timer
-            // (DESIGN.md §1.4 and §1.6: never resent on a timer).
+            // (docs/src/design.md#rule-1-4 and docs/src/design.md#rule-1-6: never resent on a
+            // timer).
             sends.extend(self.resend_on_timer(now));
         }
         #[cfg(feature = "mutants")]
         if mutant::is(Mutant::SecondAttemptWhileOpen) {
-            // MUTANT: a second open attempt for the same write key (DESIGN.md §1.4).
+            // MUTANT: a second open attempt for the same write key (docs/src/design.md#rule-1-4).
             sends.extend(self.open_second_attempts(now));
         }
     }
@@ -553,8 +555,8 @@ impl Output {
         if entry.refusals >= self.refusals.max {
             #[cfg(feature = "mutants")]
             if mutant::is(Mutant::DropRefusedSilently) {
-                // MUTANT: not set aside in Failed messages: gone, and counted done (DESIGN.md
-                // §1.2).
+                // MUTANT: not set aside in Failed messages: gone, and counted done
+                // (docs/src/design.md#rule-1-2).
                 eprintln!(
                     "drill engine: MUTANT drop-refused-silently: dropped {} after {} refusals",
                     entry.record.key, entry.refusals

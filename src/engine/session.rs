@@ -8,8 +8,8 @@
 //! it is back; then the connected loop; then every open attempt ends `possibly_sent`
 //! (`Journal::end_session`) and the next connect waits for a probe again.
 //!
-//! A failed connect spends nothing (DESIGN.md §1.1); a resend happens only in a new session,
-//! after a probe answered (§1.5, §1.6).
+//! A failed connect spends nothing (docs/src/design.md#rule-1-1); a resend happens only in a new
+//! session, after a probe answered (docs/src/design.md#rule-1-5, docs/src/design.md#rule-1-6).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -141,9 +141,9 @@ impl OutputTask {
         loop {
             #[cfg(feature = "mutants")]
             if self.gave_up {
-                // MUTANT `stop-after-outage`: never connects again (DESIGN.md §1.1: an outage
-                // holds records until the destination is back; it never ends delivery). New
-                // records are taken in and reported waiting, honestly.
+                // MUTANT `stop-after-outage`: never connects again (docs/src/design.md#rule-1-1:
+                // an outage holds records until the destination is back; it never ends delivery).
+                // New records are taken in and reported waiting, honestly.
                 loop {
                     tokio::select! {
                         m = self.rx.recv() => take(&mut self.journal, &mut self.out, &self.shared, self.index, m)?,
@@ -208,8 +208,9 @@ impl OutputTask {
             || (mutant::is(Mutant::HandshakeFailureIsRefusal) && why.contains("certificate"))
         {
             // MUTANT: a failed connect (`handshake-failure-is-refusal`: one that failed on the
-            // broker's certificate) is taken for a refusal of every waiting record (DESIGN.md
-            // §1.1: an outage never spends an attempt; a handshake is no write).
+            // broker's certificate) is taken for a refusal of every waiting record
+            // (docs/src/design.md#rule-1-1: an outage never spends an attempt; a handshake is no
+            // write).
             self.journal.refill(&mut self.out);
             self.journal.record(self.out.outage_as_refusal(why));
             self.journal.flush();
@@ -287,7 +288,7 @@ impl<S: Session> Connected<S> {
         if task.cfg.promise == Promise::AtMostOnce {
             // at_most_once (a destination that cannot confirm): each record is marked settled
             // before its bytes leave, so an engine killed right after a send never sends it
-            // again (DESIGN.md §5: at_most_once allows no copy).
+            // again (docs/src/design.md#5-verdict: at_most_once allows no copy).
             task.journal.settle_before_sending(&self.sends);
         }
         let sent = self.session.send(&mut self.sends, &mut self.answers).await;
@@ -335,7 +336,8 @@ impl<S: Session> Connected<S> {
                     #[cfg(feature = "mutants")]
                     Tick::RefuseUnanswered(limit) => {
                         // MUTANT `local-connected-flag`: an attempt unanswered for the answer
-                        // timeout is a refusal (DESIGN.md §1.2: silence is not a refusal).
+                        // timeout is a refusal (docs/src/design.md#rule-1-2: silence is not a
+                        // refusal).
                         let effects = task.out.unanswered_as_refused(limit, Instant::now());
                         task.journal.record(effects);
                     }

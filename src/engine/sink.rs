@@ -6,7 +6,7 @@
 //! (`dest::SINKS`) is handed to [`run`](super::run). The engine itself names no kind and no
 //! protocol: it knows records, attempts and answers.
 //!
-//! What every implementation must keep (DESIGN.md §1):
+//! What every implementation must keep (docs/src/design.md#1-engine-rules):
 //! - [`Sink::connect`] returns a session only after a round trip that writes nothing (MQTT
 //!   CONNACK and PINGRESP, a JetStream account-info answer, a Kafka metadata answer). A failed
 //!   connect is an outage: it spends no attempt.
@@ -75,8 +75,8 @@ pub trait Sink: Send + Sync + Clone + 'static {
     /// What a lost session is called in the engine's log (`connection`, `producer session`).
     const SESSION: &'static str = "connection";
 
-    /// The strongest promise an output of this kind can keep, and why not more (DESIGN.md
-    /// §1.7: declaring more is a configuration error).
+    /// The strongest promise an output of this kind can keep, and why not more
+    /// (docs/src/design.md#rule-1-7: declaring more is a configuration error).
     const PROMISE: (Promise, &'static str);
 
     /// The strongest promise this output can keep, where its settings decide it (a syslog
@@ -149,7 +149,7 @@ pub trait Session: Send {
 /// output's worker on it.
 pub trait SinkKind: Sync {
     /// The strongest promise an output of this kind, with these settings, can keep, and why
-    /// not more (DESIGN.md §1.7: declaring more is a configuration error).
+    /// not more (docs/src/design.md#rule-1-7: declaring more is a configuration error).
     fn strongest_promise(&self, cfg: &OutputConfig) -> (Promise, &'static str);
 
     /// Refuses settings the kind cannot honour (see [`Sink::check`]).

@@ -24,7 +24,7 @@ pub struct OutputStats {
     pub attempts: AttemptCountsView,
 }
 
-/// Attempts by outcome (DESIGN.md §6).
+/// Attempts by outcome (docs/src/design.md#6-interfaces).
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AttemptCountsView {
     pub delivered: u64,
@@ -44,7 +44,7 @@ impl From<AttemptCounts> for AttemptCountsView {
     }
 }
 
-/// `GET /stats` (DESIGN.md §6).
+/// `GET /stats` (docs/src/design.md#6-interfaces).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Stats {
     pub held: u64,

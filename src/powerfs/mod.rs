@@ -1,8 +1,8 @@
 //! A power-cut filesystem: drill mounts the engine's data directory through it, so that a
 //! "power cut" can throw away every write the engine has not made durable — what a SIGKILL
 //! alone never does, because the page cache survives the process. The same filesystem plays a
-//! full disk (`fill_disk`, DESIGN.md §3). It is a FUSE passthrough of a backing directory
-//! (Jepsen's LazyFS is the model), run by `fuser` on a thread of drill's own.
+//! full disk (`fill_disk`, docs/src/design.md#3-fault-vocabulary). It is a FUSE passthrough of a
+//! backing directory (Jepsen's LazyFS is the model), run by `fuser` on a thread of drill's own.
 //!
 //! **Writes are held, not applied.** A `write`, and a truncate (setattr size, open with
 //! `O_TRUNC`, a growing `fallocate`), is kept in memory, in order, per file; the backing file is

@@ -1,4 +1,4 @@
-//! The proxy's HTTP control API (DESIGN.md §6), served by `drill proxy`.
+//! The proxy's HTTP control API (docs/src/design.md#6-interfaces), served by `drill proxy`.
 //!
 //! `GET /links` lists every link with its condition and counters; `PUT /links/NAME/fault` puts a
 //! fault in force (`{"fault":"swallow","direction":"downstream"}`, direction defaults to `both`);

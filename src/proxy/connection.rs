@@ -329,7 +329,8 @@ impl Pump {
             if stranded {
                 return self.strand(&mut buf).await;
             }
-            // DESIGN.md §3: after a swallow, a connection that lost bytes is reset at the heal.
+            // docs/src/design.md#3-fault-vocabulary: after a swallow, a connection that lost
+            // bytes is reset at the heal.
             let healed_with_hole = self.conn.lost.load(Ordering::SeqCst) && !swallows;
             if flow == Flow::Cut || healed_with_hole || self.conn.abort.is_cancelled() {
                 return self.reset();
@@ -410,10 +411,11 @@ impl Pump {
         }
     }
 
-    /// A stranded connection (DESIGN.md §3 `strand`): from now on this direction reads and
-    /// drops every byte, and nothing is ever written, shut down or reset — the far side hears
-    /// nothing, as when a NAT entry is lost. The pump ends only when its own side closes (or
-    /// the link shuts down); its write half is forgotten, so no FIN leaves on our initiative.
+    /// A stranded connection (`strand`, docs/src/design.md#3-fault-vocabulary): from now on
+    /// this direction reads and drops every byte, and nothing is ever written, shut down or
+    /// reset — the far side hears nothing, as when a NAT entry is lost. The pump ends only
+    /// when its own side closes (or the link shuts down); its write half is forgotten, so no
+    /// FIN leaves on our initiative.
     async fn strand(mut self, buf: &mut [u8]) {
         if !self.conn.counted_strand.swap(true, Ordering::SeqCst) {
             add(&self.shared.counters.stranded, 1);

@@ -1,4 +1,5 @@
-//! The fault proxy: one [`Link`] per broker listener, and the fault vocabulary of DESIGN.md §3.
+//! The fault proxy: one [`Link`] per broker listener, and the fault vocabulary of
+//! docs/src/design.md#3-fault-vocabulary.
 //!
 //! A link listens on a local port and forwards every accepted connection to its upstream (the
 //! broker). Its condition — pass-through or one fault in one direction — lives in a
@@ -6,7 +7,8 @@
 //! flow, however many connections are stalled, and every connection task and the accept loop
 //! see the new condition at once. What this module must never do: let a fault leak bytes it
 //! claims to hold or drop, or let a "healed" connection carry a byte stream with a hole in it
-//! (after `swallow`, a connection that lost bytes is reset at the heal, as DESIGN.md §3 says).
+//! (after `swallow`, a connection that lost bytes is reset at the heal, as
+//! docs/src/design.md#3-fault-vocabulary says).
 //!
 //! A link carries either byte streams (TCP: [`Link::start`], [`Link::start_kafka`]) or
 //! datagrams (UDP: [`Link::start_udp`], see [`udp`]). Both are driven, listed and reported
@@ -50,7 +52,8 @@ pub(crate) fn zero_copy_on() -> bool {
     ZERO_COPY.load(Ordering::Relaxed)
 }
 
-/// A network fault (DESIGN.md §3). `Heal` returns the link to pass-through.
+/// A network fault (docs/src/design.md#3-fault-vocabulary). `Heal` returns the link to
+/// pass-through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Fault {
@@ -148,9 +151,9 @@ impl Fault {
         }
     }
 
-    /// Whether a link that carries datagrams (UDP) knows this fault (DESIGN.md §3). What
-    /// needs a stream — a reset, a stalled reader, a byte rate, a byte count, a connection to
-    /// strand — has no meaning there.
+    /// Whether a link that carries datagrams (UDP) knows this fault
+    /// (docs/src/design.md#3-fault-vocabulary). What needs a stream — a reset, a stalled reader, a
+    /// byte rate, a byte count, a connection to strand — has no meaning there.
     pub fn on_datagrams(self) -> bool {
         match self {
             Fault::Refuse

@@ -1,5 +1,6 @@
 //! A link served by a `drill proxy` on another host, driven over its token-protected API
-//! (DESIGN.md §2: a link may be served by a `drill proxy` / `drill agent` elsewhere).
+//! (docs/src/design.md#2-parts: a link may be served by a `drill proxy` / `drill agent`
+//! elsewhere).
 //!
 //! [`RemoteLink::reach`] checks at start that the API answers, accepts the token and has the
 //! link. Each fault is one `PUT /links/NAME/fault` under a lease that a keeper task renews

@@ -24,12 +24,12 @@
 //! (`timeout`, `reset_peer`) with a toxicity below 1 is refused with 400.
 //!
 //! Differences, on purpose: removing a `timeout` toxic that swallowed bytes resets the connections
-//! that lost bytes — their byte stream has a hole (DESIGN.md §3) — where Toxiproxy would
-//! let them carry on with data missing. On a datagram (UDP) link, made by `drill proxy --link
-//! NAME=udp:…`, a toxic that needs a stream (`bandwidth`, `reset_peer`, `limit_data`, a
-//! `timeout` with a reset after it) is refused with 400; `POST /proxies` makes TCP links only.
-//! drill's datagram faults `loss` and `blackhole` have no toxic: they are set through drill's
-//! own API (`PUT /links/NAME/fault`).
+//! that lost bytes — their byte stream has a hole (docs/src/design.md#3-fault-vocabulary) — where
+//! Toxiproxy would let them carry on with data missing. On a datagram (UDP) link, made by
+//! `drill proxy --link NAME=udp:…`, a toxic that needs a stream (`bandwidth`, `reset_peer`,
+//! `limit_data`, a `timeout` with a reset after it) is refused with 400; `POST /proxies` makes TCP
+//! links only. drill's datagram faults `loss` and `blackhole` have no toxic: they are set through
+//! drill's own API (`PUT /links/NAME/fault`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

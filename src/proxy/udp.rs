@@ -1,5 +1,5 @@
-//! A datagram (UDP) link: the faults that mean something for datagrams (DESIGN.md §3), and
-//! nothing that needs a stream.
+//! A datagram (UDP) link: the faults that mean something for datagrams
+//! (docs/src/design.md#3-fault-vocabulary), and nothing that needs a stream.
 //!
 //! The link reads each client's datagrams on its port and forwards them to the upstream from a
 //! socket of that client's own — a *flow*, one per client address, connected to the upstream —

@@ -1,6 +1,6 @@
-//! `report.json` (DESIGN.md §6): the [`Report`] as serde writes it, pretty, one trailing
-//! newline. Tools read this file; its top-level fields are a contract, so they are pinned by a
-//! test here.
+//! `report.json` (docs/src/design.md#6-interfaces): the [`Report`] as serde writes it, pretty, one
+//! trailing newline. Tools read this file; its top-level fields are a contract, so they are pinned
+//! by a test here.
 
 use super::Report;
 
@@ -14,7 +14,7 @@ pub fn render(report: &Report) -> std::io::Result<String> {
 mod tests {
     use super::*;
 
-    /// DESIGN.md §6's top level, and the fields a person needs besides.
+    /// The top level of docs/src/design.md#6-interfaces, and the fields a person needs besides.
     #[test]
     fn the_top_level_fields_other_tools_rely_on() {
         let report = crate::report::verdict::tests::a_report();

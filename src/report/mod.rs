@@ -1,5 +1,5 @@
-//! The verdict and the reports: `report.md` (for a person), `report.json` (DESIGN.md §6),
-//! `junit.xml` and the timeline chart.
+//! The verdict and the reports: `report.md` (for a person), `report.json`
+//! (docs/src/design.md#6-interfaces), `junit.xml` and the timeline chart.
 //!
 //! One judge, several renderers (nextest's reporter): [`judge`] (`verdict.rs`) turns the
 //! runner's [`Facts`](crate::runner::Facts) into a [`Report`]; `markdown.rs`, `json.rs`,
@@ -11,8 +11,8 @@
 //! runner collected: *held* is what the source was told was accepted, *delivered* what the
 //! reader found at the destination, *waiting* and *failed* what the engine says it still holds,
 //! and *lost* what is left. The ledger closes when nothing is lost and the engine's own account
-//! agrees. Duplicates are judged against the declared promise (DESIGN.md §5): under
-//! `at_least_once`, an extra copy is allowed only if it carries the original's write key and
+//! agrees. Duplicates are judged against the declared promise (docs/src/design.md#5-verdict):
+//! under `at_least_once`, an extra copy is allowed only if it carries the original's write key and
 //! that write had a `possibly_sent` attempt or lived through an engine crash.
 
 mod json;
@@ -135,7 +135,7 @@ pub struct ExpectationResult {
     pub ok: bool,
 }
 
-/// `report.json` (DESIGN.md §6), plus a few fields a person needs.
+/// `report.json` (docs/src/design.md#6-interfaces), plus a few fields a person needs.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub scenario: String,

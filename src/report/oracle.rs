@@ -1,8 +1,8 @@
-//! The oracle's pure parts (DESIGN.md §5), apart from brokers and files so that each cell of
-//! the promise table is unit-tested: which records a promise may excuse ([`excuses`]), what a
-//! declared promise allows ([`allowance`]), whether each fault met the traffic it was meant to
-//! disturb ([`unbitten`]), and whether records reached the destination around the proxy
-//! ([`bypassed`]).
+//! The oracle's pure parts (docs/src/design.md#5-verdict), apart from brokers and files so that
+//! each cell of the promise table is unit-tested: which records a promise may excuse
+//! ([`excuses`]), what a declared promise allows ([`allowance`]), whether each fault met the
+//! traffic it was meant to disturb ([`unbitten`]), and whether records reached the destination
+//! around the proxy ([`bypassed`]).
 //!
 //! It never reads a clock or a socket: every input is what the runner recorded.
 
@@ -35,7 +35,7 @@ pub struct Excuses<'a> {
     pub crashed: HashSet<&'a str>,
 }
 
-/// DESIGN.md §5's table:
+/// The promise table of docs/src/design.md#5-verdict:
 ///
 /// | promise | missing allowed | duplicates allowed |
 /// |---|---|---|
@@ -360,9 +360,9 @@ pub fn beyond(r: &Reconciliation, allowance: Allowance, lost: u64) -> (u64, u64)
 
 #[cfg(test)]
 mod tests {
-    //! DESIGN.md §5's table, cell by cell: for each declared promise and each situation, the
-    //! verdict `judge` gives under the default expectations (lost 0, duplicates beyond the
-    //! promise 0, reordered 0, unexpected 0).
+    //! The promise table of docs/src/design.md#5-verdict, cell by cell: for each declared promise
+    //! and each situation, the verdict `judge` gives under the default expectations (lost 0,
+    //! duplicates beyond the promise 0, reordered 0, unexpected 0).
 
     use std::path::Path;
     use std::time::Duration;

@@ -97,7 +97,7 @@ pub fn judge(facts: &Facts) -> Report {
     }
 }
 
-/// What the declared promise excuses in this drill (DESIGN.md §5).
+/// What the declared promise excuses in this drill (docs/src/design.md#5-verdict).
 fn allowance(facts: &Facts) -> Allowance {
     let excuses = oracle::excuses(
         &facts.sent,

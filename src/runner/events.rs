@@ -194,8 +194,8 @@ impl FaultRecord {
     }
 }
 
-/// `report.json`'s `faults[]` entry (DESIGN.md §6): `{at_ms, target, fault, direction,
-/// until_ms}`, the words made by `Display`.
+/// `report.json`'s `faults[]` entry (docs/src/design.md#6-interfaces):
+/// `{at_ms, target, fault, direction, until_ms}`, the words made by `Display`.
 impl Serialize for FaultRecord {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;

@@ -183,7 +183,8 @@ impl<'a> Drill<'a> {
                 bit = Some(l.family_status().connections_open > 0);
             }
             if l.stacks() && !spec.fault.instantaneous() {
-                // Beside what the link already holds (DESIGN.md §3: conditions stack, one cut).
+                // Beside what the link already holds (docs/src/design.md#3-fault-vocabulary:
+                // conditions stack, one cut).
                 let (cut, conditions) = self.stacks.start(name, index, *spec).specs();
                 // Test builds: a link that takes no condition at all (as one the proxy refused,
                 // or one that could not listen again, would not).

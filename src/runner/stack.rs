@@ -1,9 +1,10 @@
-//! What a scenario's faults hold on each link while their windows overlap (DESIGN.md §3: a link
-//! holds any number of conditions — `delay`, `throttle` — and at most one cut). A fault's end
-//! removes that fault only: a `swallow` for 5 s in the middle of a 20 s `delay` leaves the delay
-//! in force when it heals. A cut that starts while another is in force takes its place (a link
-//! cannot be refused and swallowed at once); the earlier cut's end then changes nothing. A
-//! `heal` step, and the end of a proxy restart, end everything on the link.
+//! What a scenario's faults hold on each link while their windows overlap
+//! (docs/src/design.md#3-fault-vocabulary: a link holds any number of conditions — `delay`,
+//! `throttle` — and at most one cut). A fault's end removes that fault only: a `swallow` for 5 s
+//! in the middle of a 20 s `delay` leaves the delay in force when it heals. A cut that starts
+//! while another is in force takes its place (a link cannot be refused and swallowed at once); the
+//! earlier cut's end then changes nothing. A `heal` step, and the end of a proxy restart, end
+//! everything on the link.
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,7 @@
 //! `links:` — links served by a `drill proxy` on another host instead of by drill itself
-//! (DESIGN.md §2), checked before anything starts: `{ mqtt: { remote: "http://HOST:8474",
-//! token_env: NAME } }`; and `system.agent`, a user's engine run by a `drill agent` there.
+//! (docs/src/design.md#2-parts), checked before anything starts:
+//! `{ mqtt: { remote: "http://HOST:8474", token_env: NAME } }`; and `system.agent`, a user's
+//! engine run by a `drill agent` there.
 //!
 //! A remote link stands for the destination's one link, in front of a broker its host can
 //! reach (`runtime: external`). It holds one fault at a time, of those the proxy's API knows;

@@ -1,13 +1,13 @@
 //! Scenario files: YAML in, a validated [`Plan`] out.
 //!
-//! This module owns the scenario language (DESIGN.md §4) and the [`Plan`] it becomes: the
-//! contract the runner reads. Parsing is two steps, as in ripgrep: raw YAML is deserialized with
-//! `serde-saphyr` into the `Raw*` types of `raw.rs`, which reject unknown fields, and then
-//! `validate.rs` turns them into a [`Plan`] whose values can be trusted — one function per
-//! section, each the owner of its section's fields (`command.rs` for a user's engine). `Dur`
-//! and `Rate`, the units a scenario writes, are in `units.rs`. Every error names the file, line,
-//! column and field, and says what to write instead. Nothing is started on an invalid plan: the
-//! runner only ever sees a `Plan`.
+//! This module owns the scenario language (docs/src/design.md#4-scenario-file) and the [`Plan`] it
+//! becomes: the contract the runner reads. Parsing is two steps, as in ripgrep: raw YAML is
+//! deserialized with `serde-saphyr` into the `Raw*` types of `raw.rs`, which reject unknown
+//! fields, and then `validate.rs` turns them into a [`Plan`] whose values can be trusted — one
+//! function per section, each the owner of its section's fields (`command.rs` for a user's
+//! engine). `Dur` and `Rate`, the units a scenario writes, are in `units.rs`. Every error names
+//! the file, line, column and field, and says what to write instead. Nothing is started on an
+//! invalid plan: the runner only ever sees a `Plan`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -44,7 +44,8 @@ pub enum ScenarioError {
     },
 }
 
-/// A process fault (DESIGN.md §3): `kill` and `stop` for the engine, `restart` for the proxy.
+/// A process fault (docs/src/design.md#3-fault-vocabulary): `kill` and `stop` for the engine,
+/// `restart` for the proxy.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
 )]

@@ -203,8 +203,8 @@ fn system(
     Ok((engine, Some(spec)))
 }
 
-/// DESIGN.md §1.7: a promise the destination itself cannot let any engine keep (a receiver
-/// that never confirms a write) is a configuration error.
+/// docs/src/design.md#rule-1-7: a promise the destination itself cannot let any engine keep (a
+/// receiver that never confirms a write) is a configuration error.
 fn within_bound(
     promise: Promise,
     destination: &Spec,

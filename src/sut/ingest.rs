@@ -10,7 +10,7 @@
 //!   the PUBACK means unknown.
 //! - [`Ingest::TcpLines`]: newline-delimited records on one TCP connection. The protocol has no
 //!   acknowledgement: a record counts as held once the OS took its bytes for the engine's
-//!   socket (`sent_unconfirmed` in DESIGN.md §1.6 terms); the report says so.
+//!   socket (`sent_unconfirmed`, docs/src/design.md#rule-1-6); the report says so.
 //! - [`Ingest::Relp`]: each record as an RFC 5424 message (the record's JSON as its text) on
 //!   one RELP session to the engine's listener, as a syslog client sends; `rsp 200` means
 //!   held, another code means not accepted, a session lost before the answer means unknown.

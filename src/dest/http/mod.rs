@@ -5,8 +5,9 @@
 //!   NDJSON body, each line stored as one copy with the instant it arrived; `HEAD {topic}` is
 //!   the data-free probe. Its sockets set `TCP_NODELAY`. With `dedupe: true` it stores a write
 //!   key once and answers a repeat `200` without storing it.
-//! - **Write key**: the request header `key_header` (default `Idempotency-Key`, DESIGN.md §1.3).
-//!   A user's engine names the header it uses with `system.write_key: { http_header: NAME }`.
+//! - **Write key**: the request header `key_header` (default `Idempotency-Key`,
+//!   docs/src/design.md#rule-1-3). A user's engine names the header it uses with
+//!   `system.write_key: { http_header: NAME }`.
 //! - **Promise**: `effectively_once` only with `dedupe: true`; an endpoint that stores every
 //!   copy keeps `at_least_once`, and declaring more is an invalid scenario.
 //! - **Destination faults** (`target: destination`, [`crate::dest::AnswerFault`]): `answer:

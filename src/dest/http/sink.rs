@@ -131,7 +131,7 @@ impl Sink for HttpSink {
             && let Some(record) = to.oldest
         {
             // MUTANT: the probe writes data: the oldest waiting record, without its write
-            // key, its answer not awaited (DESIGN.md §1.5).
+            // key, its answer not awaited (docs/src/design.md#rule-1-5).
             let _ = client.post(&url).body(record.data.clone()).send().await;
         }
         let (done, replies) = mpsc::unbounded_channel();
@@ -211,7 +211,7 @@ impl HttpSession {
             #[cfg(feature = "mutants")]
             if mutant::is(Mutant::OutageStatusSpendsAttempts) {
                 // MUTANT: the destination's "away" answer counted as a refusal of the record
-                // (DESIGN.md §1.2: only a destination's refusal counts).
+                // (docs/src/design.md#rule-1-2: only a destination's refusal counts).
                 return Ok(Answer::Refused(format!("HTTP {status}")));
             }
             let retry = retry.map_or(String::new(), |d| {

@@ -264,13 +264,14 @@ impl Session for KafkaSession {
 mod tests {
     use super::*;
 
-    /// The settings that keep DESIGN.md §1 with librdkafka, pinned: change one and this fails.
+    /// The settings that keep docs/src/design.md#1-engine-rules with librdkafka, pinned: change
+    /// one and this fails.
     #[test]
     fn the_producer_keeps_the_rules() {
         let cfg = OutputConfig::new("kafka", "k", "127.0.0.1:19092".parse().unwrap(), "t");
         let config = producer_config(&cfg, "drill-engine-k");
         let get = |key: &str| config.get(key);
-        // §1.1: no age limit, not even in the client library.
+        // docs/src/design.md#rule-1-1: no age limit, not even in the client library.
         assert_eq!(get("message.timeout.ms"), Some("0"));
         // A retried batch is dropped by the broker, not stored twice; and it is stored only
         // once every in-sync replica has it.

@@ -95,7 +95,7 @@ impl Sink for MqttSink {
             && let Some(record) = to.oldest
         {
             // MUTANT: the probe writes data: the oldest waiting record, QoS 0, no write
-            // key (DESIGN.md §1.5).
+            // key (docs/src/design.md#rule-1-5).
             let session = mutants::probe_with_record(to.cfg, to.client_id, record).await?;
             return Ok(MqttSession::new(session, to.cfg));
         }

@@ -61,7 +61,7 @@ impl Sink for PostgresSink {
                 && let Some(record) = to.oldest
             {
                 // MUTANT: the probe writes data: the oldest waiting record under a key of its
-                // own (DESIGN.md §1.5).
+                // own (docs/src/design.md#rule-1-5).
                 let _ = client
                     .execute(
                         &insert_sql(&cfg.topic),

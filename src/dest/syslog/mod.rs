@@ -1,9 +1,9 @@
 //! Syslog: RFC 5424 messages to a real rsyslog over RELP, plain TCP (octet counting, RFC 6587)
 //! or UDP, `destination: { kind: syslog, transport: relp | tcp | udp }` (default `relp`).
 //!
-//! - **Write key**: structured data of drill's own SD-ID, `[drill key="…"]` (DESIGN.md §1.3);
-//!   the record's id travels in the message text. A user's engine names its own element with
-//!   `system.write_key: { syslog_sd: { id: ID, param: NAME } }`.
+//! - **Write key**: structured data of drill's own SD-ID, `[drill key="…"]`
+//!   (docs/src/design.md#rule-1-3); the record's id travels in the message text. A user's engine
+//!   names its own element with `system.write_key: { syslog_sd: { id: ID, param: NAME } }`.
 //! - **Promise**: only RELP answers each message (`rsp 200`), so only `relp` keeps
 //!   `at_least_once`; over `tcp` the operating system takes the bytes and that is all anyone
 //!   will ever know, and over `udp` not even that, so both keep `at_most_once`. Declaring more

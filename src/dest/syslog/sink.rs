@@ -133,7 +133,7 @@ async fn open_relp(to: &Connect<'_>) -> Result<relp::Session, String> {
         && let Some(record) = to.oldest
     {
         // MUTANT: the probe writes data: the oldest waiting record, without its write key,
-        // its answer not awaited (DESIGN.md §1.5).
+        // its answer not awaited (docs/src/design.md#rule-1-5).
         let mut session = session;
         let message = rfc5424("-", HOST, None, &record.data);
         session.syslog(&message).await.map_err(|e| e.to_string())?;
