@@ -226,10 +226,13 @@ fn auto_without_a_docker_engine_falls_back_and_says_why_in_one_line() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     let said: Vec<&str> = stdout
         .lines()
-        .filter(|l| l.contains("no Docker engine"))
+        .filter(|l| l.contains("Docker") || l.contains("runtime auto"))
         .collect();
     assert_eq!(said.len(), 1, "{stdout}");
-    assert!(said[0].contains("using local mosquitto"), "{stdout}");
+    assert!(
+        said[0].contains("runtime auto: using local mosquitto, because no Docker engine answers"),
+        "{stdout}"
+    );
     assert_ne!(ran.report["runtime"], "container");
 }
 

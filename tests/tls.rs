@@ -349,7 +349,7 @@ fn the_engine_refuses_tls_files_that_do_not_parse_and_tls_on_kinds_without_it() 
         (
             "postgres",
             junk.clone(),
-            "mqtt, nats and kafka outputs only",
+            "speaks no TLS to this kind of output",
         ),
     ] {
         let config = dir.path().join(format!("{kind}.yaml"));

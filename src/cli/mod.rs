@@ -1,7 +1,9 @@
 //! The `drill` command line, in the library so that the binary is one call (`src/main.rs`):
 //! a release build then compiles this code once, with the rest of the library, instead of
 //! in a second crate after it (docs/src/build-times.md). `command.rs` parses flags and
-//! dispatches; each command's body is its own module.
+//! dispatches, and holds the bodies of the small commands (`list`, `schema`, `proxy`,
+//! `agent`, `engine`, `bench`); `run`, `check`, `selftest`, `diff`, `init` and `merge` are
+//! modules of their own.
 
 pub mod check;
 mod command;

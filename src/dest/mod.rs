@@ -12,7 +12,8 @@
 //!
 //! This module holds the traits, the shared vocabulary of running brokers ([`Running`],
 //! [`ReadBack`]), and [`Kind::entry`]: the one place that maps a kind to its implementation.
-//! Outside `src/dest/`, nothing matches on a kind.
+//! A few places outside a kind's folder still name one (issue 43 removes them): the Kafka
+//! checks in `scenario/links.rs`, `dest/spec.rs` and `bench/kafka_link.rs`.
 //!
 //! # Adding a destination kind
 //!
@@ -35,8 +36,8 @@
 //!      record.
 //! 4. What then runs on it by itself: every catalogue drill whose `destination.kind` names
 //!    it, the selftest's mutants on those drills (`drill selftest`), `tests/probes_write_nothing`
-//!    when it is added to that test's list, and `drill bench engine` when the kind gives
-//!    [`Destination::bench`].
+//!    when it is added to that test's list, and `drill bench engine` when the kind's
+//!    [`Entry::bench`] gives one.
 
 mod bench;
 mod external;
@@ -148,6 +149,13 @@ pub struct Entry {
     pub write_key_field: (&'static str, &'static str),
     /// `destination:` → the kind's [`Destination`], its own fields checked.
     pub validate: Validate,
+    /// Why `links: terminate` is not built for the kind (`None`: it is, where it takes `tls`).
+    pub no_terminating_link: Option<&'static str>,
+    /// Whether drill speaks TLS to a broker of this kind the user runs (`runtime: external`).
+    pub external_tls: bool,
+    /// Why a `drill proxy` on another host cannot serve the kind's link (`None`: it can, when
+    /// the destination has one link).
+    pub no_remote_link: Option<&'static str>,
     /// What `drill bench engine` drains to, when the kind takes part.
     pub bench: Option<&'static dyn BenchKind>,
     /// The protocol tap for the kind's links, finding the ids of a run (`None`: the kind has
@@ -469,6 +477,8 @@ pub async fn place(
             }))
         }
         Runtime::Auto => {
+            // One line, what was chosen and why; the registry's words are for `--runtime
+            // container`, which fails with them.
             let why = match container::daemon().await {
                 Ok(docker) => match container::ensure_image(&docker, &image).await {
                     Ok(image_id) => {
@@ -478,11 +488,13 @@ pub async fn place(
                             image_id,
                         }));
                     }
-                    Err(why) => why,
+                    Err(_) => format!("Docker has no image {image} and cannot pull it"),
                 },
-                Err(why) => why,
+                Err(_) => "no Docker engine answers".to_string(),
             };
-            notes.push(format!("{why}: using {local}"));
+            notes.push(format!(
+                "runtime auto: using {local}, because {why} (--runtime container says more)"
+            ));
             Ok(None)
         }
     }

@@ -97,8 +97,6 @@ pub struct Running {
     pub runtime: &'static str,
     /// What ran, e.g. `mosquitto 2.0.11`.
     pub version: String,
-    /// Why this runtime was chosen, when `auto` fell back.
-    pub note: Option<String>,
     /// An external broker's credentials and where the drill's records begin.
     pub access: Access,
     pub place: Place,
@@ -122,7 +120,6 @@ impl Running {
             addrs,
             runtime,
             version,
-            note: None,
             access: Access::default(),
             place,
             answers: None,

@@ -368,8 +368,14 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
             raw.kind.value.name()
         ));
     }
-    if terminate && raw.kind.value == Kind::Nats {
-        return fail("`links: terminate` is not built for NATS: nats-server speaks its INFO in plain text before the TLS handshake, so a terminating link would have to speak NATS itself; use `links: pass` (the default)".to_string());
+    if let Some(why) = raw
+        .kind
+        .value
+        .entry()
+        .no_terminating_link
+        .filter(|_| terminate)
+    {
+        return fail(why.to_string());
     }
     match runtime {
         Runtime::Embedded => fail(
@@ -387,7 +393,7 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
 /// `tls:` to a broker you run: your CA file, and your client certificate with the variable
 /// that holds its key. MQTT and NATS so far.
 fn given(raw: &RawDestination, w: &RawTlsWith) -> Result<Option<TlsSpec>, String> {
-    if !matches!(raw.kind.value, Kind::Mqtt | Kind::Nats) {
+    if !raw.kind.value.entry().external_tls {
         return Err(format!(
             "TLS to a {} broker you run is not built yet (MQTT and NATS are); drill speaks TLS to the {0} brokers it starts",
             raw.kind.value.name()

@@ -60,8 +60,8 @@ impl Default for DiskLimits {
 #[serde(deny_unknown_fields)]
 pub struct OutputConfig {
     pub name: String,
-    /// The destination kind (`mqtt`, `nats`, `kafka`, `syslog`): a name the build's [`Sinks`]
-    /// knows.
+    /// The destination kind: a name the build's [`Sinks`] knows (`mqtt`, `nats`, `kafka`,
+    /// `syslog`, `postgres`, `http` in drill's own build).
     pub kind: String,
     /// How the output reaches a destination that has more than one way (`syslog`: `relp`,
     /// `tcp` or `udp`; default `relp`). The transport decides the promise it can keep: only

@@ -174,7 +174,7 @@ pub struct Output {
     ready: BTreeMap<u64, Entry>,
     /// Refused records waiting out their backoff: sequence → (not before, entry).
     delayed: BTreeMap<u64, (Instant, Entry)>,
-    /// Open attempts by MQTT packet id.
+    /// Open attempts by attempt id (16 bits, so the MQTT sink sends it as the packet id).
     open: HashMap<u16, Open>,
     next_pkid: u16,
     pub attempts: AttemptCounts,

@@ -3,8 +3,10 @@
 //!
 //! The engine's one session loop (`session.rs`) is generic over a [`Sink`]; each destination
 //! kind implements it in its own folder (`src/dest/<kind>/sink.rs`), and the build's registry
-//! (`dest::SINKS`) is handed to [`run`](super::run). The engine itself names no kind and no
-//! protocol: it knows records, attempts and answers.
+//! (`dest::SINKS`) is handed to [`run`](super::run). The engine's logic branches on no kind
+//! and speaks no protocol: it knows records, attempts and answers. `OutputConfig` carries the
+//! few settings only one kind reads (`transport`, `key_header`); every other kind's
+//! [`Sink::check`] refuses them.
 //!
 //! What every implementation must keep (docs/src/design.md#1-engine-rules):
 //! - [`Sink::connect`] returns a session only after a round trip that writes nothing (MQTT
@@ -107,6 +109,11 @@ pub trait Sink: Send + Sync + Clone + 'static {
     /// each connect, through [`OutputConfig::client_tls`]).
     const TLS: bool = false;
 
+    /// What an output with `tls:` is told when the sink speaks none (`TLS` false): why, and
+    /// what to do.
+    const NO_TLS: &'static str =
+        "`tls`: this engine speaks no TLS to this kind of output yet; leave it out";
+
     /// Connects and makes one data-free probe round trip (see the module docs).
     fn connect<'a>(
         &'a self,
@@ -186,14 +193,7 @@ impl<S: Sink> SinkKind for S {
 
     fn check(&self, cfg: &OutputConfig) -> Result<(), String> {
         if cfg.tls.is_some() && !S::TLS {
-            return Err(if cfg.kind == "kafka" {
-                "`tls`: this build of drill speaks no TLS to Kafka (librdkafka needs OpenSSL): build it with `--features kafka-tls` (the release archives and wheels have it)".to_string()
-            } else {
-                format!(
-                    "`tls`: this engine speaks TLS to mqtt, nats and kafka outputs only so far, not {}; leave it out",
-                    cfg.kind
-                )
-            });
+            return Err(S::NO_TLS.to_string());
         }
         // The CA and client certificate files must parse now, not at the first connect.
         cfg.client_tls().map_err(|why| format!("`tls`: {why}"))?;

@@ -382,9 +382,6 @@ async fn finish(
         notes.push(r.summary());
     }
     let running = &rig.running;
-    if let Some(note) = &running.note {
-        notes.push(note.clone());
-    }
     let versions = BTreeMap::from([
         ("drill".to_string(), env!("DRILL_BUILD").to_string()),
         ("broker".to_string(), running.version.clone()),

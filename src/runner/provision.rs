@@ -213,9 +213,6 @@ impl Rig {
     /// Says what was started and where every link points.
     fn say_provisioned(&self, seed: u64) {
         let r = &self.running;
-        if let Some(note) = &r.note {
-            say(&format!("  {note}"));
-        }
         let at = r.addrs.first().map(ToString::to_string).unwrap_or_default();
         say(&format!("  broker: {} ({}) on {at}", r.version, r.runtime));
         for note in &self.notes {

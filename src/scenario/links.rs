@@ -16,7 +16,7 @@ use serde_saphyr::{Location, Spanned};
 
 use super::raw::{RawFault, RawLink};
 use super::{CommandSpec, FaultAction, ScheduledFault};
-use crate::dest::{Kind, Runtime, Spec, TlsSpec};
+use crate::dest::{Runtime, Spec, TlsSpec};
 use crate::located::{Located, at};
 use crate::proxy::remote::RemoteLink;
 
@@ -155,17 +155,17 @@ pub(super) fn remote_links(
         let link = &spanned.value;
         let here = &spanned.referenced;
         let names = destination.link_names();
-        if destination.kind == Kind::Kafka || names.len() != 1 {
+        let has = match destination.kind.entry().no_remote_link {
+            Some(why) => Some(why.to_string()),
+            None if names.len() != 1 => Some(format!("{}", names.len())),
+            None => None,
+        };
+        if let Some(has) = has {
             return Err(at(
                 here,
                 format!(
-                    "field `links.{name}`: a remote link stands for the destination's one link; a {} destination has {} (a Kafka-aware link or a cluster cannot be served remotely yet)",
+                    "field `links.{name}`: a remote link stands for the destination's one link; a {} destination has {has} (a Kafka-aware link or a cluster cannot be served remotely yet)",
                     destination.kind.name(),
-                    if destination.kind == Kind::Kafka {
-                        "a link per broker".to_string()
-                    } else {
-                        format!("{}", names.len())
-                    }
                 ),
             ));
         }

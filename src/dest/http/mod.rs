@@ -49,6 +49,9 @@ pub static ENTRY: Entry = Entry {
     embedded: true,
     broker_tls: false,
     validate,
+    no_terminating_link: None,
+    external_tls: false,
+    no_remote_link: None,
     bench: None,
     taps: None,
 };

@@ -45,6 +45,9 @@ pub static ENTRY: Entry = Entry {
     embedded: false,
     broker_tls: false,
     validate,
+    no_terminating_link: None,
+    external_tls: false,
+    no_remote_link: Some("a Kafka-aware link per broker"),
     bench: Some(&bench::KafkaBench),
     taps: Some(taps),
 };
@@ -97,7 +100,7 @@ impl Destination for Kafka {
 
     fn refuses_one_write(&self) -> Result<(), &'static str> {
         Err(
-            "poison records need a destination that refuses one oversized write (`mqtt` or `nats`); remove it for `kafka`",
+            "poison records need a destination that refuses one write while it takes the rest (`nats`, `postgres`, `http`, or `mqtt` on mosquitto); remove it for `kafka`",
         )
     }
 

@@ -174,6 +174,7 @@ impl Sink for KafkaSink {
 
     /// librdkafka speaks TLS only through OpenSSL: in builds with the feature `kafka-tls`.
     const TLS: bool = cfg!(feature = "kafka-tls");
+    const NO_TLS: &'static str = "`tls`: this build of drill speaks no TLS to Kafka (librdkafka needs OpenSSL): build it with `--features kafka-tls` (the release archives and wheels have it)";
 
     const PROMISE: (Promise, &'static str) = (
         Promise::AtLeastOnce,

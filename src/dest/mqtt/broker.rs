@@ -42,8 +42,6 @@ pub struct LocalMqtt {
     pub runtime: &'static str,
     /// What ran, e.g. `mosquitto 2.0.11`.
     pub version: String,
-    /// Why this runtime was chosen, when `auto` fell back.
-    pub note: Option<String>,
     /// The process, when it is one.
     pub process: Option<LocalProcess>,
     /// The broker, when it runs inside drill (dropping it stops it).
@@ -97,12 +95,8 @@ pub async fn start_mqtt(
         }
         Runtime::Auto => match mosquitto_path() {
             Some(_) => start_mosquitto(work, options).await,
-            None => {
-                let mut broker = start_embedded().await?;
-                broker.note =
-                    Some("mosquitto is not installed: using drill's embedded broker".to_string());
-                Ok(broker)
-            }
+            // `provision` has said so, in its one line on the runtime chosen.
+            None => start_embedded().await,
         },
     }
 }
@@ -120,10 +114,10 @@ pub(super) async fn provision(
             .await;
     }
     let mut notes = Vec::new();
-    let local = if p.tls.is_some() {
+    let local = if p.tls.is_some() || mosquitto_path().is_some() {
         "local mosquitto"
     } else {
-        "local mosquitto (or the embedded broker)"
+        "drill's embedded broker (mosquitto is not installed)"
     };
     let placement = place(IMAGE, local, p.runtime, &mut notes).await?;
     crate::dest::check_broker_faults(&p.needs, placement.is_some(), 1)?;
@@ -155,15 +149,13 @@ pub(super) async fn provision(
                 Some(b) => Place::InProcess(Box::new(b)),
                 None => Place::Local(broker.process),
             };
-            let mut running = Running::new(
+            Running::new(
                 dest,
                 vec![broker.addr],
                 broker.runtime,
                 broker.version,
                 place,
-            );
-            running.note = broker.note;
-            running
+            )
         }
     };
     let link = Link::start(&name, any, running.addrs[0], p.links.clone()).await?;
@@ -320,7 +312,6 @@ async fn start_mosquitto(work: &Path, options: Options<'_>) -> Result<LocalMqtt,
                     addr,
                     runtime: "process",
                     version: mosquitto_version(&bin).await,
-                    note: None,
                     process: Some(LocalProcess::new(child)),
                     embedded: None,
                 });
@@ -356,7 +347,6 @@ async fn start_embedded() -> Result<LocalMqtt, DestError> {
         addr: broker.addr,
         runtime: "embedded",
         version: format!("{} (in-process)", super::embedded::VERSION),
-        note: None,
         process: None,
         embedded: Some(broker),
     })

@@ -40,6 +40,9 @@ pub static ENTRY: Entry = Entry {
     embedded: true,
     broker_tls: true,
     validate,
+    no_terminating_link: None,
+    external_tls: true,
+    no_remote_link: None,
     bench: Some(&bench::MqttBench),
     taps: Some(taps),
 };

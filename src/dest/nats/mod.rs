@@ -48,6 +48,9 @@ pub static ENTRY: Entry = Entry {
     embedded: false,
     broker_tls: true,
     validate,
+    no_terminating_link: Some("`links: terminate` is not built for NATS: nats-server speaks its INFO in plain text before the TLS handshake, so a terminating link would have to speak NATS itself; use `links: pass` (the default)"),
+    external_tls: true,
+    no_remote_link: None,
     bench: Some(&bench::NatsBench),
     taps: Some(taps),
 };

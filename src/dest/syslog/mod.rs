@@ -101,6 +101,9 @@ pub static ENTRY: Entry = Entry {
     embedded: false,
     broker_tls: false,
     validate,
+    no_terminating_link: None,
+    external_tls: false,
+    no_remote_link: None,
     bench: None,
     taps: Some(taps),
 };
