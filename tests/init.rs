@@ -120,7 +120,15 @@ fn init_without_what_it_needs_off_a_terminal_says_so_and_writes_nothing() {
 #[test]
 fn init_never_overwrites_unless_forced_and_every_kind_loads() {
     let dir = tempfile::tempdir().unwrap();
-    for (ingest, destination) in [("http", "mqtt"), ("mqtt", "nats"), ("tcp_lines", "kafka")] {
+    let every_kind = [
+        ("http", "mqtt"),
+        ("mqtt", "nats"),
+        ("tcp_lines", "kafka"),
+        ("http", "syslog"),
+        ("mqtt", "postgres"),
+        ("tcp_lines", "http"),
+    ];
+    for (ingest, destination) in every_kind {
         let engine = format!(
             "./my-forwarder --in {{ingest}} --out {{link.{destination}}} --data {{data_dir}}"
         );
@@ -143,6 +151,16 @@ fn init_never_overwrites_unless_forced_and_every_kind_loads() {
         );
         let text = std::fs::read_to_string(dir.path().join("drills/my-forwarder.yaml")).unwrap();
         assert!(text.contains(&format!("kind: {destination}")), "{text}");
+        // Without --write-key, the file and the screen say what an extra copy will count as,
+        // and how to declare the key.
+        let said = String::from_utf8_lossy(&out.stderr);
+        for (whom, words) in [("the file", text.as_str()), ("the screen", &said)] {
+            assert!(
+                words.contains("counts as a duplicate against") && words.contains("write_key: {"),
+                "{destination}: {whom} does not say it: {words}"
+            );
+        }
+        assert!(said.contains("--write-key NAME"), "{said}");
         let check = drill(dir.path(), &["check", "drills/my-forwarder.yaml"]);
         assert_eq!(check.status.code(), Some(0), "{}", show(&check));
     }

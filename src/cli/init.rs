@@ -7,6 +7,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
+use crate::dest::Kind;
 use crate::scenario;
 
 use super::{INFRASTRUCTURE, INVALID, PASS};
@@ -17,16 +18,17 @@ const WORKFLOW: &str = include_str!("../../ci/github/drill.yml");
 /// What `drill init` was told.
 #[derive(clap::Args)]
 pub struct Flags {
-    /// Your engine's command line, with placeholders: {ingest}, {link.mqtt|nats|kafka},
-    /// {topic}, {data_dir} (quoted as a shell would split it; run without a shell).
+    /// Your engine's command line, with placeholders: {ingest}, {link.<destination kind>}
+    /// (e.g. {link.mqtt}), {topic}, {data_dir} (quoted as a shell would split it; run without
+    /// a shell).
     #[arg(long)]
     pub engine: Option<String>,
     /// How drill hands records to the engine.
     #[arg(long, value_enum)]
     pub ingest: Option<Ingest>,
-    /// Where the engine forwards to.
-    #[arg(long, value_enum)]
-    pub destination: Option<Destination>,
+    /// Where the engine forwards to: a destination kind.
+    #[arg(long, value_parser = kind_names())]
+    pub destination: Option<String>,
     /// The drill's name (default: from the engine's program).
     #[arg(long)]
     pub name: Option<String>,
@@ -58,47 +60,25 @@ pub enum Ingest {
     TcpLines,
 }
 
-/// Where the engine forwards to (`destination.kind`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Destination {
-    Mqtt,
-    Nats,
-    Kafka,
+/// Every destination kind, as `--destination` takes it.
+fn kind_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(Kind::ALL.iter().map(|k| k.name()))
 }
 
-impl Destination {
-    fn kind(self) -> &'static str {
-        match self {
-            Destination::Mqtt => "mqtt",
-            Destination::Nats => "nats",
-            Destination::Kafka => "kafka",
-        }
-    }
-
-    /// A topic (MQTT, Kafka) or subject (NATS) in the style of the kind.
-    fn topic(self, name: &str) -> String {
-        match self {
-            Destination::Mqtt => format!("drill/{name}"),
-            Destination::Nats => format!("drill.{name}"),
-            Destination::Kafka => format!("drill-{name}"),
-        }
-    }
-
-    /// The `write_key` line for a key the engine puts in a header or property named `name`.
-    fn write_key(self, name: &str) -> String {
-        match self {
-            Destination::Mqtt => format!("{{ mqtt_user_property: {name} }}"),
-            Destination::Kafka => format!("{{ kafka_header: {name} }}"),
-            Destination::Nats => "{ nats_msg_id: true }".to_string(),
-        }
-    }
+/// `a|b|c` of every destination kind.
+fn kinds_listed(sep: &str) -> String {
+    Kind::ALL
+        .iter()
+        .map(|k| k.name())
+        .collect::<Vec<_>>()
+        .join(sep)
 }
 
 /// Everything the files are made from, every question answered.
 struct Answers {
     argv: Vec<String>,
     ingest: Ingest,
-    destination: Destination,
+    destination: Kind,
     name: String,
     stats: Option<String>,
     write_key: Option<String>,
@@ -176,14 +156,17 @@ fn answers(flags: &Flags) -> Result<Answers, String> {
     let missing = flags.engine.is_none() || flags.ingest.is_none() || flags.destination.is_none();
     let asking = missing && std::io::stdin().is_terminal();
     if missing && !asking {
-        return Err("give --engine \"<command>\", --ingest http|mqtt|tcp_lines and --destination mqtt|nats|kafka (or run it on a terminal to be asked)".to_string());
+        return Err(format!(
+            "give --engine \"<command>\", --ingest http|mqtt|tcp_lines and --destination {} (or run it on a terminal to be asked)",
+            kinds_listed("|")
+        ));
     }
     let mut ask = Asker::new();
     let engine = match &flags.engine {
         Some(e) => e.clone(),
         None => ask.line(
             "Your engine's command; drill fills {ingest} (where it receives records), \
-             {link.mqtt} / {link.nats} / {link.kafka} (where it forwards), {topic}, {data_dir}\n\
+             {link.<destination kind>} (where it forwards), {topic}, {data_dir}\n\
              e.g. ./my-forwarder --listen {ingest} --broker {link.mqtt} --topic {topic} --spool {data_dir}",
             None,
         )?,
@@ -206,18 +189,15 @@ fn answers(flags: &Flags) -> Result<Answers, String> {
             other => return Err(format!("ingest {other:?}: one of http, mqtt, tcp_lines")),
         },
     };
-    let destination = match flags.destination {
-        Some(d) => d,
-        None => match ask
-            .line("Where it forwards: mqtt, nats, kafka", Some("mqtt"))?
-            .as_str()
-        {
-            "mqtt" => Destination::Mqtt,
-            "nats" => Destination::Nats,
-            "kafka" => Destination::Kafka,
-            other => return Err(format!("destination {other:?}: one of mqtt, nats, kafka")),
-        },
+    let destination = match &flags.destination {
+        Some(d) => d.clone(),
+        None => ask.line(
+            &format!("Where it forwards: {}", kinds_listed(", ")),
+            Some("mqtt"),
+        )?,
     };
+    let destination = Kind::parse(&destination)
+        .ok_or_else(|| format!("destination {destination:?}: one of {}", kinds_listed(", ")))?;
     let name = match &flags.name {
         Some(n) => n.clone(),
         None => name_from(&argv),
@@ -231,7 +211,7 @@ fn answers(flags: &Flags) -> Result<Answers, String> {
             "--name {name:?}: letters, digits, '-', '_' and '.' only (it names the report folder)"
         ));
     }
-    let link = format!("{{link.{}}}", destination.kind());
+    let link = format!("{{link.{}}}", destination.name());
     if !argv.iter().any(|a| a.contains("{ingest")) {
         eprintln!(
             "drill init: note: the command never says {{ingest}}: drill picks the ingest port, and the engine must listen there"
@@ -240,6 +220,12 @@ fn answers(flags: &Flags) -> Result<Answers, String> {
     if !argv.iter().any(|a| a.contains(&link)) {
         eprintln!(
             "drill init: note: the command never says {link}: an engine that reaches the broker some other way bypasses the fault proxy, and the drill says so"
+        );
+    }
+    if flags.write_key.is_none() {
+        eprintln!(
+            "drill init: note: no --write-key: drill cannot tell a resend of a record from a second write, so every extra copy the engine delivers counts as a duplicate against its at_least_once promise (expect duplicates: 0). If the engine puts a write key on each record, say where: --write-key NAME, written as `write_key: {}`",
+            (destination.entry().starter.write_key)("NAME")
         );
     }
     let ci = flags.ci
@@ -328,7 +314,8 @@ fn name_from(argv: &[String]) -> String {
 const DURATION_S: u64 = 60;
 
 fn scenario_text(a: &Answers, file: &Path) -> String {
-    let kind = a.destination.kind();
+    let kind = a.destination.name();
+    let starter = &a.destination.entry().starter;
     let link = format!("{{link.{kind}}}");
     let file = file.display();
     let argv = a
@@ -356,14 +343,16 @@ fn scenario_text(a: &Answers, file: &Path) -> String {
         None => "  # stats: { path: /stats }                # JSON with `waiting` and `failed`: without it, drill drains\n  #                                          # until arrivals stop for 5 s and counts the rest lost".to_string(),
     };
     let write_key = match &a.write_key {
-        Some(name) => format!("  write_key: {}", a.destination.write_key(name)),
+        Some(name) => format!("  write_key: {}", (starter.write_key)(name)),
         None => format!(
-            "  # write_key: {}   # where the engine puts a record's write key;\n  #     without one, every extra copy counts against at_least_once",
-            a.destination.write_key("write-key")
+            "  # write_key: {}   # where the engine puts a record's write key.\n  #   Without one drill cannot tell a resend from a second write: every extra copy\n  #   counts as a duplicate against at_least_once (expect duplicates: 0 below).",
+            (starter.write_key)("write-key")
         ),
     };
     let name = &a.name;
-    let topic = a.destination.topic(name);
+    let topic = (starter.topic)(name)
+        .map(|t| format!(", topic: {t}"))
+        .unwrap_or_default();
     format!(
         r#"# A drill for {name}, written by `drill init`. Check it: drill check {file}
 # Run it: drill run {file}  (exit 0: every promise kept; 1: one broken; 2: invalid;
@@ -378,7 +367,7 @@ tags: [ci]                                    # the workflow runs the drills tag
 seed: 1
 # drill starts the broker itself: `runtime: auto` runs the {kind} broker as a local process
 # when its binary is installed, in a container otherwise; `external` drives one you run.
-destination: {{ kind: {kind}, runtime: auto, topic: {topic} }}
+destination: {{ kind: {kind}, runtime: auto{topic} }}
 system:
   # Your engine, started by drill (argv, no shell). drill fills in:
   #   {{ingest}}       127.0.0.1:PORT where the engine must take records in

@@ -156,11 +156,21 @@ pub struct Entry {
     /// Why a `drill proxy` on another host cannot serve the kind's link (`None`: it can, when
     /// the destination has one link).
     pub no_remote_link: Option<&'static str>,
+    /// What `drill init` writes for the kind.
+    pub starter: Starter,
     /// What `drill bench engine` drains to, when the kind takes part.
     pub bench: Option<&'static dyn BenchKind>,
     /// The protocol tap for the kind's links, finding the ids of a run (`None`: the kind has
     /// none, and the report says so).
     pub taps: Option<TapsFor>,
+}
+
+/// `drill init`'s words for a kind: a topic in the kind's style for a drill called `drill`
+/// (`None`: the kind's destination takes no topic), and the `system.write_key` value (a YAML
+/// flow value) for a key the engine puts in a place called `name`.
+pub struct Starter {
+    pub topic: fn(drill: &str) -> Option<String>,
+    pub write_key: fn(name: &str) -> String,
 }
 
 /// Makes a kind's protocol tap for the ids of run `run`.

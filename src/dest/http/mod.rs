@@ -52,6 +52,10 @@ pub static ENTRY: Entry = Entry {
     no_terminating_link: None,
     external_tls: false,
     no_remote_link: None,
+    starter: super::Starter {
+        topic: |d| Some(format!("/{d}")),
+        write_key: |k| format!("{{ http_header: {k} }}"),
+    },
     bench: None,
     taps: None,
 };

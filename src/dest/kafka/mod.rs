@@ -48,6 +48,10 @@ pub static ENTRY: Entry = Entry {
     no_terminating_link: None,
     external_tls: false,
     no_remote_link: Some("a Kafka-aware link per broker"),
+    starter: super::Starter {
+        topic: |d| Some(format!("drill-{d}")),
+        write_key: |k| format!("{{ kafka_header: {k} }}"),
+    },
     bench: Some(&bench::KafkaBench),
     taps: Some(taps),
 };

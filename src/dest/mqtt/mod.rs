@@ -43,6 +43,10 @@ pub static ENTRY: Entry = Entry {
     no_terminating_link: None,
     external_tls: true,
     no_remote_link: None,
+    starter: super::Starter {
+        topic: |d| Some(format!("drill/{d}")),
+        write_key: |k| format!("{{ mqtt_user_property: {k} }}"),
+    },
     bench: Some(&bench::MqttBench),
     taps: Some(taps),
 };

@@ -51,6 +51,10 @@ pub static ENTRY: Entry = Entry {
     no_terminating_link: Some("`links: terminate` is not built for NATS: nats-server speaks its INFO in plain text before the TLS handshake, so a terminating link would have to speak NATS itself; use `links: pass` (the default)"),
     external_tls: true,
     no_remote_link: None,
+    starter: super::Starter {
+        topic: |d| Some(format!("drill.{d}")),
+        write_key: |_| "{ nats_msg_id: true }".to_string(),
+    },
     bench: Some(&bench::NatsBench),
     taps: Some(taps),
 };

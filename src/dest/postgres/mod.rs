@@ -67,6 +67,10 @@ pub static ENTRY: Entry = Entry {
     no_terminating_link: None,
     external_tls: false,
     no_remote_link: None,
+    starter: super::Starter {
+        topic: |d| Some(format!("drill_{}", d.replace(['-', '.'], "_"))),
+        write_key: |_| format!("{{ postgres_column: {WRITE_KEY} }}"),
+    },
     bench: None,
     taps: Some(taps),
 };

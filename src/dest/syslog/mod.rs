@@ -104,6 +104,10 @@ pub static ENTRY: Entry = Entry {
     no_terminating_link: None,
     external_tls: false,
     no_remote_link: None,
+    starter: super::Starter {
+        topic: |_| None,
+        write_key: |k| format!("{{ syslog_sd: {{ id: drill, param: {k} }} }}"),
+    },
     bench: None,
     taps: Some(taps),
 };
