@@ -90,7 +90,7 @@ proptest! {
 
     #[test]
     fn the_mqtt_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-        let mut codec = drill::mqtt::DrillCodec;
+        let mut codec = drill::wire::mqtt::DrillCodec;
         let mut buf = BytesMut::from(&bytes[..]);
         for _ in 0..64 {
             match codec.decode(&mut buf) {
@@ -108,7 +108,7 @@ proptest! {
         cuts in proptest::collection::vec(any::<usize>(), 0..16),
     ) {
         let wire: Vec<u8> = items.iter().flat_map(encode).collect();
-        let mut codec = drill::mqtt::DrillCodec;
+        let mut codec = drill::wire::mqtt::DrillCodec;
         let mut buf = BytesMut::new();
         let mut decoded = Vec::new();
         for chunk in chunks(&wire, &cuts) {
@@ -121,10 +121,10 @@ proptest! {
         prop_assert_eq!(decoded.len(), items.len());
         for (item, inbound) in items.iter().zip(&decoded) {
             match (item, inbound) {
-                (MqttItem::Ack { pkid, reason }, drill::mqtt::Inbound::Ack(ack)) => {
+                (MqttItem::Ack { pkid, reason }, drill::wire::mqtt::Inbound::Ack(ack)) => {
                     prop_assert_eq!((ack.pkid, ack.code), (*pkid, reason_code(*reason)));
                 }
-                (item, drill::mqtt::Inbound::Packet(p)) => prop_assert_eq!(&packet(item), p),
+                (item, drill::wire::mqtt::Inbound::Packet(p)) => prop_assert_eq!(&packet(item), p),
                 (item, other) => prop_assert!(false, "{item:?} came back as {other:?}"),
             }
         }
@@ -231,8 +231,8 @@ fn mqtt_item() -> impl Strategy<Value = MqttItem> {
 }
 
 /// The reason codes a PUBACK carries, by index.
-fn reason(i: u8) -> drill::mqtt::PubAckReason {
-    use drill::mqtt::PubAckReason::*;
+fn reason(i: u8) -> drill::wire::mqtt::PubAckReason {
+    use drill::wire::mqtt::PubAckReason::*;
     [
         Success,
         NoMatchingSubscribers,
@@ -250,8 +250,8 @@ fn reason_code(i: u8) -> u8 {
     [0x00, 0x10, 0x80, 0x83, 0x87, 0x90, 0x91, 0x97, 0x99][usize::from(i) % 9]
 }
 
-fn packet(item: &MqttItem) -> drill::mqtt::Packet {
-    use drill::mqtt::{Packet, PingReq, PubAck, Publish, QoS};
+fn packet(item: &MqttItem) -> drill::wire::mqtt::Packet {
+    use drill::wire::mqtt::{Packet, PingReq, PubAck, Publish, QoS};
     match item {
         MqttItem::Publish {
             qos1,
@@ -274,7 +274,7 @@ fn packet(item: &MqttItem) -> drill::mqtt::Packet {
             };
             match write_key {
                 Some(key) if *qos1 => {
-                    drill::mqtt::publish_with_key(topic, *pkid, payload.into(), key)
+                    drill::wire::mqtt::publish_with_key(topic, *pkid, payload.into(), key)
                 }
                 _ => {
                     let mut p = Publish::new(topic.as_str(), qos, payload, None);
@@ -295,7 +295,7 @@ fn packet(item: &MqttItem) -> drill::mqtt::Packet {
 fn encode(item: &MqttItem) -> Vec<u8> {
     use tokio_util::codec::Encoder;
     let mut out = BytesMut::new();
-    drill::mqtt::DrillCodec
+    drill::wire::mqtt::DrillCodec
         .encode(packet(item), &mut out)
         .unwrap();
     out.to_vec()
@@ -489,7 +489,7 @@ proptest! {
         let mut wire = Vec::new();
         for (key, seq) in &ids {
             let msg = format!("<13>1 - h drill - - [drill key=\"w\"] {{\"id\":\"{RUN}/k{key}/{seq}\"}}");
-            wire.extend(drill::dest::syslog::message::octet_counted(&msg));
+            wire.extend(drill::wire::syslog::octet_counted(&msg));
             // Noise that is no id of this run (no `fuzz/` in it).
             wire.extend(noise.iter().map(|b| if b.is_ascii_alphanumeric() { b'.' } else { *b }));
         }

@@ -12,8 +12,8 @@
 //!
 //! This module holds the traits, the shared vocabulary of running brokers ([`Running`],
 //! [`ReadBack`]), and [`Kind::entry`]: the one place that maps a kind to its implementation.
-//! A few places outside a kind's folder still name one (issue 43 removes them): the Kafka
-//! checks in `scenario/links.rs`, `dest/spec.rs` and `bench/kafka_link.rs`.
+//! One place outside a kind's folder still names one: `bench/kafka_link.rs`, the Kafka-aware
+//! link's benchmark (it starts tansu brokers of its own).
 //!
 //! # Adding a destination kind
 //!

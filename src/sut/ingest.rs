@@ -25,10 +25,10 @@ use futures::{SinkExt, StreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::dest::syslog::message::rfc5424;
-use crate::dest::syslog::relp::{self, Reply};
-use crate::mqtt::{self, Inbound, Packet, Publish, QoS};
 use crate::scenario::IngestSpec;
+use crate::wire::mqtt::{self, Inbound, Packet, Publish, QoS};
+use crate::wire::relp::{self, Reply};
+use crate::wire::syslog::rfc5424;
 use crate::workload::{IngestAnswer, Intake, Record};
 
 /// How long one ingest call may wait for its answer.

@@ -37,7 +37,7 @@ impl BenchKind for MqttBench {
 async fn raw_mqtt(run: RawRun) -> Result<Duration, String> {
     let (addr, topic, records, window) = (run.addr, run.topic.as_str(), run.records, run.window);
     let (record_bytes, record_line) = (run.bytes, run.line);
-    use crate::mqtt::{self, Inbound};
+    use crate::wire::mqtt::{self, Inbound};
     let session = mqtt::connect(
         addr,
         "bench-raw",

@@ -207,7 +207,7 @@ fn ready_tls(client: &crate::tls::TlsConfig) -> Result<container::Ready, DestErr
         let tls = tls.clone();
         async move {
             let limit = Duration::from_secs(3);
-            crate::mqtt::connect_as(addr, "drill-ready", limit, limit, None, Some(&tls))
+            crate::wire::mqtt::connect_as(addr, "drill-ready", limit, limit, None, Some(&tls))
                 .await
                 .map(drop)
                 .map_err(|e| e.to_string())
@@ -220,7 +220,7 @@ fn ready_tls(client: &crate::tls::TlsConfig) -> Result<container::Ready, DestErr
 pub(crate) fn ready(addr: SocketAddr) -> BoxFuture<'static, Result<(), String>> {
     async move {
         let limit = Duration::from_secs(3);
-        crate::mqtt::connect(addr, "drill-ready", limit, limit)
+        crate::wire::mqtt::connect(addr, "drill-ready", limit, limit)
             .await
             .map(drop)
             .map_err(|e| e.to_string())

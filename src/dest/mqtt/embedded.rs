@@ -1,6 +1,6 @@
 //! drill's embedded MQTT 5 broker: what a drill gets when no mosquitto is installed and Docker
 //! is not wanted (the quickstart on a fresh machine). It runs inside drill on the Tokio runtime,
-//! on rumqttc's packet codec ([`crate::mqtt::DrillCodec`]).
+//! on rumqttc's packet codec ([`crate::wire::mqtt::DrillCodec`]).
 //!
 //! It is a relay, not a store: QoS 0 and 1, subscriptions with `+` and `#`, a publish is
 //! acknowledged only after a copy is queued for every matching subscriber, a subscriber's queue
@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 
-use crate::mqtt::{
+use crate::wire::mqtt::{
     CodecError, ConnAck, Connect, ConnectReturnCode, DisconnectReasonCode, DrillCodec, Inbound,
     Packet, PubAck, PubAckReason, Publish, QoS, Subscribe, SubscribeReasonCode,
 };
@@ -481,7 +481,7 @@ fn unsubscribe_from(unsubscribe: Unsubscribe, router: &Router, conn: u64) -> Pac
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mqtt::{self, ConnectProperties, Filter};
+    use crate::wire::mqtt::{self, ConnectProperties, Filter};
 
     async fn broker() -> Embedded {
         Embedded::start(SocketAddr::from(([127, 0, 0, 1], 0)))

@@ -52,10 +52,10 @@ pub static ENTRY: Entry = Entry {
 };
 
 /// An MQTT login from `secrets`, if they give one.
-pub fn login(secrets: &Secrets) -> Option<crate::mqtt::Login> {
+pub fn login(secrets: &Secrets) -> Option<crate::wire::mqtt::Login> {
     secrets
         .login()
-        .map(|(u, p)| crate::mqtt::Login::new(u.to_string(), p.to_string()))
+        .map(|(u, p)| crate::wire::mqtt::Login::new(u.to_string(), p.to_string()))
 }
 
 /// An MQTT destination: nothing of its own beyond what every kind has.
@@ -80,7 +80,7 @@ impl Destination for Mqtt {
     }
 
     fn builtin_write_key(&self) -> WriteKeyPlace {
-        WriteKeyPlace::Meta(crate::mqtt::WRITE_KEY_PROPERTY.to_string())
+        WriteKeyPlace::Meta(crate::wire::mqtt::WRITE_KEY_PROPERTY.to_string())
     }
 
     fn write_key_place(&self, value: &serde_json::Value) -> Result<WriteKeyPlace, String> {

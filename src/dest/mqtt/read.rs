@@ -12,7 +12,7 @@ use futures::{FutureExt, SinkExt, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::dest::ReadBack;
-use crate::mqtt::{self, Packet, PubAck, PubAckReason};
+use crate::wire::mqtt::{self, Packet, PubAck, PubAckReason};
 use crate::verify::{Decoder, Received, WriteKeyPlace};
 
 /// The MQTT read-back: one subscriber connected directly to the broker.

@@ -13,7 +13,7 @@ use futures::{SinkExt, StreamExt};
 use crate::engine::OutputConfig;
 use crate::engine::output::Answer;
 use crate::engine::sink::{Answers, Attempts, Connect, Open, Session, Sink, Tick};
-use crate::mqtt::{self, Packet};
+use crate::wire::mqtt::{self, Packet};
 use crate::promise::Promise;
 
 #[cfg(feature = "mutants")]
@@ -242,7 +242,7 @@ impl Session for MqttSession {
 mod mutants {
     use super::*;
     use crate::engine::log::StoredRecord;
-    use crate::mqtt::DrillCodec;
+    use crate::wire::mqtt::DrillCodec;
     use tokio_util::codec::Framed;
 
     /// `probe-with-oldest-record`: CONNECT/CONNACK, then the oldest waiting record published

@@ -130,13 +130,13 @@ impl Tap for MqttTap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mqtt::{Packet, PubAck, PubAckReason, publish_with_key};
+    use crate::wire::mqtt::{Packet, PubAck, PubAckReason, publish_with_key};
     use bytes::BytesMut;
     use tokio_util::codec::Encoder;
 
     fn encode(p: Packet) -> Vec<u8> {
         let mut out = BytesMut::new();
-        crate::mqtt::DrillCodec.encode(p, &mut out).unwrap();
+        crate::wire::mqtt::DrillCodec.encode(p, &mut out).unwrap();
         out.to_vec()
     }
 

@@ -339,7 +339,7 @@ async fn start_container(
 fn relp_answers(addr: SocketAddr) -> BoxFuture<'static, Result<(), String>> {
     async move {
         let wait = Duration::from_secs(3);
-        let session = super::relp::Session::open(addr, wait)
+        let session = crate::wire::relp::Session::open(addr, wait)
             .await
             .map_err(|e| e.to_string())?;
         session.close(wait).await.map_err(|e| e.to_string())
@@ -374,8 +374,8 @@ async fn logged_start(log: &Path, mut gone: impl FnMut() -> Option<String>) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dest::syslog::message::{key_of, octet_counted, rfc5424};
-    use crate::dest::syslog::relp::{Answer, Reply, Session};
+    use crate::wire::syslog::{key_of, octet_counted, rfc5424};
+    use crate::wire::relp::{Answer, Reply, Session};
 
     /// rsyslogd, or (outside CI) `None` after saying why the test does nothing.
     fn have_rsyslogd() -> bool {

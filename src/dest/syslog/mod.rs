@@ -18,9 +18,7 @@
 //!   invalid scenario, located).
 
 pub mod broker;
-pub mod message;
 pub mod read;
-pub mod relp;
 pub mod sink;
 pub mod tap;
 
@@ -200,7 +198,7 @@ impl Destination for Syslog {
     }
 
     fn builtin_write_key(&self) -> WriteKeyPlace {
-        sd_place(message::SD_ID, message::SD_PARAM)
+        sd_place(crate::wire::syslog::SD_ID, crate::wire::syslog::SD_PARAM)
     }
 
     fn write_key_place(&self, value: &serde_json::Value) -> Result<WriteKeyPlace, String> {

@@ -14,7 +14,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use super::message::{SD_ID, SD_PARAM, sd_param};
+use crate::wire::syslog::{SD_ID, SD_PARAM, sd_param};
 use crate::dest::ReadBack;
 use crate::verify::{Decoder, Received, WriteKeyPlace};
 
@@ -27,7 +27,7 @@ pub fn builtin_place() -> WriteKeyPlace {
 /// How often the file is looked at for new lines.
 const POLL: Duration = Duration::from_millis(20);
 
-/// The decoder for drill's own engine: the key where [`super::message::rfc5424`] puts it.
+/// The decoder for drill's own engine: the key where [`crate::wire::syslog::rfc5424`] puts it.
 pub fn builtin_decoder() -> Decoder {
     Decoder::builtin(builtin_place())
 }
@@ -282,7 +282,7 @@ impl ReadBack for Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dest::syslog::message::rfc5424;
+    use crate::wire::syslog::rfc5424;
     use std::io::Write;
 
     fn line(run: &str, seq: u64) -> String {

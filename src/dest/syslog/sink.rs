@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 
-use super::message::{octet_counted, rfc5424};
-use super::relp::{self, Reply};
+use crate::wire::syslog::{octet_counted, rfc5424};
+use crate::wire::relp::{self, Reply};
 use super::{Transport, transport_promise};
 use crate::engine::OutputConfig;
 use crate::engine::output::Answer;

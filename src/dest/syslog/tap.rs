@@ -96,7 +96,7 @@ mod tests {
         let taps = SyslogTaps::new("run-7");
         let stream: Vec<u8> = (1..=40u64)
             .flat_map(|i| {
-                crate::dest::syslog::message::octet_counted(&format!(
+                crate::wire::syslog::octet_counted(&format!(
                     "<13>1 - h drill - - [drill key=\"k\"] {{\"id\":\"run-7/k{}/{}\"}}",
                     i % 3,
                     i * 100 + 7
