@@ -10,7 +10,6 @@
 
 mod depth;
 mod engine;
-mod kafka_link;
 mod taps;
 
 pub use depth::rss_of;
@@ -288,7 +287,12 @@ pub fn proxy(drill_exe: &Path, o: Options) -> Result<String, BenchError> {
     let _ = std::fs::remove_dir_all(&dir);
     let mut table = render(&results?, o, note);
     drop(children);
-    table.push_str(&kafka_link::measure(drill_exe, o.kafka_records, o.runs)?);
+    // Each kind with a link of its own kind (Kafka's, which reads the protocol) measures it.
+    for kind in crate::dest::Kind::ALL {
+        if let Some(link_bench) = kind.entry().link_bench {
+            table.push_str(&link_bench(drill_exe, o.kafka_records, o.runs)?);
+        }
+    }
     table.push_str(&taps::measure(o.kafka_records, o.runs)?);
     Ok(table)
 }

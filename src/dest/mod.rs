@@ -12,8 +12,7 @@
 //!
 //! This module holds the traits, the shared vocabulary of running brokers ([`Running`],
 //! [`ReadBack`]), and [`Kind::entry`]: the one place that maps a kind to its implementation.
-//! One place outside a kind's folder still names one: `bench/kafka_link.rs`, the Kafka-aware
-//! link's benchmark (it starts tansu brokers of its own).
+//! Outside `src/dest/<kind>/`, no code names a kind: what differs is a field of its [`Entry`].
 //!
 //! # Adding a destination kind
 //!
@@ -160,6 +159,9 @@ pub struct Entry {
     pub starter: Starter,
     /// What `drill bench engine` drains to, when the kind takes part.
     pub bench: Option<&'static dyn BenchKind>,
+    /// `drill bench proxy`'s table for the kind's own link style, when it has one (Kafka's
+    /// Kafka-aware link).
+    pub link_bench: Option<LinkBench>,
     /// The protocol tap for the kind's links, finding the ids of a run (`None`: the kind has
     /// none, and the report says so).
     pub taps: Option<TapsFor>,
@@ -172,6 +174,10 @@ pub struct Starter {
     pub topic: fn(drill: &str) -> Option<String>,
     pub write_key: fn(name: &str) -> String,
 }
+
+/// `drill bench proxy`'s table for a kind's own link style: `(drill binary, records per run,
+/// runs)` → a markdown table.
+pub type LinkBench = fn(&std::path::Path, u64, usize) -> std::io::Result<String>;
 
 /// Makes a kind's protocol tap for the ids of run `run`.
 pub type TapsFor = fn(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker>;

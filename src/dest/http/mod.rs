@@ -57,6 +57,7 @@ pub static ENTRY: Entry = Entry {
         write_key: |k| format!("{{ http_header: {k} }}"),
     },
     bench: None,
+    link_bench: None,
     taps: None,
 };
 

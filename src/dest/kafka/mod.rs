@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod broker;
+mod link_bench;
 pub mod read;
 pub mod sink;
 pub mod tap;
@@ -53,6 +54,7 @@ pub static ENTRY: Entry = Entry {
         write_key: |k| format!("{{ kafka_header: {k} }}"),
     },
     bench: Some(&bench::KafkaBench),
+    link_bench: Some(link_bench::measure),
     taps: Some(taps),
 };
 

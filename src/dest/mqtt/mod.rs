@@ -48,6 +48,7 @@ pub static ENTRY: Entry = Entry {
         write_key: |k| format!("{{ mqtt_user_property: {k} }}"),
     },
     bench: Some(&bench::MqttBench),
+    link_bench: None,
     taps: Some(taps),
 };
 

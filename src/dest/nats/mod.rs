@@ -56,6 +56,7 @@ pub static ENTRY: Entry = Entry {
         write_key: |_| "{ nats_msg_id: true }".to_string(),
     },
     bench: Some(&bench::NatsBench),
+    link_bench: None,
     taps: Some(taps),
 };
 

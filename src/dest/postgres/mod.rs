@@ -72,6 +72,7 @@ pub static ENTRY: Entry = Entry {
         write_key: |_| format!("{{ postgres_column: {WRITE_KEY} }}"),
     },
     bench: None,
+    link_bench: None,
     taps: Some(taps),
 };
 

@@ -107,6 +107,7 @@ pub static ENTRY: Entry = Entry {
         write_key: |k| format!("{{ syslog_sd: {{ id: drill, param: {k} }} }}"),
     },
     bench: None,
+    link_bench: None,
     taps: Some(taps),
 };
 

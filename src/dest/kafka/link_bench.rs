@@ -1,4 +1,4 @@
-//! `drill bench proxy`, Kafka produce path: what a Kafka-aware link costs a producer, side by
+//! `drill bench proxy`, Kafka produce path (this kind's [`crate::dest::Entry::link_bench`]): what a Kafka-aware link costs a producer, side by
 //! side in one run with a plain link and with no link at all.
 //!
 //! Three tansu brokers with the same settings (in-memory storage), one per path: two advertise
@@ -20,7 +20,6 @@ use rdkafka::ClientContext;
 use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 
-use super::BenchError;
 
 const RECORD_BYTES: usize = 200;
 const TOPIC: &str = "bench";
@@ -75,7 +74,7 @@ fn tansu(bin: &Path, listen: SocketAddr, advertise: SocketAddr) -> std::io::Resu
         .spawn()
 }
 
-fn producer(bootstrap: SocketAddr) -> Result<(BaseProducer<Confirmed>, Confirmed), BenchError> {
+fn producer(bootstrap: SocketAddr) -> std::io::Result<(BaseProducer<Confirmed>, Confirmed)> {
     let confirmed = Confirmed::default();
     let p = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap.to_string())
@@ -83,28 +82,28 @@ fn producer(bootstrap: SocketAddr) -> Result<(BaseProducer<Confirmed>, Confirmed
         .set("acks", "all")
         .set("linger.ms", "5")
         .create_with_context(confirmed.clone())
-        .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))?;
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok((p, confirmed))
 }
 
 /// Creates the topic through `bootstrap` (waits for the broker to answer).
-fn create_topic(bootstrap: SocketAddr) -> Result<(), BenchError> {
+fn create_topic(bootstrap: SocketAddr) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime
-        .block_on(crate::dest::kafka::topic::create_topic(bootstrap, TOPIC, 1))
-        .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))
+        .block_on(super::topic::create_topic(bootstrap, TOPIC, 1))
+        .map_err(|e| std::io::Error::other(e.to_string()))
 }
 
 /// Sends `n` records and waits for every delivery report; records per second.
-fn produce(bootstrap: SocketAddr, n: u64) -> Result<f64, BenchError> {
+fn produce(bootstrap: SocketAddr, n: u64) -> std::io::Result<f64> {
     let (p, confirmed) = producer(bootstrap)?;
     let payload = [b'x'; RECORD_BYTES];
     // Warm up: metadata, connections, producer id.
     let _ = p.send(BaseRecord::to(TOPIC).payload(&payload[..]).key("w"));
     p.flush(Duration::from_secs(30))
-        .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))?;
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let base = confirmed.ok.load(Ordering::Relaxed);
     let started = Instant::now();
     let mut sent = 0;
@@ -117,18 +116,20 @@ fn produce(bootstrap: SocketAddr, n: u64) -> Result<f64, BenchError> {
         }
     }
     p.flush(Duration::from_secs(120))
-        .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))?;
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let took = started.elapsed();
     let got = confirmed.ok.load(Ordering::Relaxed) - base;
     if got != n {
-        return Err(BenchError::Short { sent: n, got });
+        return Err(std::io::Error::other(format!(
+            "{got} of {n} records confirmed"
+        )));
     }
     Ok(n as f64 / took.as_secs_f64())
 }
 
 /// The Kafka table, or why there is none (tansu not installed).
-pub fn measure(drill_exe: &Path, records: u64, runs: usize) -> Result<String, BenchError> {
-    let Some(bin) = crate::dest::kafka::broker::tansu_path() else {
+pub fn measure(drill_exe: &Path, records: u64, runs: usize) -> std::io::Result<String> {
+    let Some(bin) = super::broker::tansu_path() else {
         return Ok("\nKafka produce path: tansu is not installed (cargo install tansu --features dynostore,libsql): no Kafka table\n".to_string());
     };
     let mut children = Killed(Vec::new());
@@ -147,7 +148,7 @@ pub fn measure(drill_exe: &Path, records: u64, runs: usize) -> Result<String, Be
             .spawn()?,
     );
     for addr in [own, own_too, behind, plain, aware] {
-        super::wait_listening("the Kafka bench", addr)?;
+        wait_listening(addr)?;
     }
     create_topic(own)?;
     create_topic(own_too)?;
@@ -184,4 +185,18 @@ pub fn measure(drill_exe: &Path, records: u64, runs: usize) -> Result<String, Be
         ));
     }
     Ok(out)
+}
+
+/// Waits up to 10 s for `addr` to take a connection.
+fn wait_listening(addr: SocketAddr) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(addr).is_err() {
+        if Instant::now() > deadline {
+            return Err(std::io::Error::other(format!(
+                "the Kafka bench: {addr} did not start listening"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
