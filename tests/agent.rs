@@ -3,15 +3,14 @@
 //! it, the broker a real mosquitto; the faults on the engine (SIGSTOP/SIGCONT, SIGKILL, power
 //! cut, full disk) are carried out by the agent, the link's by its proxy.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::hosts::{
+use crate::common::hosts::{
     CUT_HALF_OPEN_KILL, Started, TwoHosts, command, free, in_ns_connects, mosquitto, until,
 };
+use crate::common::run::running;
 
 /// `drill agent` (in `ns` when given) with its API on `api` (behind `token` when given), the
 /// link `mqtt` from `listen` to `upstream`, and the engines' folders under `work`.
@@ -70,7 +69,7 @@ fn agent_drill(
     extra: &str,
     rest: &str,
 ) -> String {
-    common::run::scenario(
+    crate::common::run::scenario(
         dir,
         name,
         &format!(
@@ -135,16 +134,7 @@ fn in_background(file: &str, out: &str) -> Started {
 }
 
 fn agent_state(api: SocketAddr) -> serde_json::Value {
-    common::hosts::get_json(&format!("http://{api}/engine"), None)
-}
-
-/// Processes whose command line contains `marker`.
-fn running(marker: &str) -> usize {
-    let out = std::process::Command::new("pgrep")
-        .args(["-f", marker])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().count()
+    crate::common::hosts::get_json(&format!("http://{api}/engine"), None)
 }
 
 fn powerfs_mounts(under: &Path) -> usize {
@@ -197,7 +187,7 @@ fn an_engine_on_an_agent_goes_through_every_engine_fault_and_a_broken_one_fails(
     let out = dir.path().join("out");
     let (o, report) = run(&file, &out, "on-agent");
     println!("correct engine: {}", report["ledger"]);
-    assert_eq!(o.status.code(), Some(0), "{}", common::run::show(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", crate::common::run::show(&o));
     assert_eq!(report["ledger"]["lost"], 0);
     let struck: Vec<String> = report["faults"]
         .as_array()
@@ -241,7 +231,7 @@ fn an_engine_on_an_agent_goes_through_every_engine_fault_and_a_broken_one_fails(
     );
     let (o, report) = run(&broken, &out, "on-agent-broken");
     println!("memory-only: {}", report["ledger"]);
-    assert_eq!(o.status.code(), Some(1), "{}", common::run::show(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", crate::common::run::show(&o));
     assert_eq!(report["verdict"], "fail");
     assert!(report["ledger"]["lost"].as_u64() > Some(0), "{report:#}");
 }
@@ -290,7 +280,7 @@ fn a_drill_killed_mid_run_leaves_no_engine_on_the_agent() {
     let (o, report) = run(&file, &dir.path().join("out"), "killed");
     let waited = started.elapsed();
     println!("the next drill waited and ran in {waited:?}");
-    assert_eq!(o.status.code(), Some(0), "{}", common::run::show(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", crate::common::run::show(&o));
     // One lease (5 s) and the drill itself (12.9 s measured): bounded, not forever.
     assert!(waited < Duration::from_secs(45), "{waited:?}");
     assert_eq!(report["ledger"]["lost"], 0);
@@ -375,7 +365,7 @@ fn what_an_agent_cannot_do_exits_2_located() {
     ];
     for (name, body, says, points_at) in cases {
         let text = format!("name: {name}\n{body}workload: {{ rate: 10/s, duration: 5s }}\n");
-        common::run::refused_at(dir.path(), name, &text, says, points_at, &[]);
+        crate::common::run::refused_at(dir.path(), name, &text, says, points_at, &[]);
     }
     // An agent reachable from elsewhere needs a token.
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_drill"))
@@ -383,7 +373,7 @@ fn what_an_agent_cannot_do_exits_2_located() {
         .env_remove("DRILL_TOKEN")
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", common::run::show(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", crate::common::run::show(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs a bearer token"));
 }
 
@@ -430,7 +420,12 @@ fn an_agent_that_refuses_the_token_exits_2_and_one_that_is_not_there_exits_3() {
         let o = with_token(name, api);
         let err = String::from_utf8_lossy(&o.stderr).to_string();
         println!("{name}: {}", err.trim());
-        assert_eq!(o.status.code(), Some(code), "{}", common::run::show(&o));
+        assert_eq!(
+            o.status.code(),
+            Some(code),
+            "{}",
+            crate::common::run::show(&o)
+        );
         assert!(
             err.contains(says) && err.contains(&api.to_string()),
             "{err}"
@@ -477,8 +472,8 @@ fn across_two_hosts_an_engine_on_the_agent_gets_its_single_host_verdict() {
              {links}{system}{CUT_HALF_OPEN_KILL}"
         )
     };
-    let across = common::run::scenario(dir.path(), "across", &drill_text("across", true));
-    let twin = common::run::scenario(dir.path(), "twin", &drill_text("twin", false));
+    let across = crate::common::run::scenario(dir.path(), "across", &drill_text("across", true));
+    let twin = crate::common::run::scenario(dir.path(), "twin", &drill_text("twin", false));
     let run_in_b = |file: &str, name: &str| {
         let out = dir.path().join(format!("out-{name}"));
         let o = command(
@@ -499,7 +494,7 @@ fn across_two_hosts_an_engine_on_the_agent_gets_its_single_host_verdict() {
         let report: serde_json::Value = std::fs::read_to_string(out.join(name).join("report.json"))
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_else(|| panic!("{name}: no report: {}", common::run::show(&o)));
+            .unwrap_or_else(|| panic!("{name}: no report: {}", crate::common::run::show(&o)));
         (o, report)
     };
     let (o, across_report) = run_in_b(&across, "across");
@@ -512,7 +507,7 @@ fn across_two_hosts_an_engine_on_the_agent_gets_its_single_host_verdict() {
         summary(&twin_report),
         twin_report["ledger"]
     );
-    assert_eq!(o.status.code(), Some(0), "{}", common::run::show(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", crate::common::run::show(&o));
     assert_eq!(summary(&across_report), summary(&twin_report));
     assert_eq!(across_report["link"]["upstream"], broker.to_string());
     assert!(

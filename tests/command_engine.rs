@@ -3,48 +3,9 @@
 //! ingest per kind and deliberately broken modes; real brokers, the real proxy, the real binary.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn fixtures() -> String {
-    format!("{}/fixtures", env!("CARGO_MANIFEST_DIR"))
-}
-
-/// What one `drill run` left.
-struct Ran {
-    output: Output,
-    report: serde_json::Value,
-    markdown: String,
-}
-
-fn run(dir: &Path, name: &str, text: &str) -> Ran {
-    let file = dir.join(format!("{name}.yaml"));
-    std::fs::write(&file, text).unwrap();
-    let out = dir.join("out");
-    let output = Command::new(env!("CARGO_BIN_EXE_drill"))
-        .args(["run", &file.display().to_string(), "--out"])
-        .arg(&out)
-        .output()
-        .expect("drill runs");
-    let report = std::fs::read_to_string(out.join(name).join("report.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(serde_json::Value::Null);
-    let markdown = std::fs::read_to_string(out.join(name).join("report.md")).unwrap_or_default();
-    Ran {
-        output,
-        report,
-        markdown,
-    }
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use crate::common::run::{Ran, fixtures, run_scenario, running, show};
 
 fn n(r: &serde_json::Value, field: &str) -> u64 {
     r["ledger"][field].as_u64().unwrap_or(u64::MAX)
@@ -99,7 +60,7 @@ fn assert_closes(ran: &Ran) {
 #[test]
 fn an_http_forwarder_through_a_half_open_link_and_a_kill_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let ran = run(
+    let ran = run_scenario(
         dir.path(),
         "fw-http",
         &forwarder_drill("fw-http", "http", ""),
@@ -116,7 +77,7 @@ fn an_http_forwarder_through_a_half_open_link_and_a_kill_loses_nothing() {
 #[test]
 fn an_mqtt_ingest_forwarder_through_a_half_open_link_and_a_kill_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    assert_closes(&run(
+    assert_closes(&run_scenario(
         dir.path(),
         "fw-mqtt",
         &forwarder_drill("fw-mqtt", "mqtt", ""),
@@ -126,7 +87,7 @@ fn an_mqtt_ingest_forwarder_through_a_half_open_link_and_a_kill_loses_nothing() 
 #[test]
 fn a_tcp_lines_forwarder_through_a_half_open_link_and_a_kill_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let ran = run(
+    let ran = run_scenario(
         dir.path(),
         "fw-tcp",
         &forwarder_drill("fw-tcp", "tcp_lines", ""),
@@ -164,7 +125,7 @@ fn assert_loses(ran: &Ran) -> u64 {
 #[test]
 fn a_forwarder_that_acknowledges_before_writing_fails_with_the_records_it_lost_in_the_kill() {
     let dir = tempfile::tempdir().unwrap();
-    let ran = run(
+    let ran = run_scenario(
         dir.path(),
         "fw-ack-first",
         &forwarder_drill("fw-ack-first", "http", ", --broken, ack-before-write"),
@@ -184,7 +145,7 @@ fn a_forwarder_that_drops_its_backlog_after_a_few_connection_errors_fails() {
             "  - { at: 7s, target: engine, action: kill, restart_after: 1s }\n",
             "",
         );
-    let ran = run(dir.path(), "fw-give-up", &text);
+    let ran = run_scenario(dir.path(), "fw-give-up", &text);
     assert_loses(&ran);
 }
 
@@ -205,7 +166,7 @@ expect: {{ lost: 0, duplicates: 0, ledger: closes }}
 "#
         )
     };
-    let builtin = run(
+    let builtin = run_scenario(
         dir.path(),
         "as-builtin",
         &common(
@@ -213,7 +174,7 @@ expect: {{ lost: 0, duplicates: 0, ledger: closes }}
             "system: { builtin: { promise: at_least_once } }",
         ),
     );
-    let command = run(
+    let command = run_scenario(
         dir.path(),
         "as-command",
         &common(
@@ -237,12 +198,6 @@ expect: {{ lost: 0, duplicates: 0, ledger: closes }}
     assert_eq!(builtin.output.status.code(), command.output.status.code());
 }
 
-/// Processes whose command line contains `marker`.
-fn running(marker: &str) -> usize {
-    let out = Command::new("pgrep").args(["-f", marker]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().count()
-}
-
 fn bad(dir: &Path, name: &str, system: &str) -> Output {
     bad_for(dir, name, system, "2s")
 }
@@ -251,7 +206,7 @@ fn bad_for(dir: &Path, name: &str, system: &str, duration: &str) -> Output {
     let text = format!(
         "name: {name}\ndestination: {{ kind: mqtt, runtime: process }}\n{system}\nworkload: {{ rate: 10/s, duration: {duration} }}\n"
     );
-    run(dir, name, &text).output
+    run_scenario(dir, name, &text).output
 }
 
 fn one_line(o: &Output) -> String {
@@ -414,7 +369,7 @@ fn an_engine_that_gives_up_after_an_outage_fails_every_mqtt_ci_drill_that_cuts_t
                 .map(|(name, text)| {
                     let sub = dir.path().join(name);
                     std::fs::create_dir_all(&sub).unwrap();
-                    s.spawn(move || (name.clone(), run(&sub, name, text)))
+                    s.spawn(move || (name.clone(), run_scenario(&sub, name, text)))
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -490,7 +445,7 @@ drain_timeout: 10s
 "#,
         fixtures()
     );
-    let ran = run(dir.path(), "nowhere", &text);
+    let ran = run_scenario(dir.path(), "nowhere", &text);
     assert_eq!(ran.output.status.code(), Some(1), "{}", show(&ran.output));
     let why = ran.report["inconclusive"].to_string();
     assert!(

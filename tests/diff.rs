@@ -2,9 +2,7 @@
 //! built-in engine's keepalive (a PINGREQ, then its answer timeout) — 1 s and 1 s in the base
 //! run, 6 s and 3 s in the new one, so the new run recovers seconds later. The diff must show it, and `--fail-on` must turn it into exit 1.
 
-mod common;
-
-use common::run::{drill, scenario, show};
+use crate::common::run::{drill, scenario, show};
 
 fn strand_drill(dir: &std::path::Path, keepalive: &str, answer_timeout: &str) -> String {
     scenario(

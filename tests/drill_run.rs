@@ -3,12 +3,10 @@
 //! The catalogue's `ci` drills themselves (engine-crash, mqtt-flapping, nats-cluster-node-loss,
 //! …) run in tests/catalogue.rs, as the correct engine's row of `drill selftest --tag ci`.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::run::{Ran, drill, have_local_image, run_drill, run_drill_with, scenario, show};
+use crate::common::run::{Ran, drill, have_local_image, run_drill, run_drill_with, scenario, show};
 
 #[test]
 fn a_misspelled_field_exits_2_naming_file_line_column_and_field_and_starts_nothing() {
@@ -298,7 +296,7 @@ fn brokers_in_containers_speak_tls() {
     assert!(no_drill_containers("mqtt-tls-bad-certificate-61"));
 
     let dir = tempfile::tempdir().unwrap();
-    let file = common::run::scenario(
+    let file = crate::common::run::scenario(
         dir.path(),
         "nats-tls-container",
         "name: nats-tls-container\nseed: 5\ndestination: { kind: nats, runtime: container, topic: drill.tlsc, tls: { client_certificates: true } }\nsystem: { builtin: { keepalive: 1s, answer_timeout: 2s } }\nworkload: { rate: 100/s, duration: 12s, keys: 2 }\nfaults:\n  - { at: 3s, link: nats, fault: swallow, direction: downstream, for: 4s }\nexpect: { lost: 0, duplicates: 0, ledger: closes, recovery_within: 10s }\n",
@@ -580,7 +578,7 @@ fn a_power_cut_without_fuse_exits_3_with_one_line() {
         "name: nofuse\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 3s }\nfaults:\n  - { at: 1s, target: engine, action: power_cut, restart_after: 1s }\n",
     );
     let out = dir.path().join("out");
-    let o = common::run::drill_with(
+    let o = crate::common::run::drill_with(
         &["run", &file, "--out", out.to_str().unwrap()],
         &[("DRILL_TEST_NO_FUSE", "1")],
     );

@@ -19,13 +19,15 @@ use drill::engine::{EngineConfig, OutputConfig};
 use drill::promise::Promise;
 use drill::proxy::{Direction, Fault, Link};
 use drill::sut::EngineProcess;
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
+
+use crate::common::engine::ingest_batches;
 
 const STREAM: &str = "DEPTH";
 const SUBJECT: &str = "depth.t";
 const RECORDS: u64 = 1_000_000;
-const BATCH: u64 = 1000;
+/// Records a request; four requests at a time.
+const BATCH: usize = 1000;
 /// Above the memory with 100 000 held, the engine may grow by at most this much while the
 /// backlog grows tenfold (it grew by ≈ 300 MB when every held record stayed in memory).
 const GROWTH_LIMIT: u64 = 40 << 20;
@@ -47,27 +49,6 @@ fn rss(pid: u32) -> u64 {
 fn line(i: u64) -> String {
     let head = format!("{{\"id\":\"depth/{i}\",\"pad\":\"");
     format!("{head}{}\"}}\n", "x".repeat(200 - head.len() - 2))
-}
-
-/// Posts records `from..to` in batches of [`BATCH`] from four concurrent clients.
-async fn ingest(engine: SocketAddr, from: u64, to: u64) {
-    let client = reqwest::Client::new();
-    let batches: Vec<u64> = (from..to).step_by(BATCH as usize).collect();
-    futures::stream::iter(batches)
-        .for_each_concurrent(4, |start| {
-            let client = client.clone();
-            async move {
-                let body: String = (start..(start + BATCH).min(to)).map(line).collect();
-                let answer = client
-                    .post(format!("http://{engine}/ingest"))
-                    .body(body)
-                    .send()
-                    .await
-                    .unwrap();
-                assert!(answer.status().is_success(), "{}", answer.status());
-            }
-        })
-        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,16 +91,12 @@ async fn a_million_held_in_flat_memory_then_drained_whole() {
     let pid = engine.pid().expect("the engine runs");
 
     let started = Instant::now();
-    ingest(engine.addr(), 0, RECORDS / 10).await;
+    ingest_batches(engine.addr(), (0..RECORDS / 10).map(line), BATCH, 4).await;
     let base = rss(pid);
     let mut highest = base;
     for tenth in 1..10 {
-        ingest(
-            engine.addr(),
-            tenth * RECORDS / 10,
-            (tenth + 1) * RECORDS / 10,
-        )
-        .await;
+        let records = tenth * RECORDS / 10..(tenth + 1) * RECORDS / 10;
+        ingest_batches(engine.addr(), records.map(line), BATCH, 4).await;
         highest = highest.max(rss(pid));
     }
     let stats = engine.stats().await.unwrap();

@@ -4,33 +4,13 @@
 //! mount a 4 MiB tmpfs: under `CI=true` its absence fails the test; elsewhere the test says so and
 //! skips.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use drill::engine::{DiskLimits, EngineConfig, OutputConfig};
 use drill::sut::EngineProcess;
 
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Option<Tmpfs> {
-        std::fs::create_dir_all(at).ok()?;
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        ok.then(|| Tmpfs(at.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
+use crate::common::engine::Tmpfs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_ingest_evicts_nothing_and_recovers() {
@@ -45,11 +25,11 @@ async fn a_full_disk_refuses_ingest_evicts_nothing_and_recovers() {
         return;
     };
     // Space to give back later.
-    let filler = disk.0.join("filler");
+    let filler = disk.path().join("filler");
     std::fs::write(&filler, vec![0u8; 1536 * 1024]).unwrap();
     let config = EngineConfig {
         listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
-        data_dir: disk.0.join("data"),
+        data_dir: disk.path().join("data"),
         // A destination that refuses every connection: ingest alone is under test.
         outputs: vec![OutputConfig::new(
             "mqtt",

@@ -6,7 +6,6 @@
 
 use std::io::Write as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use drill::dest::Runtime;
@@ -15,33 +14,20 @@ use drill::proxy::{Direction, Fault, Link};
 use drill::sut::EngineProcess;
 use tokio_util::sync::CancellationToken;
 
-struct Tmpfs(std::path::PathBuf);
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
+use crate::common::engine::Tmpfs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_journal_writes_on_a_full_disk_are_counted_and_said() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().join("disk");
-    std::fs::create_dir_all(&disk).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
-        .arg(&disk)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !mounted {
+    let Some(_disk) = Tmpfs::mount(&disk, "4m") else {
         assert!(
             std::env::var_os("CI").is_none(),
             "mounting a tmpfs failed under CI=true: this test needs root"
         );
         eprintln!("skipped: mounting a tmpfs needs root");
         return;
-    }
-    let _disk = Tmpfs(disk.clone());
+    };
     let mut broker =
         drill::dest::mqtt::broker::start_mqtt(Runtime::Process, dir.path(), Default::default())
             .await

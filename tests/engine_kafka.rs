@@ -12,13 +12,17 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drill::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig, Stats};
+use drill::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig};
 use drill::promise::{Order, Promise};
 use drill::proxy::{Direction, Fault, Link};
 use drill::sut::EngineProcess;
 use tokio_util::sync::CancellationToken;
 
+use crate::common::engine::{attempts, ingest_keyed, record, wait_stats};
+
 const TOPIC: &str = "drill-t";
+/// How long a wait for the engine's stats may take.
+const WAIT: Duration = Duration::from_secs(90);
 
 struct Rig {
     broker: drill::dest::kafka::broker::LocalKafka,
@@ -80,54 +84,6 @@ async fn rig() -> Rig {
     }
 }
 
-fn line(i: usize, bytes: usize) -> String {
-    format!("{{\"id\":\"r-{i}\",\"pad\":\"{}\"}}\n", "x".repeat(bytes))
-}
-
-async fn ingest(engine: SocketAddr, lines: impl Iterator<Item = String>) -> Vec<String> {
-    let client = reqwest::Client::new();
-    let lines: Vec<String> = lines.collect();
-    let mut keys = Vec::new();
-    for chunk in lines.chunks(50) {
-        let answer: serde_json::Value = client
-            .post(format!("http://{engine}/ingest?write_keys=all"))
-            .body(chunk.concat())
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        for k in answer["write_keys"].as_array().unwrap() {
-            keys.push(k.as_str().unwrap().to_string());
-        }
-    }
-    keys
-}
-
-async fn wait_stats(engine: &EngineProcess, what: &str, cond: impl Fn(&Stats) -> bool) -> Stats {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let stats = engine.stats().await.unwrap();
-        if cond(&stats) {
-            return stats;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn attempts(work: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(work.join("engine-data/attempts.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 /// Copies per harness id in the topic, and how many of the extra ones carry a write key that
 /// differs from the first copy's.
 async fn topic_copies(bootstrap: SocketAddr) -> (HashMap<String, u32>, usize, usize) {
@@ -158,13 +114,13 @@ async fn an_oversized_record_is_refused_and_counted_a_cut_is_not() {
     let mut rig = rig().await;
     let addr = rig.engine.addr();
     // Record 150 is larger than librdkafka's message.max.bytes (1 MB): it cannot be sent.
-    let keys = ingest(
+    let keys = ingest_keyed(
         addr,
-        (0..300).map(|i| line(i, if i == 150 { 1_100_000 } else { 180 })),
+        (0..300).map(|i| record(i, if i == 150 { 1_100_000 } else { 180 })),
     )
     .await;
     let poison_key = keys[150].clone();
-    wait_stats(&rig.engine, "299 delivered, 1 failed", |s| {
+    wait_stats(&rig.engine, "299 delivered, 1 failed", WAIT, |s| {
         s.delivered == 299 && s.failed == 1
     })
     .await;
@@ -181,7 +137,7 @@ async fn an_oversized_record_is_refused_and_counted_a_cut_is_not() {
     assert!(words.contains("too large"), "{words}");
 
     rig.link.apply_settled(Fault::Refuse, Direction::Both).await;
-    ingest(addr, (300..400).map(|i| line(i, 180))).await;
+    ingest_keyed(addr, (300..400).map(|i| record(i, 180))).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let during = rig.engine.stats().await.unwrap();
     assert_eq!(
@@ -191,7 +147,7 @@ async fn an_oversized_record_is_refused_and_counted_a_cut_is_not() {
     assert_eq!((during.waiting, during.failed), (100, 1));
     rig.link.apply_settled(Fault::Heal, Direction::Both).await;
     let healed = Instant::now();
-    let after = wait_stats(&rig.engine, "399 delivered", |s| s.delivered == 399).await;
+    let after = wait_stats(&rig.engine, "399 delivered", WAIT, |s| s.delivered == 399).await;
     println!(
         "after a 3 s refused link: 100 held records delivered {:?} after the heal",
         healed.elapsed()
@@ -212,17 +168,17 @@ async fn an_oversized_record_is_refused_and_counted_a_cut_is_not() {
 async fn a_half_open_link_loses_nothing_and_every_copy_carries_its_write_key() {
     let mut rig = rig().await;
     let addr = rig.engine.addr();
-    ingest(addr, (0..200).map(|i| line(i, 180))).await;
-    wait_stats(&rig.engine, "200 delivered", |s| s.delivered == 200).await;
+    ingest_keyed(addr, (0..200).map(|i| record(i, 180))).await;
+    wait_stats(&rig.engine, "200 delivered", WAIT, |s| s.delivered == 200).await;
     rig.link
         .apply_settled(Fault::Swallow, Direction::Downstream)
         .await;
-    ingest(addr, (200..600).map(|i| line(i, 180))).await;
+    ingest_keyed(addr, (200..600).map(|i| record(i, 180))).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let during = rig.engine.stats().await.unwrap();
     rig.link.apply_settled(Fault::Heal, Direction::Both).await;
     let healed = Instant::now();
-    let after = wait_stats(&rig.engine, "600 delivered", |s| s.delivered == 600).await;
+    let after = wait_stats(&rig.engine, "600 delivered", WAIT, |s| s.delivered == 600).await;
     println!(
         "half-open 6 s: during it {:?}; all 600 delivered {:?} after the heal; attempts {:?}",
         during.attempts,

@@ -16,14 +16,18 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use drill::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig, Stats};
+use drill::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig};
 use drill::promise::{Order, Promise};
 use drill::proxy::{Direction, Fault, Link};
 use drill::sut::EngineProcess;
 use tokio_util::sync::CancellationToken;
 
+use crate::common::engine::{attempts, ingest_keyed, record, wait_stats};
+
 const STREAM: &str = "DRILL";
 const SUBJECT: &str = "drill.t";
+/// How long a wait for the engine's stats may take.
+const WAIT: Duration = Duration::from_secs(60);
 
 struct Rig {
     broker: drill::dest::nats::broker::LocalNats,
@@ -87,54 +91,6 @@ async fn rig(max_msg_size: i32) -> Rig {
     }
 }
 
-fn line(i: usize, bytes: usize) -> String {
-    format!("{{\"id\":\"r-{i}\",\"pad\":\"{}\"}}\n", "x".repeat(bytes))
-}
-
-async fn ingest(engine: SocketAddr, lines: impl Iterator<Item = String>) -> Vec<String> {
-    let client = reqwest::Client::new();
-    let lines: Vec<String> = lines.collect();
-    let mut keys = Vec::new();
-    for chunk in lines.chunks(50) {
-        let answer: serde_json::Value = client
-            .post(format!("http://{engine}/ingest?write_keys=all"))
-            .body(chunk.concat())
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        for k in answer["write_keys"].as_array().unwrap() {
-            keys.push(k.as_str().unwrap().to_string());
-        }
-    }
-    keys
-}
-
-async fn wait_stats(engine: &EngineProcess, what: &str, cond: impl Fn(&Stats) -> bool) -> Stats {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let stats = engine.stats().await.unwrap();
-        if cond(&stats) {
-            return stats;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn attempts(work: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(work.join("engine-data/attempts.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 /// Copies per harness id in the stream.
 async fn stream_copies(broker: SocketAddr) -> (HashMap<String, u32>, usize) {
     let got = drill::dest::nats::read::read_stream(broker, STREAM, Duration::from_secs(30), None)
@@ -154,13 +110,13 @@ async fn an_oversized_record_is_refused_and_counted_a_cut_is_not() {
     let mut rig = rig(2000).await;
     let addr = rig.engine.addr();
     // 300 records; number 150 is larger than the stream's max_msg_size.
-    let keys = ingest(
+    let keys = ingest_keyed(
         addr,
-        (0..300).map(|i| line(i, if i == 150 { 5000 } else { 180 })),
+        (0..300).map(|i| record(i, if i == 150 { 5000 } else { 180 })),
     )
     .await;
     let poison_key = keys[150].clone();
-    wait_stats(&rig.engine, "299 delivered, 1 failed", |s| {
+    wait_stats(&rig.engine, "299 delivered, 1 failed", WAIT, |s| {
         s.delivered == 299 && s.failed == 1
     })
     .await;
@@ -178,7 +134,7 @@ async fn an_oversized_record_is_refused_and_counted_a_cut_is_not() {
 
     // A cut: the link refuses while 100 more records are ingested. Nothing is counted.
     rig.link.apply_settled(Fault::Refuse, Direction::Both).await;
-    ingest(addr, (300..400).map(|i| line(i, 180))).await;
+    ingest_keyed(addr, (300..400).map(|i| record(i, 180))).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let during = rig.engine.stats().await.unwrap();
     assert_eq!(
@@ -187,7 +143,7 @@ async fn an_oversized_record_is_refused_and_counted_a_cut_is_not() {
     );
     assert_eq!((during.waiting, during.failed), (100, 1));
     rig.link.apply_settled(Fault::Heal, Direction::Both).await;
-    let after = wait_stats(&rig.engine, "399 delivered", |s| s.delivered == 399).await;
+    let after = wait_stats(&rig.engine, "399 delivered", WAIT, |s| s.delivered == 399).await;
     assert_eq!(after.attempts.refused, 3);
 
     let (copies, total) = stream_copies(rig.broker.addr).await;
@@ -206,18 +162,18 @@ async fn an_oversized_record_is_refused_and_counted_a_cut_is_not() {
 async fn a_half_open_link_leaves_exactly_one_copy_of_each_record() {
     let mut rig = rig(1 << 20).await;
     let addr = rig.engine.addr();
-    ingest(addr, (0..200).map(|i| line(i, 180))).await;
-    wait_stats(&rig.engine, "200 delivered", |s| s.delivered == 200).await;
+    ingest_keyed(addr, (0..200).map(|i| record(i, 180))).await;
+    wait_stats(&rig.engine, "200 delivered", WAIT, |s| s.delivered == 200).await;
     // Answers are swallowed: publishes land, PubAcks never come back.
     rig.link
         .apply_settled(Fault::Swallow, Direction::Downstream)
         .await;
-    ingest(addr, (200..600).map(|i| line(i, 180))).await;
+    ingest_keyed(addr, (200..600).map(|i| record(i, 180))).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     let during = rig.engine.stats().await.unwrap();
     rig.link.apply_settled(Fault::Heal, Direction::Both).await;
     let healed = Instant::now();
-    let after = wait_stats(&rig.engine, "600 delivered", |s| s.delivered == 600).await;
+    let after = wait_stats(&rig.engine, "600 delivered", WAIT, |s| s.delivered == 600).await;
     println!(
         "half-open 6 s: {} possibly_sent attempts during it; all 600 delivered {:?} after the heal; attempts {:?}",
         during.attempts.possibly_sent,
@@ -260,13 +216,13 @@ async fn a_publish_nobody_answers_ends_possibly_sent_after_the_answer_timeout() 
     js.delete_stream(STREAM).await.unwrap();
     let mut silent = client.subscribe(SUBJECT).await.unwrap();
     client.flush().await.unwrap();
-    ingest(addr, (0..20).map(|i| line(i, 180))).await;
+    ingest_keyed(addr, (0..20).map(|i| record(i, 180))).await;
     let landed = tokio::time::timeout(Duration::from_secs(30), silent.next())
         .await
         .expect("the publishes reach the subject");
     assert!(landed.is_some());
     let started = Instant::now();
-    let during = wait_stats(&rig.engine, "20 attempts possibly_sent", |s| {
+    let during = wait_stats(&rig.engine, "20 attempts possibly_sent", WAIT, |s| {
         s.attempts.possibly_sent >= 20
     })
     .await;
@@ -285,7 +241,7 @@ async fn a_publish_nobody_answers_ends_possibly_sent_after_the_answer_timeout() 
     })
     .await
     .unwrap();
-    let after = wait_stats(&rig.engine, "20 delivered", |s| s.delivered == 20).await;
+    let after = wait_stats(&rig.engine, "20 delivered", WAIT, |s| s.delivered == 20).await;
     assert_eq!(after.attempts.refused, 0);
     let (copies, total) = stream_copies(rig.broker.addr).await;
     assert_eq!((copies.len(), total), (20, 20), "one copy each");

@@ -16,23 +16,7 @@ use drill::proxy::{Direction, Fault, Link};
 use drill::sut::EngineProcess;
 use tokio_util::sync::CancellationToken;
 
-const BATCH: usize = 100;
-
-async fn ingest(engine: SocketAddr, from: usize, count: usize) {
-    let client = reqwest::Client::new();
-    for start in (from..from + count).step_by(BATCH) {
-        let body: String = (start..(start + BATCH).min(from + count))
-            .map(|i| format!("{{\"id\":\"r-{i}\",\"pad\":\"{}\"}}\n", "x".repeat(180)))
-            .collect();
-        let answer = client
-            .post(format!("http://{engine}/ingest"))
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        assert!(answer.status().is_success(), "{answer:?}");
-    }
-}
+use crate::common::engine::{ingest, record};
 
 fn output<'a>(stats: &'a Stats, name: &str) -> &'a drill::engine::OutputStats {
     stats.outputs.iter().find(|o| o.name == name).unwrap()
@@ -112,7 +96,7 @@ async fn one_cut_output_does_not_slow_the_other() {
     let n = 5_000;
     // Both links up: how long output a takes to deliver n records.
     let start = Instant::now();
-    ingest(engine.addr(), 0, n).await;
+    ingest(engine.addr(), (0..n).map(|i| record(i, 180))).await;
     delivered(&engine, "a", n as u64, Duration::from_secs(60)).await;
     let both_up = start.elapsed();
     delivered(&engine, "b", n as u64, Duration::from_secs(60)).await;
@@ -120,7 +104,7 @@ async fn one_cut_output_does_not_slow_the_other() {
     // Link b hangs: its writes block. The same ingest again.
     link_b.apply_settled(Fault::Hang, Direction::Both).await;
     let start = Instant::now();
-    ingest(engine.addr(), n, n).await;
+    ingest(engine.addr(), (n..2 * n).map(|i| record(i, 180))).await;
     delivered(&engine, "a", 2 * n as u64, Duration::from_secs(60)).await;
     let b_cut = start.elapsed();
     let stats = engine.stats().await.unwrap();

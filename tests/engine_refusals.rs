@@ -15,6 +15,8 @@ use drill::promise::Order;
 use drill::sut::EngineProcess;
 use tokio_util::sync::CancellationToken;
 
+use crate::common::engine::attempts;
+
 struct Mosquitto(Child);
 
 impl Drop for Mosquitto {
@@ -54,20 +56,11 @@ async fn mosquitto(dir: &Path, port: u16, limit: Option<usize>) -> Mosquitto {
     Mosquitto(child)
 }
 
-/// The attempts journal lines for one write key.
-fn attempts(dir: &Path, key: &str) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("engine-data/attempts.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["key"] == key)
-        .collect()
-}
-
+/// The attempts journal's refusals of one write key.
 fn refused(dir: &Path, key: &str) -> Vec<serde_json::Value> {
-    attempts(dir, key)
+    attempts(dir)
         .into_iter()
-        .filter(|v| v["outcome"] == "refused")
+        .filter(|v| v["key"] == key && v["outcome"] == "refused")
         .collect()
 }
 

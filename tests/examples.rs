@@ -11,11 +11,9 @@
 //! it is SIGKILLed, on both outputs; syslog-ng (Debian 3.38, unpacked the same way) with a
 //! reliable disk buffer loses records around the half-open link over plain TCP.
 
-mod common;
-
 use std::process::Command;
 
-use common::run::{have, have_rsyslogd};
+use crate::common::run::{have, have_rsyslogd};
 
 fn drill_example(name: &str) -> serde_json::Value {
     let out = tempfile::tempdir().unwrap();
@@ -183,7 +181,7 @@ fn the_rsyslog_ompgsql_example_loses_what_its_memory_queue_held_at_the_kill() {
             "~/.cache/drill/rsyslog/usr/lib/x86_64-linux-gnu/rsyslog/ompgsql.so",
         ],
     );
-    if !(ompgsql && have_rsyslogd() && common::run::have_postgres()) {
+    if !(ompgsql && have_rsyslogd() && crate::common::run::have_postgres()) {
         return;
     }
     let r = drill_example("rsyslog-ompgsql");

@@ -9,13 +9,11 @@
 //!   line and exit 3); broker faults are refused in one line (exit 2); an address nothing
 //!   listens on is one line and exit 3.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use common::run::{Ran, run_drill, run_drill_with, scenario, show};
+use crate::common::run::{Ran, run_drill, run_drill_with, scenario, show};
 
 /// A drill of 12 s at 100 records/s with the link refused from 3 s to 7 s.
 fn drill_text(name: &str, destination: &str, link: &str) -> String {

@@ -6,11 +6,9 @@
 //! recognises (effectively once: no extra copy stored) and one without stores again (at least
 //! once: copies within the promise).
 
-mod common;
-
-use common::run::{catalogue_drill_passes, refused_at};
+use crate::common::run::{catalogue_drill_passes, refused_at};
 #[cfg(feature = "mutants")]
-use common::run::{run_drill_with, show};
+use crate::common::run::{run_drill_with, show};
 
 #[cfg(feature = "mutants")]
 fn catalogue(name: &str) -> String {
@@ -229,7 +227,7 @@ fn a_second_attempt_while_the_first_is_open_is_caught_as_an_overlapping_attempt(
         catalogue("http-slow-answer"),
         catalogue("http-slow-answer-racy"),
     );
-    let doc = common::run::selftest_the_repeat_makers(&[&a, &b]);
+    let doc = crate::common::run::selftest_the_repeat_makers(&[&a, &b]);
     let mut racy_copies = 0;
     for row in doc["rows"].as_array().unwrap() {
         for cell in row["cells"].as_array().unwrap() {
@@ -239,7 +237,7 @@ fn a_second_attempt_while_the_first_is_open_is_caught_as_an_overlapping_attempt(
                 continue;
             }
             assert_eq!(cell["outcome"], "caught", "{engine} × {drill}: {cell:#}");
-            let by = common::run::caught_by(cell);
+            let by = crate::common::run::caught_by(cell);
             assert!(
                 by.contains(&"overlapping_attempts"),
                 "{engine} × {drill}: {by:?}"

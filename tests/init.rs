@@ -3,11 +3,9 @@
 //! the records the kill took; bad input exits 2 and writes nothing. Real broker, real proxy,
 //! the real binary.
 
-mod common;
-
 use std::process::{Command, Output, Stdio};
 
-use common::run::{drill_in as drill, show};
+use crate::common::run::{drill_in as drill, show};
 
 fn forwarder(extra: &str) -> String {
     format!(

@@ -8,7 +8,7 @@
 //! gives the captured bytes exactly.
 //!
 //! `capture_fixtures` (ignored; needs tansu) is how the fixtures were made:
-//! `cargo test --test kafka_codec -- --ignored capture_fixtures --nocapture`.
+//! `cargo test --test suite -- --ignored kafka_codec::capture_fixtures --nocapture`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};

@@ -11,13 +11,11 @@
 //!   bootstrap answers Metadata with three, each an echo server): three member links, each to
 //!   its broker; `kafka` refuses all three, `kafka-2` only its own.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use drill::engine::{DurText, EngineConfig, OutputConfig, Stats};
+use drill::engine::{DurText, EngineConfig, OutputConfig};
 use drill::promise::{Order, Promise};
 use drill::proxy::{Direction, Fault, Link};
 use drill::sut::EngineProcess;
@@ -25,7 +23,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use crate::common::engine::{ingest, record, wait_stats};
+
 const TOPIC: &str = "drill-links";
+/// How long a wait for the engine's stats may take.
+const WAIT: Duration = Duration::from_secs(60);
 
 async fn engine_to(link: &Link, work: &Path) -> EngineProcess {
     let config = EngineConfig {
@@ -43,35 +45,6 @@ async fn engine_to(link: &Link, work: &Path) -> EngineProcess {
     EngineProcess::start(Path::new(env!("CARGO_BIN_EXE_drill")), config, work)
         .await
         .unwrap()
-}
-
-async fn ingest(engine: SocketAddr, from: usize, n: usize) {
-    let body: String = (from..from + n)
-        .map(|i| format!("{{\"id\":\"r-{i}\",\"pad\":\"{}\"}}\n", "x".repeat(100)))
-        .collect();
-    let status = reqwest::Client::new()
-        .post(format!("http://{engine}/ingest"))
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .status();
-    assert!(status.is_success(), "ingest answered {status}");
-}
-
-async fn wait_stats(engine: &EngineProcess, what: &str, cond: impl Fn(&Stats) -> bool) -> Stats {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let stats = engine.stats().await.unwrap();
-        if cond(&stats) {
-            return stats;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Distinct records in the topic, read straight from the broker.
@@ -119,12 +92,12 @@ async fn refuse_with(kafka_aware: bool) -> Refused {
     }
     .unwrap();
     let mut engine = engine_to(&link, work).await;
-    ingest(engine.addr(), 0, 100).await;
-    wait_stats(&engine, "100 delivered", |s| s.delivered == 100).await;
+    ingest(engine.addr(), (0..100).map(|i| record(i, 100))).await;
+    wait_stats(&engine, "100 delivered", WAIT, |s| s.delivered == 100).await;
 
     link.apply_settled(Fault::Refuse, Direction::Both).await;
     let before = link.family_status().bytes_upstream;
-    ingest(engine.addr(), 100, 100).await;
+    ingest(engine.addr(), (100..200).map(|i| record(i, 100))).await;
     // Long enough for a bypassing client to deliver everything (it takes well under a second
     // when nothing stands in its way), measured, not assumed: stop early once all arrived.
     let deadline = Instant::now() + Duration::from_secs(8);
@@ -136,7 +109,7 @@ async fn refuse_with(kafka_aware: bool) -> Refused {
     let bytes_up_during = link.family_status().bytes_upstream - before;
 
     link.apply_settled(Fault::Heal, Direction::Both).await;
-    wait_stats(&engine, "200 delivered after the heal", |s| {
+    wait_stats(&engine, "200 delivered after the heal", WAIT, |s| {
         s.delivered == 200
     })
     .await;
@@ -274,9 +247,9 @@ async fn echoes(addr: SocketAddr) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_broker_of_a_cluster_gets_a_link_and_faults_follow_the_names() {
     let echoes_ = [
-        common::echo().await,
-        common::echo().await,
-        common::echo().await,
+        crate::common::echo().await,
+        crate::common::echo().await,
+        crate::common::echo().await,
     ];
     let cluster: Vec<(i32, u16)> = echoes_
         .iter()
@@ -351,7 +324,7 @@ async fn every_broker_of_a_cluster_gets_a_link_and_faults_follow_the_names() {
 /// the broker's own link is refused, and the drill holds every record until the heal.
 #[test]
 fn a_drill_can_cut_one_brokers_link_by_name() {
-    use common::run::{run_drill, scenario, show};
+    use crate::common::run::{run_drill, scenario, show};
     let dir = tempfile::tempdir().unwrap();
     let file = scenario(
         dir.path(),

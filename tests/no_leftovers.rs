@@ -1,10 +1,10 @@
 //! No child process outlives drill: not after Ctrl-C (SIGINT), not even after SIGKILL; and no
 //! container outlives a drill run in the container runtime after Ctrl-C.
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::common::run::running;
 
 /// Children of `pid`, read from /proc.
 fn children(pid: u32) -> Vec<(u32, String)> {
@@ -150,7 +150,7 @@ fn even_a_sigkilled_drill_leaves_no_child_behind() {
 /// Whether `drill-local/mosquitto` (ci/images.sh) is there; under CI=true its absence fails
 /// the test instead of skipping it.
 fn have_local_mosquitto_image() -> bool {
-    common::run::have_local_image("drill-local/mosquitto")
+    crate::common::run::have_local_image("drill-local/mosquitto")
 }
 
 #[test]
@@ -188,12 +188,6 @@ fn ctrl_c_removes_the_broker_container_and_every_child() {
         left.len()
     );
     assert!(left.is_empty(), "left behind: {left:?}");
-}
-
-/// Processes whose command line contains `marker`.
-fn running(marker: &str) -> usize {
-    let out = Command::new("pgrep").args(["-f", marker]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
 #[test]

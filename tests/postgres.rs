@@ -4,9 +4,7 @@
 //! Resends after lost answers store nothing (effectively once, judged strictly: no extra row),
 //! and a row the table's CHECK rejects is a refusal set aside in Failed messages.
 
-mod common;
-
-use common::run::{
+use crate::common::run::{
     catalogue_drill_passes, drill_with, have_postgres, refused_at, run_drill_with, scenario, show,
 };
 
@@ -59,7 +57,7 @@ fn a_second_attempt_while_the_first_is_unanswered_is_caught_at_the_link() {
         "{}/scenarios/postgres-slow-answer.yaml",
         env!("CARGO_MANIFEST_DIR")
     );
-    let doc = common::run::selftest_the_repeat_makers(&[&file]);
+    let doc = crate::common::run::selftest_the_repeat_makers(&[&file]);
     for row in doc["rows"].as_array().unwrap() {
         let cell = &row["cells"][0];
         let engine = &row["engine"];
@@ -68,7 +66,7 @@ fn a_second_attempt_while_the_first_is_unanswered_is_caught_at_the_link() {
             continue;
         }
         assert_eq!(cell["outcome"], "caught", "{engine}: {cell:#}");
-        let by = common::run::caught_by(cell);
+        let by = crate::common::run::caught_by(cell);
         assert!(by.contains(&"overlapping_attempts"), "{engine}: {cell:#}");
     }
 }
@@ -440,7 +438,7 @@ async fn what_only_the_database_can_tell_exits_2() {
 /// host port, which the link and the reader follow.
 #[test]
 fn the_database_in_a_container_crashes_and_comes_back() {
-    if !common::run::have_local_image("drill-local/postgres") {
+    if !crate::common::run::have_local_image("drill-local/postgres") {
         return;
     }
     let ran = run_drill_with(

@@ -429,7 +429,8 @@ fn a_mount_left_dead_by_a_killed_drill_is_cleared_by_the_next_mount() {
     let mut drill = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "helper_mounts_and_waits_to_be_killed",
+            // Its name in the suite binary (tests/suite.rs): the module, then the test.
+            "powerfs::helper_mounts_and_waits_to_be_killed",
             "--nocapture",
         ])
         .env(

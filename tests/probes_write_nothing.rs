@@ -18,32 +18,11 @@ use drill::proxy::{Direction, Fault, Link};
 use drill::sut::EngineProcess;
 use tokio_util::sync::CancellationToken;
 
-async fn ingest(engine: SocketAddr, from: usize, count: usize) {
-    let body: String = (from..from + count)
-        .map(|i| format!("{{\"id\":\"r-{i}\"}}\n"))
-        .collect();
-    let answer = reqwest::Client::new()
-        .post(format!("http://{engine}/ingest"))
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert!(answer.status().is_success());
-}
+use crate::common::engine::{ingest, wait_stats};
 
-async fn delivered(engine: &EngineProcess, count: u64) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let stats = engine.stats().await.unwrap();
-        if stats.delivered >= count {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no delivery of {count}: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// A record with nothing but its harness id.
+fn bare(i: usize) -> String {
+    format!("{{\"id\":\"r-{i}\"}}\n")
 }
 
 /// Runs the drill described above against an output of `kind` through `link`; returns the
@@ -62,10 +41,11 @@ async fn probes_during_an_outage(work: &Path, link: &Link, output: OutputConfig)
     let mut engine = EngineProcess::start(Path::new(env!("CARGO_BIN_EXE_drill")), config, work)
         .await
         .unwrap();
-    ingest(engine.addr(), 0, 100).await;
-    delivered(&engine, 100).await;
+    ingest(engine.addr(), (0..100).map(bare)).await;
+    let within = Duration::from_secs(60);
+    wait_stats(&engine, "100 delivered", within, |s| s.delivered >= 100).await;
     link.apply_settled(Fault::Refuse, Direction::Both).await;
-    ingest(engine.addr(), 100, 50).await;
+    ingest(engine.addr(), (100..150).map(bare)).await;
     // The same probe the engine makes, straight at the broker (past the refused link).
     let direct = OutputConfig {
         address: link.upstream_addr(),
@@ -85,7 +65,7 @@ async fn probes_during_an_outage(work: &Path, link: &Link, output: OutputConfig)
     let held = engine.stats().await.unwrap();
     assert_eq!(held.waiting, 50, "held during the outage: {held:?}");
     link.apply_settled(Fault::Heal, Direction::Both).await;
-    delivered(&engine, 150).await;
+    wait_stats(&engine, "150 delivered", within, |s| s.delivered >= 150).await;
     engine.stop(Duration::from_secs(5)).await;
     answered
 }

@@ -6,9 +6,7 @@ use std::io::ErrorKind;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-mod common;
-
-use common::{
+use crate::common::{
     Echo, drill_proxy, echo, is_reset, lands_without_answer, link_status, median_rtt, read_within,
     wait_for,
 };

@@ -13,9 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-mod common;
-
-use common::wait_for;
+use crate::common::wait_for;
 use drill::proxy::{DatagramCounts, Direction, Fault, FaultSpec, Link, ProxyError};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
@@ -631,7 +629,7 @@ async fn drill_proxy_makes_udp_links_and_its_api_applies_datagram_faults() {
     );
     c.send(b"lost").unwrap();
     let dropped = move || async move {
-        common::link_status(api).await["datagrams"]["dropped_upstream"].as_u64()
+        crate::common::link_status(api).await["datagrams"]["dropped_upstream"].as_u64()
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while dropped().await != Some(1) {

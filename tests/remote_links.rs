@@ -2,13 +2,13 @@
 //! with a lease holds only while its driver renews it: a drill that crashes or loses its
 //! network mid-fault leaves nothing applied. Real `drill proxy` processes, real sockets.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::hosts::{CUT_HALF_OPEN_KILL, Started, command, free, in_ns_connects, mosquitto, until};
-use common::{drill_proxy, echo, link_status};
+use crate::common::hosts::{
+    CUT_HALF_OPEN_KILL, Started, command, free, in_ns_connects, mosquitto, until,
+};
+use crate::common::{drill_proxy, echo, link_status};
 use serde_json::json;
 
 /// The link's fault as `GET /links` reports it.
@@ -128,7 +128,7 @@ fn remote_proxy(
 /// The drill the single-host and two-host runs share: through the remote link, a refusal, a
 /// half-open link (answers swallowed) and a SIGKILL of the engine in the middle of it.
 fn remote_drill(dir: &std::path::Path, broker: SocketAddr, api: SocketAddr) -> String {
-    common::run::scenario(
+    crate::common::run::scenario(
         dir,
         "remote-link",
         &format!(
@@ -144,7 +144,7 @@ fn remote_drill(dir: &std::path::Path, broker: SocketAddr, api: SocketAddr) -> S
 
 /// `GET /links` on the proxy at `api` (from this host's network).
 fn proxy_links(api: SocketAddr, token: &str) -> serde_json::Value {
-    common::hosts::get_json(&format!("http://{api}/links"), Some(token))
+    crate::common::hosts::get_json(&format!("http://{api}/links"), Some(token))
 }
 
 /// mosquitto and a `drill proxy` with the remote link in front of it, on this host, and the
@@ -183,14 +183,14 @@ fn a_drill_through_a_remote_link_passes_and_leaves_nothing_applied() {
         return;
     };
     let (broker, api, file) = (one.broker, one.api, one.file.clone());
-    let ran = common::run::run_drill_with(
+    let ran = crate::common::run::run_drill_with(
         &file,
         "remote-link",
         &[],
         &[("DRILL_TEST_PROXY_TOKEN", "s3cret")],
     );
     let o = &ran.output;
-    assert_eq!(o.status.code(), Some(0), "{}", common::run::show(o));
+    assert_eq!(o.status.code(), Some(0), "{}", crate::common::run::show(o));
     assert_eq!(ran.number(&["ledger", "lost"]), 0);
     // 2400 offered; about 200 are refused at ingest while the killed engine is down.
     assert!(
@@ -229,7 +229,7 @@ fn a_drill_through_a_remote_link_passes_and_leaves_nothing_applied() {
         ("s3cret", closed, 3, "check that drill proxy runs there"),
     ] {
         let file = remote_drill(dir.path(), broker, at);
-        let ran = common::run::run_drill_with(
+        let ran = crate::common::run::run_drill_with(
             &file,
             "remote-link",
             &[],
@@ -237,7 +237,12 @@ fn a_drill_through_a_remote_link_passes_and_leaves_nothing_applied() {
         );
         let o = &ran.output;
         let said = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(code), "{}", common::run::show(o));
+        assert_eq!(
+            o.status.code(),
+            Some(code),
+            "{}",
+            crate::common::run::show(o)
+        );
         assert_eq!(said.trim().lines().count(), 1, "one line: {said}");
         assert!(said.contains(says), "{said}");
     }
@@ -352,6 +357,6 @@ fn what_a_remote_link_cannot_do_exits_2_located() {
     ];
     for (name, body, says, points_at) in cases {
         let text = format!("name: {name}\n{body}workload: {{ rate: 10/s, duration: 5s }}\n");
-        common::run::refused_at(dir.path(), name, &text, says, points_at, &[]);
+        crate::common::run::refused_at(dir.path(), name, &text, says, points_at, &[]);
     }
 }

@@ -4,12 +4,10 @@
 //! drills, verdicts and exit code. A shard missing from the merge, or a drill a shard declared
 //! with no report, makes it exit 3 naming what is missing.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::run::{drill, show};
+use crate::common::run::{drill, show};
 
 /// Six drills, 2–4 s each; `short-4` expects a recovery no engine makes (1 ms): it fails.
 fn six_drills(dir: &Path) {

@@ -6,9 +6,7 @@
 //! engine that drops what waited (the mutant `expire-by-age`) fails on both transports, its
 //! drops counted as lost (before sending), not hidden among the unconfirmed.
 
-mod common;
-
-use common::run::{
+use crate::common::run::{
     catalogue_drill_passes, have_local_image, have_rsyslogd, refused_at, run_drill, run_drill_with,
     scenario, show,
 };
@@ -305,7 +303,7 @@ fn an_engine_that_journals_sent_without_writing_is_caught_by_what_the_link_read(
             std::thread::spawn(move || {
                 (
                     name,
-                    common::run::catalogue_drill_fails_mutant(name, "sent-without-writing"),
+                    crate::common::run::catalogue_drill_fails_mutant(name, "sent-without-writing"),
                 )
             })
         })

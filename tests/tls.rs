@@ -5,13 +5,11 @@
 //! and the mutant that counts a failed handshake as a refusal are in the `ci` selftest:
 //! `scenarios/mqtt-tls-bad-certificate.yaml`, tests/catalogue.rs.)
 
-mod common;
-
-use common::run::{catalogue_drill_passes, run_drill, scenario};
+use crate::common::run::{catalogue_drill_passes, run_drill, scenario};
 
 #[test]
 fn mqtt_over_tls_rides_half_open_refused_hung_and_stranded_links() {
-    if !common::run::have_mosquitto() {
+    if !crate::common::run::have_mosquitto() {
         return;
     }
     let ran = catalogue_drill_passes("mqtt-tls-half-open");
@@ -35,7 +33,7 @@ fn mqtt_over_tls_rides_half_open_refused_hung_and_stranded_links() {
 
 #[test]
 fn jetstream_over_mutual_tls_rides_every_cut() {
-    if !common::run::have_nats_server() {
+    if !crate::common::run::have_nats_server() {
         return;
     }
     let ran = catalogue_drill_passes("nats-tls-cut");
@@ -55,7 +53,7 @@ fn jetstream_over_mutual_tls_rides_every_cut() {
 /// loses them and the tap names them as never having left the engine.
 #[test]
 fn terminating_links_let_the_tap_read_tls_and_every_fault_still_bites() {
-    if !common::run::have_mosquitto() {
+    if !crate::common::run::have_mosquitto() {
         return;
     }
     let ran = catalogue_drill_passes("mqtt-tls-terminate");
@@ -78,7 +76,7 @@ fn terminating_links_let_the_tap_read_tls_and_every_fault_still_bites() {
     if !cfg!(feature = "mutants") {
         return;
     }
-    let ran = common::run::catalogue_drill_fails_mutant("mqtt-tls-terminate", "memory-only");
+    let ran = crate::common::run::catalogue_drill_fails_mutant("mqtt-tls-terminate", "memory-only");
     let lost = ran.number(&["ledger", "lost"]);
     assert!(lost > 0, "{:#}", ran.report);
     let seen = &ran.report["lost_last_seen"];
@@ -115,7 +113,8 @@ fn kafka_over_links_that_terminate_tls_passes_and_a_timer_resending_engine_fails
     if !cfg!(feature = "mutants") {
         return;
     }
-    let ran = common::run::catalogue_drill_fails_mutant("kafka-tls-terminate", "resend-on-timer");
+    let ran =
+        crate::common::run::catalogue_drill_fails_mutant("kafka-tls-terminate", "resend-on-timer");
     assert!(
         ran.number(&["ledger", "duplicates"]) > 0,
         "{:#}",
@@ -130,7 +129,7 @@ fn kafka_over_links_that_terminate_tls_passes_and_a_timer_resending_engine_fails
 /// "invalid peer certificate: certificate expired").
 #[test]
 fn an_expired_certificate_is_no_refusal_and_the_engine_that_counts_it_fails() {
-    if !common::run::have_mosquitto() {
+    if !crate::common::run::have_mosquitto() {
         return;
     }
     let ran = catalogue_drill_passes("mqtt-tls-expired-certificate");
@@ -138,7 +137,7 @@ fn an_expired_certificate_is_no_refusal_and_the_engine_that_counts_it_fails() {
     if !cfg!(feature = "mutants") {
         return;
     }
-    let ran = common::run::catalogue_drill_fails_mutant(
+    let ran = crate::common::run::catalogue_drill_fails_mutant(
         "mqtt-tls-expired-certificate",
         "handshake-failure-is-refusal",
     );
@@ -170,7 +169,7 @@ expect: {{ lost: 0, duplicates: 0, ledger: closes, recovery_within: 10s }}
 
 #[test]
 fn a_users_engine_given_the_tls_placeholders_passes_and_one_speaking_plain_mqtt_fails() {
-    if !common::run::have_mosquitto() {
+    if !crate::common::run::have_mosquitto() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -196,7 +195,7 @@ fn a_users_engine_given_the_tls_placeholders_passes_and_one_speaking_plain_mqtt_
         ran.output.status.code(),
         Some(1),
         "{}",
-        common::run::show(&ran.output)
+        crate::common::run::show(&ran.output)
     );
     let accepted = ran.number(&["ledger", "held"]);
     assert!(accepted >= 1000, "{:#}", ran.report);
@@ -207,7 +206,7 @@ fn a_users_engine_given_the_tls_placeholders_passes_and_one_speaking_plain_mqtt_
 /// `drill check` on scenario `text` exits 2, saying `says`, at line `line` of the file.
 fn invalid_at(dir: &std::path::Path, name: &str, text: &str, says: &str, line: usize) {
     let file = scenario(dir, name, text);
-    let out = common::run::drill(&["check", &file]);
+    let out = crate::common::run::drill(&["check", &file]);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -322,7 +321,7 @@ fn tls_that_cannot_be_served_is_refused_where_it_is_written() {
         "placeholder",
         "name: placeholder\ndestination: { kind: mqtt }\nsystem:\n  command: [engine, --ca, \"{tls.ca_file}\"]\n  ingest: { kind: http, path: /ingest }\nworkload: { rate: 10/s, duration: 5s }\n",
     );
-    let out = common::run::drill(&["check", &file]);
+    let out = crate::common::run::drill(&["check", &file]);
     let text =
         String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(2), "{text}");
@@ -362,7 +361,7 @@ fn the_engine_refuses_tls_files_that_do_not_parse_and_tls_on_kinds_without_it() 
             ),
         )
         .unwrap();
-        let out = common::run::drill(&["engine", "--config", &config.display().to_string()]);
+        let out = crate::common::run::drill(&["engine", "--config", &config.display().to_string()]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{kind}: {err}");
         assert!(
@@ -381,7 +380,7 @@ fn external_text(name: &str, addr: std::net::SocketAddr, tls: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_external_broker_over_mutual_tls_takes_the_key_from_the_environment_only() {
-    if !common::run::have_mosquitto() {
+    if !crate::common::run::have_mosquitto() {
         return;
     }
     // The user's broker: mosquitto with their own CA's certificate for `broker.site`, asking
@@ -421,8 +420,12 @@ async fn an_external_broker_over_mutual_tls_takes_the_key_from_the_environment_o
     let ran = tokio::task::spawn_blocking(move || {
         // The variable not set: one line naming it, exit 3, as for credentials.
         let unset = run_drill(&file2, "ext-tls", &[]).output;
-        let passed =
-            common::run::run_drill_with(&file2, "ext-tls", &[], &[("DRILL_TEST_TLS_KEY", &key2)]);
+        let passed = crate::common::run::run_drill_with(
+            &file2,
+            "ext-tls",
+            &[],
+            &[("DRILL_TEST_TLS_KEY", &key2)],
+        );
         (unset, passed)
     })
     .await
@@ -433,7 +436,7 @@ async fn an_external_broker_over_mutual_tls_takes_the_key_from_the_environment_o
         unset.status.code(),
         Some(3),
         "{}",
-        common::run::show(&unset)
+        crate::common::run::show(&unset)
     );
     assert!(err.contains("`DRILL_TEST_TLS_KEY` is not set"), "{err}");
     passed.say("external broker over mutual TLS");
@@ -464,7 +467,7 @@ async fn an_external_broker_over_mutual_tls_takes_the_key_from_the_environment_o
         .await
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(2), "{}", common::run::show(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", crate::common::run::show(&o));
     assert!(
         err.contains("junk.pem") && err.contains("no PEM certificate"),
         "{err}"
@@ -477,7 +480,7 @@ async fn an_external_broker_over_mutual_tls_takes_the_key_from_the_environment_o
 /// though each dials a link or the server on 127.0.0.1; the stream drill created is removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_external_nats_server_over_mutual_tls_is_drilled_with_the_users_ca() {
-    if !common::run::have_nats_server() {
+    if !crate::common::run::have_nats_server() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -502,7 +505,12 @@ async fn an_external_nats_server_over_mutual_tls_is_drilled_with_the_users_ca() 
     let file = scenario(dir.path(), "ext-nats-tls", &text);
     let key = std::fs::read_to_string(&f.client_key_file).unwrap();
     let passed = tokio::task::spawn_blocking(move || {
-        common::run::run_drill_with(&file, "ext-nats-tls", &[], &[("DRILL_TEST_TLS_KEY", &key)])
+        crate::common::run::run_drill_with(
+            &file,
+            "ext-nats-tls",
+            &[],
+            &[("DRILL_TEST_TLS_KEY", &key)],
+        )
     })
     .await
     .unwrap();

@@ -1,13 +1,11 @@
 //! The Toxiproxy-shaped API of `drill proxy`, driven as a Toxiproxy client would, with the
 //! same observations as drill's own fault tests: real sockets, a real `drill proxy` process.
 
-mod common;
-
 use std::io::ErrorKind;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::{
+use crate::common::{
     Echo, ProxyProcess, drill_proxy, echo, is_reset, lands_without_answer, median_rtt, read_within,
     wait_for,
 };

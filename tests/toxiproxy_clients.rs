@@ -4,12 +4,10 @@
 //! were refused with 409 while a drill link held one fault at a time; now both hold, each within
 //! 10 % of what it asked for, and a second cut is still refused with the reason.
 
-mod common;
-
 use std::process::Command;
 
-use common::run::required;
-use common::{drill_proxy, echo};
+use crate::common::run::{fixtures, required};
+use crate::common::{drill_proxy, echo};
 use serde_json::Value;
 
 /// What the experiment asks for: 80 ms each way on the answers, 100 KB/s on the answers.
@@ -17,10 +15,6 @@ const LATENCY_MS: f64 = 80.0;
 const RATE: f64 = 100_000.0;
 /// The measure's bulk transfer: it comes back at the rate, the latency once on top.
 const TOTAL: f64 = 300_000.0;
-
-fn fixtures() -> String {
-    format!("{}/fixtures", env!("CARGO_MANIFEST_DIR"))
-}
 
 /// Whether python3 can import `module` (ci/setup.sh installs `package` from PyPI).
 fn python_has(module: &str, package: &str) -> bool {

@@ -2,33 +2,7 @@
 //! that reaches the broker around the proxy, each make the drill inconclusive (exit 1), and the
 //! headline says why.
 
-use std::path::Path;
-use std::process::{Command, Output};
-
-fn run(dir: &Path, name: &str, text: &str) -> (Output, serde_json::Value) {
-    let file = dir.join(format!("{name}.yaml"));
-    std::fs::write(&file, text).unwrap();
-    let out = dir.join("out");
-    let output = Command::new(env!("CARGO_BIN_EXE_drill"))
-        .args(["run", &file.display().to_string(), "--out"])
-        .arg(&out)
-        .output()
-        .expect("drill runs");
-    let report = std::fs::read_to_string(out.join(name).join("report.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or(serde_json::Value::Null);
-    (output, report)
-}
-
-fn show(o: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use crate::common::run::{Ran, run_scenario, show};
 
 #[test]
 fn an_engine_that_goes_around_the_proxy_is_caught() {
@@ -50,7 +24,9 @@ expect: {{ lost: 0, duplicates: 0 }}
 "#,
         env!("CARGO_MANIFEST_DIR")
     );
-    let (o, report) = run(dir.path(), "bypass", &text);
+    let Ran {
+        output: o, report, ..
+    } = run_scenario(dir.path(), "bypass", &text);
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     assert_eq!(report["verdict"], "fail");
     assert_eq!(
@@ -73,14 +49,16 @@ fn a_fault_after_the_workload_is_invalid_unless_said_and_then_inconclusive() {
         )
     };
     // As a new user would write it: refused at parse time, with the place.
-    let (o, _) = run(dir.path(), "late", &text(""));
+    let Ran { output: o, .. } = run_scenario(dir.path(), "late", &text(""));
     assert_eq!(o.status.code(), Some(2), "{}", show(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("late.yaml:5:5: field `faults[0].at`"), "{err}");
     assert!(err.contains("after_workload: true"), "{err}");
     // Said on purpose: it runs, meets nothing (everything was delivered long before), and the
     // drill is inconclusive instead of "PASS — nothing lost".
-    let (o, report) = run(dir.path(), "late", &text(", after_workload: true"));
+    let Ran {
+        output: o, report, ..
+    } = run_scenario(dir.path(), "late", &text(", after_workload: true"));
     assert_eq!(o.status.code(), Some(1), "{}", show(&o));
     assert_eq!(report["ledger"]["lost"], 0);
     let headline = report["headline"].as_str().unwrap();
@@ -125,7 +103,9 @@ expect: {{ lost: 0, duplicates: 0 }}
 "#
     );
     let path = dir.path().to_path_buf();
-    let (o, report) = tokio::task::spawn_blocking(move || run(&path, "kafka-bypass", &text))
+    let Ran {
+        output: o, report, ..
+    } = tokio::task::spawn_blocking(move || run_scenario(&path, "kafka-bypass", &text))
         .await
         .unwrap();
     broker.stop().await;

@@ -1,11 +1,9 @@
 //! `drill --version` says which build it is — the version, the git commit, the enabled
 //! features — and every report carries the same words, so a report says which drill judged it.
 
-mod common;
-
 use std::process::Command;
 
-use common::run::drill;
+use crate::common::run::drill;
 
 /// What this build must call itself: the build script's words (it sets them for every target
 /// of the package, these tests too), checked against git and this build's features.

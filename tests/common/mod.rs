@@ -1,7 +1,10 @@
-//! Helpers shared by the proxy tests: a counting echo server, timing, and `drill proxy` as a
-//! separate process.
+//! Helpers the integration tests share (tests/suite.rs), one definition each: `run` drives the
+//! drill binary and reads what a run left, `engine` drives drill's engine (ingest, stats, the
+//! attempts journal), `hosts` makes hosts for the remote tests; here, for the proxy tests, a
+//! counting echo server, timing, and `drill proxy` as a separate process.
 #![allow(dead_code)]
 
+pub mod engine;
 pub mod hosts;
 pub mod run;
 

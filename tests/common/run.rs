@@ -89,6 +89,11 @@ pub fn catalogue_drill_fails_mutant(name: &str, mutant: &str) -> Ran {
     ran
 }
 
+/// Writes `text` as `dir/NAME.yaml` and runs it with no extra arguments ([`run_drill`]).
+pub fn run_scenario(dir: &Path, name: &str, text: &str) -> Ran {
+    run_drill(&scenario(dir, name, text), name, &[])
+}
+
 /// Runs `drill run FILE --out <temp> EXTRA...` and reads back scenario `name`'s reports.
 pub fn run_drill(file: &str, name: &str, extra: &[&str]) -> Ran {
     run_drill_with(file, name, extra, &[])
@@ -120,6 +125,17 @@ pub fn show(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// The repository's `fixtures/` folder (the fixture forwarder, templates, golden files).
+pub fn fixtures() -> String {
+    format!("{}/fixtures", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Processes whose command line contains `marker` (`pgrep -f`).
+pub fn running(marker: &str) -> usize {
+    let out = Command::new("pgrep").args(["-f", marker]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
 }
 
 /// Whether a program the test needs is where `ci/setup.sh` puts it or on the machine (any of
