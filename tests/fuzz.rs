@@ -142,7 +142,7 @@ proptest! {
             items.iter().partition(|i| !matches!(i, MqttItem::Ack { .. }));
         let up_wire: Vec<u8> = up.iter().flat_map(|i| encode(i)).collect();
         let down_wire: Vec<u8> = down.iter().flat_map(|i| encode(i)).collect();
-        let maker = drill::dest::mqtt::tap::MqttTaps { ids: drill::proxy::tap::IdFinder::new(RUN) };
+        let maker = drill::dest::mqtt::tap::MqttTaps::new(drill::proxy::tap::IdFinder::new(RUN));
         let log = TapLog::default();
         let mut tap = maker.tap();
         for chunk in chunks(&up_wire, &cuts) {

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drill::proxy::kafka::{
+use drill::wire::kafka::{
     self, BrokerAddress, DESCRIBE_CLUSTER, FIND_COORDINATOR, METADATA, brokers, located, rewrite,
 };
 

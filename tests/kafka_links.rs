@@ -213,7 +213,7 @@ async fn scripted_bootstrap(brokers: Vec<(i32, u16)>) -> SocketAddr {
 }
 
 /// Asks `link` for metadata (v12) and returns the broker addresses in its answer.
-async fn ask_metadata(link: SocketAddr) -> Vec<drill::proxy::kafka::BrokerAddress> {
+async fn ask_metadata(link: SocketAddr) -> Vec<drill::wire::kafka::BrokerAddress> {
     let mut s = TcpStream::connect(link).await.unwrap();
     let mut req = Vec::new();
     req.extend_from_slice(&3i16.to_be_bytes());
@@ -226,7 +226,7 @@ async fn ask_metadata(link: SocketAddr) -> Vec<drill::proxy::kafka::BrokerAddres
     let len = s.read_i32().await.unwrap();
     let mut answer = vec![0u8; len as usize];
     s.read_exact(&mut answer).await.unwrap();
-    drill::proxy::kafka::brokers(3, 12, &answer).unwrap()
+    drill::wire::kafka::brokers(3, 12, &answer).unwrap()
 }
 
 /// Whether a Kafka frame (an ApiVersions request; the link passes what it does not rewrite)

@@ -292,6 +292,115 @@ impl Framer {
     }
 }
 
+/// A protocol whose writes and answers are frames, as a [`FramedTap`] reads it: where a frame
+/// ends, which frames are writes (and which answer ties back to each), and whether an answer
+/// says stored. Kafka (Produce and its answer), MQTT (PUBLISH and PUBACK) and NATS (PUB and
+/// the stream's PubAck) are each one of these; the tap's body is written once, here.
+pub trait Framing: Send + Sync + 'static {
+    /// The protocol, for the report (`MQTT PUBLISH/PUBACK`).
+    const PROTOCOL: &'static str;
+    /// What ties an answer to its write: a correlation id, a packet id, a reply subject.
+    type Key: std::hash::Hash + Eq + Send;
+    /// What reading the answer needs to know of its write (Kafka: the request's version).
+    type Note: Send;
+
+    /// The length of the frame at the start of `b`; `None` until enough is in to tell.
+    fn frame_len(b: &[u8]) -> Option<usize>;
+    /// A write's ids, and the key its answer will carry (`None`: no answer is awaited, as for
+    /// an MQTT QoS 0 PUBLISH). `None`: the frame is no write.
+    fn write(frame: &[u8], ids: &IdFinder) -> Option<Write<Self::Key, Self::Note>>;
+    /// The key of the write an answer answers (`None`: the frame is no answer to a write).
+    fn answers(frame: &[u8]) -> Option<Self::Key>;
+    /// Whether the answer says the write was stored (`false` for a refusal, or when it
+    /// cannot be read).
+    fn stored(frame: &[u8], note: &Self::Note) -> bool;
+}
+
+/// A write as a [`Framing`] reads it.
+pub struct Write<K, N> {
+    pub ids: Vec<TapId>,
+    /// The key its answer will carry and what reading that answer needs.
+    pub awaits: Option<(K, N)>,
+}
+
+/// Makes [`FramedTap`]s of one protocol that find ids of one run.
+pub struct FramedTaps<P> {
+    ids: IdFinder,
+    protocol: std::marker::PhantomData<fn() -> P>,
+}
+
+impl<P: Framing> FramedTaps<P> {
+    pub fn new(ids: IdFinder) -> FramedTaps<P> {
+        FramedTaps {
+            ids,
+            protocol: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<P: Framing> TapMaker for FramedTaps<P> {
+    fn protocol(&self) -> &'static str {
+        P::PROTOCOL
+    }
+
+    fn tap(&self) -> Box<dyn Tap> {
+        Box::new(FramedTap::<P> {
+            ids: self.ids.clone(),
+            left: Framer::default(),
+            up: Framer::default(),
+            down: Framer::default(),
+            waiting: HashMap::default(),
+        })
+    }
+}
+
+/// One connection's tap for a [`Framing`] protocol: a write read from the engine *left*; one
+/// written to the broker was *sent*, and awaits its answer under its key; an answer read from
+/// the broker that says stored *confirms* the write's ids.
+pub struct FramedTap<P: Framing> {
+    ids: IdFinder,
+    left: Framer,
+    up: Framer,
+    down: Framer,
+    waiting: HashMap<P::Key, (P::Note, Vec<TapId>), FxBuildHasher>,
+}
+
+impl<P: Framing> Tap for FramedTap<P> {
+    fn left(&mut self, bytes: &[u8], log: &TapLog) {
+        let ids = &self.ids;
+        self.left.feed(bytes, P::frame_len, |frame| {
+            if let Some(write) = P::write(frame, ids) {
+                log.left(&write.ids);
+            }
+        });
+    }
+
+    fn up(&mut self, bytes: &[u8], log: &TapLog) {
+        let (ids, waiting) = (&self.ids, &mut self.waiting);
+        self.up.feed(bytes, P::frame_len, |frame| {
+            let Some(write) = P::write(frame, ids) else {
+                return;
+            };
+            log.sent(&write.ids);
+            if let Some((key, note)) = write.awaits {
+                waiting.insert(key, (note, write.ids));
+            }
+        });
+    }
+
+    fn down(&mut self, bytes: &[u8], log: &TapLog) {
+        let waiting = &mut self.waiting;
+        self.down.feed(bytes, P::frame_len, |frame| {
+            let Some((note, ids)) = P::answers(frame).and_then(|key| waiting.remove(&key)) else {
+                return;
+            };
+            if P::stored(frame, &note) {
+                log.acked(ids);
+            }
+        });
+    }
+}
+
 /// Finds harness ids (`<run>/k<N>/<seq>`) in bytes, as the verifier does: `prefix` is
 /// `<run>/`.
 #[derive(Debug, Clone)]

@@ -32,7 +32,7 @@ use crate::verify::WriteKeyPlace;
 /// The kind's tap for the ids of run `run`.
 fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
     let ids = crate::proxy::tap::IdFinder::new(run);
-    Arc::new(tap::KafkaTaps { ids })
+    Arc::new(tap::KafkaTaps::new(ids))
 }
 
 /// The kind's registration.

@@ -26,7 +26,7 @@ use crate::verify::WriteKeyPlace;
 /// The kind's tap for the ids of run `run`.
 fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
     let ids = crate::proxy::tap::IdFinder::new(run);
-    Arc::new(tap::MqttTaps { ids })
+    Arc::new(tap::MqttTaps::new(ids))
 }
 
 /// The kind's registration.

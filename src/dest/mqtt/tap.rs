@@ -5,38 +5,45 @@
 //! Downstream, a PUBACK (MQTT 3.1.1: the packet id alone; MQTT 5: a reason code below 0x80, or
 //! none) confirms them. Both versions read alike, so the tap needs no CONNECT.
 
-use std::collections::HashMap;
+use crate::proxy::tap::{FramedTaps, Framing, IdFinder, TapId, Write};
 
-use crate::proxy::tap::{Framer, IdFinder, Tap, TapId, TapLog, TapMaker};
+/// MQTT's PUBLISH and PUBACK, as a framed tap reads them.
+pub struct MqttPublish;
 
 /// Makes MQTT taps that find ids of one run.
-pub struct MqttTaps {
-    pub ids: IdFinder,
-}
+pub type MqttTaps = FramedTaps<MqttPublish>;
 
-impl TapMaker for MqttTaps {
-    fn protocol(&self) -> &'static str {
-        "MQTT PUBLISH/PUBACK"
+impl Framing for MqttPublish {
+    const PROTOCOL: &'static str = "MQTT PUBLISH/PUBACK";
+    /// The packet id.
+    type Key = u16;
+    type Note = ();
+
+    fn frame_len(b: &[u8]) -> Option<usize> {
+        packet_len(b)
     }
 
-    fn tap(&self) -> Box<dyn Tap> {
-        Box::new(MqttTap {
-            ids: self.ids.clone(),
-            left: Framer::default(),
-            up: Framer::default(),
-            down: Framer::default(),
-            waiting: HashMap::new(),
+    fn write(packet: &[u8], ids: &IdFinder) -> Option<Write<u16, ()>> {
+        let (pkid, ids) = publish(packet, ids)?;
+        Some(Write {
+            ids,
+            awaits: pkid.map(|pkid| (pkid, ())),
         })
     }
-}
 
-struct MqttTap {
-    ids: IdFinder,
-    left: Framer,
-    up: Framer,
-    down: Framer,
-    /// The ids of each QoS 1/2 PUBLISH not yet acknowledged, by packet id.
-    waiting: HashMap<u16, Vec<TapId>>,
+    fn answers(packet: &[u8]) -> Option<u16> {
+        if packet[0] >> 4 != 4 {
+            return None;
+        }
+        let id = body(packet).get(..2)?;
+        Some(u16::from_be_bytes([id[0], id[1]]))
+    }
+
+    /// MQTT 3.1.1's PUBACK is the packet id alone; MQTT 5's may add a reason code, below 0x80
+    /// for success.
+    fn stored(packet: &[u8], _: &()) -> bool {
+        body(packet).get(2).copied().unwrap_or(0) < 0x80
+    }
 }
 
 /// The length of the MQTT packet at the start of `b`: the fixed header (type byte, remaining
@@ -85,51 +92,10 @@ fn publish(packet: &[u8], ids: &IdFinder) -> Option<(Option<u16>, Vec<TapId>)> {
     Some((pkid, found))
 }
 
-impl Tap for MqttTap {
-    fn left(&mut self, bytes: &[u8], log: &TapLog) {
-        let ids = &self.ids;
-        self.left.feed(bytes, packet_len, |packet| {
-            if let Some((_, found)) = publish(packet, ids) {
-                log.left(&found);
-            }
-        });
-    }
-
-    fn up(&mut self, bytes: &[u8], log: &TapLog) {
-        let (ids, waiting) = (&self.ids, &mut self.waiting);
-        self.up.feed(bytes, packet_len, |packet| {
-            let Some((pkid, found)) = publish(packet, ids) else {
-                return;
-            };
-            if let Some(pkid) = pkid {
-                waiting.insert(pkid, found.clone());
-            }
-            log.sent(&found);
-        });
-    }
-
-    fn down(&mut self, bytes: &[u8], log: &TapLog) {
-        let waiting = &mut self.waiting;
-        self.down.feed(bytes, packet_len, |packet| {
-            if packet[0] >> 4 != 4 {
-                return;
-            }
-            let body = body(packet);
-            let Some(id) = body.get(..2) else {
-                return;
-            };
-            let reason = body.get(2).copied().unwrap_or(0);
-            let ids = waiting.remove(&u16::from_be_bytes([id[0], id[1]]));
-            if let Some(ids) = ids.filter(|_| reason < 0x80) {
-                log.acked(ids);
-            }
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::tap::{TapLog, TapMaker};
     use crate::wire::mqtt::{Packet, PubAck, PubAckReason, publish_with_key};
     use bytes::BytesMut;
     use tokio_util::codec::Encoder;
@@ -155,9 +121,7 @@ mod tests {
         let mut down = ack(1, PubAckReason::Success);
         down.extend(ack(2, PubAckReason::QuotaExceeded));
         for cut in [1, 3, 7, up.len() / 2] {
-            let maker = MqttTaps {
-                ids: IdFinder::new("r"),
-            };
+            let maker = MqttTaps::new(IdFinder::new("r"));
             let log = TapLog::default();
             let mut tap = maker.tap();
             let (a, b) = up.split_at(cut.min(up.len()));

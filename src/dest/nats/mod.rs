@@ -34,7 +34,7 @@ use crate::verify::WriteKeyPlace;
 /// The kind's tap for the ids of run `run`.
 fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
     let ids = crate::proxy::tap::IdFinder::new(run);
-    Arc::new(tap::NatsTaps { ids })
+    Arc::new(tap::NatsTaps::new(ids))
 }
 
 /// The kind's registration.

@@ -6,41 +6,53 @@
 //! gives, then CRLF. A JetStream publish names a reply subject; the stream answers there with
 //! `{"stream": …, "seq": …}` (stored, or a duplicate it already has) or `{"error": …}`.
 
-use std::collections::HashMap;
 use std::hash::BuildHasher;
 
 use rustc_hash::FxBuildHasher;
 
-use crate::proxy::tap::{Framer, IdFinder, Tap, TapId, TapLog, TapMaker};
+use crate::proxy::tap::{FramedTaps, Framing, IdFinder, TapId, Write};
+
+/// NATS's PUB/HPUB and the stream's answer on the reply subject, as a framed tap reads them.
+pub struct NatsPublish;
 
 /// Makes JetStream taps that find ids of one run.
-pub struct NatsTaps {
-    pub ids: IdFinder,
-}
+pub type NatsTaps = FramedTaps<NatsPublish>;
 
-impl TapMaker for NatsTaps {
-    fn protocol(&self) -> &'static str {
-        "NATS PUB/HPUB and the stream's PubAck"
+impl Framing for NatsPublish {
+    const PROTOCOL: &'static str = "NATS PUB/HPUB and the stream's PubAck";
+    /// The reply subject (its hash).
+    type Key = u64;
+    type Note = ();
+
+    fn frame_len(b: &[u8]) -> Option<usize> {
+        op_len(b)
     }
 
-    fn tap(&self) -> Box<dyn Tap> {
-        Box::new(NatsTap {
-            ids: self.ids.clone(),
-            left: Framer::default(),
-            up: Framer::default(),
-            down: Framer::default(),
-            waiting: HashMap::default(),
+    fn write(op: &[u8], ids: &IdFinder) -> Option<Write<u64, ()>> {
+        let (reply, ids) = publish(op, ids)?;
+        Some(Write {
+            ids,
+            awaits: reply.map(|reply| (reply, ())),
         })
     }
-}
 
-struct NatsTap {
-    ids: IdFinder,
-    left: Framer,
-    up: Framer,
-    down: Framer,
-    /// The ids of each publish awaiting its answer, by reply subject (its hash).
-    waiting: HashMap<u64, Vec<TapId>, FxBuildHasher>,
+    /// A `MSG`/`HMSG` on a reply subject.
+    fn answers(op: &[u8]) -> Option<u64> {
+        let (name, _) = split_op(op);
+        if name != b"MSG" && name != b"HMSG" {
+            return None;
+        }
+        let (tokens, _) = parts(op);
+        tokens.first().map(|s| subject(s))
+    }
+
+    /// `{"stream": …, "seq": …}` (stored, or a duplicate the stream already has), not
+    /// `{"error": …}`.
+    fn stored(op: &[u8], _: &()) -> bool {
+        let (_, payload) = parts(op);
+        let text = String::from_utf8_lossy(payload);
+        text.contains("\"stream\"") && !text.contains("\"error\"")
+    }
 }
 
 /// A control line longer than this is no NATS: passed over.
@@ -104,54 +116,10 @@ fn publish(op: &[u8], ids: &IdFinder) -> Option<(Option<u64>, Vec<TapId>)> {
     Some((reply, ids.ids(payload)))
 }
 
-impl Tap for NatsTap {
-    fn left(&mut self, bytes: &[u8], log: &TapLog) {
-        let ids = &self.ids;
-        self.left.feed(bytes, op_len, |op| {
-            if let Some((_, found)) = publish(op, ids) {
-                log.left(&found);
-            }
-        });
-    }
-
-    fn up(&mut self, bytes: &[u8], log: &TapLog) {
-        let (ids, waiting) = (&self.ids, &mut self.waiting);
-        self.up.feed(bytes, op_len, |op| {
-            let Some((reply, found)) = publish(op, ids) else {
-                return;
-            };
-            if let Some(reply) = reply {
-                waiting.insert(reply, found.clone());
-            }
-            log.sent(&found);
-        });
-    }
-
-    fn down(&mut self, bytes: &[u8], log: &TapLog) {
-        let waiting = &mut self.waiting;
-        self.down.feed(bytes, op_len, |op| {
-            let (name, _) = split_op(op);
-            if name != b"MSG" && name != b"HMSG" {
-                return;
-            }
-            let (tokens, payload) = parts(op);
-            let Some(subject) = tokens.first() else {
-                return;
-            };
-            let Some(ids) = waiting.remove(&self::subject(subject)) else {
-                return;
-            };
-            let text = String::from_utf8_lossy(payload);
-            if text.contains("\"stream\"") && !text.contains("\"error\"") {
-                log.acked(ids);
-            }
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::tap::{TapLog, TapMaker};
 
     #[test]
     fn publishes_go_up_and_pubacks_confirm_them_however_the_stream_is_cut() {
@@ -170,9 +138,7 @@ mod tests {
         down.extend(refused);
         down.extend(b"\r\n");
         for cut in [1, 5, 40, up.len() / 2] {
-            let taps = NatsTaps {
-                ids: IdFinder::new("r"),
-            };
+            let taps = NatsTaps::new(IdFinder::new("r"));
             let log = TapLog::default();
             let mut tap = taps.tap();
             let (a, b) = up.split_at(cut.min(up.len()));
