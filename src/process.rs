@@ -33,6 +33,25 @@ pub fn dies_with_drill(command: &mut Command) -> &mut Command {
     }
 }
 
+/// A free loopback address ([`free_port`] on 127.0.0.1).
+pub fn free_addr() -> std::io::Result<SocketAddr> {
+    Ok(SocketAddr::from(([127, 0, 0, 1], free_port()?)))
+}
+
+/// Child processes killed and reaped when this is dropped, however the code that started them
+/// ends (a benchmark's brokers, proxies and engines).
+#[derive(Default)]
+pub struct KillOnDrop(pub Vec<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// A free port on 127.0.0.1, for TCP and UDP alike, that no other caller in this process got.
 ///
 /// Not the kernel's pick (`bind(":0")`): that comes from the ephemeral range, where the

@@ -52,7 +52,7 @@ impl EngineChild {
         topic: &str,
     ) -> Result<EngineChild, BenchError> {
         std::fs::create_dir_all(dir)?;
-        let api = super::free()?;
+        let api = crate::process::free_addr()?;
         let config = dir.join("engine.yaml");
         std::fs::write(
             &config,

@@ -18,8 +18,10 @@ pub use engine::{EngineOptions, engine};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::process::{KillOnDrop, free_addr};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -48,21 +50,6 @@ pub struct PathResult {
     pub bytes_per_s: f64,
     pub p50: Duration,
     pub p99: Duration,
-}
-
-struct Guard(Vec<Child>);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free() -> std::io::Result<SocketAddr> {
-    TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
 /// Listens on a free loopback port and serves every connection on its own thread.
@@ -211,9 +198,9 @@ fn drill_proxy(
     extra: &[&str],
     sink: SocketAddr,
     echo: SocketAddr,
-    children: &mut Guard,
+    children: &mut KillOnDrop,
 ) -> Result<(SocketAddr, SocketAddr), BenchError> {
-    let (bulk, ping, api) = (free()?, free()?, free()?);
+    let (bulk, ping, api) = (free_addr()?, free_addr()?, free_addr()?);
     children.0.push(
         Command::new(drill_exe)
             .arg("proxy")
@@ -232,7 +219,7 @@ fn drill_proxy(
 /// Runs the proxy benchmark and returns the rendered table.
 pub fn proxy(drill_exe: &Path, o: Options) -> Result<String, BenchError> {
     let (sink, echo) = (sink()?, echo()?);
-    let mut children = Guard(Vec::new());
+    let mut children = KillOnDrop::default();
     let path = |name: &str, bulk, ping| Path3 {
         name: name.to_string(),
         bulk,
@@ -252,7 +239,7 @@ pub fn proxy(drill_exe: &Path, o: Options) -> Result<String, BenchError> {
     let dir = tempfile_dir()?;
     match haproxy_path() {
         Some(haproxy) => {
-            let (bulk_h, ping_h) = (free()?, free()?);
+            let (bulk_h, ping_h) = (free_addr()?, free_addr()?);
             let cfg = dir.join("haproxy.cfg");
             std::fs::write(
                 &cfg,

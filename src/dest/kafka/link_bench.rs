@@ -9,7 +9,7 @@
 //! (idempotent, acks=all, linger 5 ms); every record's delivery report is counted, so nothing
 //! is counted that the broker did not confirm. Paths are interleaved, median of the runs.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientContext;
 use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
+
+use crate::process::{KillOnDrop, free_addr};
 
 
 const RECORD_BYTES: usize = 200;
@@ -43,21 +45,6 @@ impl ProducerContext for Confirmed {
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
-}
-
-struct Killed(Vec<Child>);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free() -> std::io::Result<SocketAddr> {
-    TcpListener::bind("127.0.0.1:0")?.local_addr()
 }
 
 fn tansu(bin: &Path, listen: SocketAddr, advertise: SocketAddr) -> std::io::Result<Child> {
@@ -132,9 +119,9 @@ pub fn measure(drill_exe: &Path, records: u64, runs: usize) -> std::io::Result<S
     let Some(bin) = super::broker::tansu_path() else {
         return Ok("\nKafka produce path: tansu is not installed (cargo install tansu --features dynostore,libsql): no Kafka table\n".to_string());
     };
-    let mut children = Killed(Vec::new());
-    let (own, behind, plain, api) = (free()?, free()?, free()?, free()?);
-    let (own_too, aware) = (free()?, free()?);
+    let mut children = KillOnDrop::default();
+    let (own, behind, plain, api) = (free_addr()?, free_addr()?, free_addr()?, free_addr()?);
+    let (own_too, aware) = (free_addr()?, free_addr()?);
     // One broker per path, so none carries another path's records.
     children.0.push(tansu(&bin, own, own)?);
     children.0.push(tansu(&bin, own_too, own_too)?);
