@@ -25,6 +25,7 @@ mod http;
 mod init;
 mod kafka_codec;
 mod kafka_links;
+mod kind_contract;
 mod no_leftovers;
 mod postgres;
 mod powerfs;

@@ -33,10 +33,14 @@
 //!    - the sink's probe writes nothing; an unanswered attempt is `possibly_sent`, never
 //!      refused or delivered; a refusal counts only when the destination said no to that one
 //!      record.
-//! 4. What then runs on it by itself: every catalogue drill whose `destination.kind` names
-//!    it, the selftest's mutants on those drills (`drill selftest`), `tests/probes_write_nothing`
-//!    when it is added to that test's list, and `drill bench engine` when the kind's
-//!    [`Entry::bench`] gives one.
+//! 4. A line in `tests/kind_contract.rs` (it fails until there is one): a drill of drill's
+//!    engine on the kind's real broker, answers swallowed then the link refused, that shows
+//!    the guarantees of step 3 (read from before the first record, nothing lost, no probe
+//!    copy, unanswered attempts `possibly_sent`); and a probe test in
+//!    `tests/probes_write_nothing.rs`.
+//! 5. What then runs on it by itself: every catalogue drill whose `destination.kind` names
+//!    it, the selftest's mutants on those drills (`drill selftest`), and `drill bench engine`
+//!    when the kind's [`Entry::bench`] gives one.
 
 mod bench;
 mod external;
