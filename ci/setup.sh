@@ -73,8 +73,10 @@ fi
 # cargo-nextest: ci/test.sh runs the suite with it (.config/nextest.toml). From crates.io when
 # the machine has none (a few minutes cold), into ~/.cargo/bin like tansu.
 if ! command -v cargo-nextest >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-nextest" ]; then
-  echo "ci/setup.sh: building cargo-nextest 0.9 (cargo install, a few minutes cold)"
-  cargo install cargo-nextest --version '^0.9' --locked -q
+  # Without `self-update` (nothing here updates itself): 261 s cold, 348 s with it (one after
+  # the other, idle, 2026-12-06).
+  echo "ci/setup.sh: building cargo-nextest 0.9 (cargo install, without self-update, about 4.5 minutes cold)"
+  cargo install cargo-nextest --version '^0.9' --no-default-features --features default-no-update --locked -q
 fi
 # tansu: a Kafka-protocol broker (no Apache Kafka distribution is reachable here). A cold build
 # takes about 10 minutes; the binary lands in ~/.cargo/bin and is reused from then on.
@@ -90,8 +92,10 @@ fi
 # mdBook: builds the book under docs/ (ci/book.sh). A cold build takes a few minutes; cached in
 # ~/.cargo/bin like tansu.
 if ! command -v mdbook >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/mdbook" ]; then
-  echo "ci/setup.sh: building mdbook 0.5 (cargo install, a few minutes cold)"
-  cargo install mdbook --version '^0.5' --locked -q
+  # `mdbook build` only: without `serve` (axum, tokio) and `watch` (notify): 82 s cold, 120 s
+  # with them (one after the other, idle, 2026-12-06).
+  echo "ci/setup.sh: building mdbook 0.5 (cargo install, build and search only, about 1.5 minutes cold)"
+  cargo install mdbook --version '^0.5' --no-default-features --features search --locked -q
 fi
 
 # Unpacks Debian packages into a folder of their own (apt-get download + dpkg-deb -x), never
