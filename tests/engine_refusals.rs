@@ -15,7 +15,7 @@ use drill::promise::Order;
 use drill::sut::EngineProcess;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::engine::attempts;
+use crate::common::engine::{attempts, ingest_keyed};
 
 struct Mosquitto(Child);
 
@@ -115,30 +115,16 @@ async fn ten_counted_refusals_then_failed_then_one_copy_on_replay() {
     let mut engine = EngineProcess::start(Path::new(env!("CARGO_BIN_EXE_drill")), config, work)
         .await
         .unwrap();
-    let http = reqwest::Client::new();
-    let ingest = format!("http://{}/ingest?write_keys=all", engine.addr());
-    let mut body = String::new();
-    for i in 0..50 {
-        body.push_str(&format!("{{\"id\":\"r/{i}\"}}\n"));
-    }
-    body.push_str(&format!(
-        "{{\"id\":\"poison\",\"pad\":\"{}\"}}\n",
-        "x".repeat(5000)
-    ));
-    for i in 50..100 {
-        body.push_str(&format!("{{\"id\":\"r/{i}\"}}\n"));
-    }
-    let answer: serde_json::Value = http
-        .post(&ingest)
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let keys = answer["write_keys"].as_array().unwrap();
-    let poison = keys[50].as_str().unwrap().to_string();
+    // 50 records, the poison (too large for the broker), 50 more; the poison's write key.
+    let lines = (0..50)
+        .map(|i| format!("{{\"id\":\"r/{i}\"}}\n"))
+        .chain([format!(
+            "{{\"id\":\"poison\",\"pad\":\"{}\"}}\n",
+            "x".repeat(5000)
+        )])
+        .chain((50..100).map(|i| format!("{{\"id\":\"r/{i}\"}}\n")));
+    let keys = ingest_keyed(engine.addr(), lines).await;
+    let poison = keys[50].clone();
 
     // Three refusals, then the broker goes away for 1.5 s and comes back (same limit).
     wait_until("3 refusals", Duration::from_secs(20), async || {
