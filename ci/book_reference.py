@@ -16,6 +16,8 @@ def ref_name(node):
 
 def type_of(node, defs):
     """A short type: `Duration`, `integer`, `list of RawFault`, `refuse | reset | …`."""
+    if "const" in node:
+        return f"`{node['const']}`"
     if "$ref" in node:
         name = ref_name(node)
         target = defs.get(name, {})

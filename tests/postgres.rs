@@ -176,7 +176,7 @@ fn what_a_postgres_destination_cannot_honour_exits_2_located() {
             "external-address",
             "destination: { kind: postgres, runtime: external, address: \"db:5432\" }\n",
             "a `postgres` destination takes `dsn_env`",
-            "\"db:5432",
+            "address: \"db:5432",
         ),
         (
             "dsn-unset",

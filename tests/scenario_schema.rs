@@ -54,6 +54,33 @@ fn every_scenario_validates_against_the_schema() {
 }
 
 #[test]
+fn the_schema_takes_a_kinds_own_field_only_for_that_kind() {
+    let validator = schema();
+    let doc = |dest: &str| -> serde_json::Value {
+        serde_saphyr::from_str(&format!(
+            "name: t\ndestination: {{ {dest} }}\nworkload: {{ rate: 10/s, duration: 5s }}\n"
+        ))
+        .unwrap()
+    };
+    for good in [
+        "kind: nats, stream: DRILL, nodes: 3",
+        "kind: http, dedupe: conflict",
+        "kind: mqtt, tls: true",
+        "kind: syslog, transport: udp",
+    ] {
+        assert!(validator.is_valid(&doc(good)), "{good} failed the schema");
+    }
+    for bad in [
+        "kind: mqtt, stream: DRILL",
+        "kind: http, tls: true",
+        "kind: nats, transport: udp",
+        "kind: kafka, topc: t",
+    ] {
+        assert!(!validator.is_valid(&doc(bad)), "{bad} passed the schema");
+    }
+}
+
+#[test]
 fn the_schema_rejects_a_misspelled_field_and_a_bad_duration() {
     let validator = schema();
     for file in ["misspelled-field.yaml", "bad-duration.yaml"] {

@@ -402,7 +402,7 @@ fn what_a_syslog_destination_cannot_honour_exits_2_located() {
             "transport-on-mqtt",
             "destination: { kind: mqtt, transport: tcp }\n",
             "only a `syslog` destination takes it",
-            "tcp",
+            "transport: tcp",
         ),
     ];
     // Each: the scenario's name, its body, what the error says, and the text it points at

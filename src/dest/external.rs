@@ -77,7 +77,7 @@ async fn reach_all_by(
     ext: &super::External,
     how: Reach,
 ) -> Result<Reached, super::DestError> {
-    let field = spec.kind.entry().external_field.0;
+    let field = spec.kind.entry().external_field.map_or("", |(f, _)| f);
     let secrets = ext.credentials.read().map_err(super::DestError::External)?;
     let mut servers = Vec::new();
     for (i, address) in ext.addresses.iter().enumerate() {

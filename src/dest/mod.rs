@@ -5,7 +5,7 @@
 //!
 //! | file | what it owns |
 //! |---|---|
-//! | `<kind>/mod.rs` | the kind's [`Entry`] (its name, fields, external address field, validator, engine sink), its scenario rules and its [`Destination`] impl: links, strongest promise, where its write key travels |
+//! | `<kind>/mod.rs` | the kind's [`Entry`] (its name, own `destination:` fields, external address field, validator, engine sink), its scenario rules and its [`Destination`] impl: links, strongest promise, where its write key travels |
 //! | `<kind>/broker.rs` | starting its receiving side on each runtime: a local process, a container ([`crate::container::Launch`]), embedded where one exists, external (reach, find or create, clean up only what drill made) |
 //! | `<kind>/read.rs` | the reader: from before the first record, straight from the broker (never through the proxy), decoding ids and write keys |
 //! | `<kind>/sink.rs` | the engine's side ([`crate::engine::Sink`]): connect + data-free probe, send, classify each answer into an outcome |
@@ -17,7 +17,9 @@
 //! # Adding a destination kind
 //!
 //! 1. A folder `src/dest/<kind>/` with `mod.rs`, `broker.rs`, `read.rs`, `sink.rs`, and its
-//!    client crate in `Cargo.toml`.
+//!    client crate in `Cargo.toml`. Its own fields of `destination:` are an `own_fields!` (below)
+//!    struct in its `mod.rs`, read by its validator ([`Section::own`]); the shared ones are
+//!    [`RawDestination`].
 //! 2. One line in the [`kinds!`] list below: the kind's variant and its folder (the
 //!    registration; the macro makes the module, the [`Kind`] variant, its place in
 //!    [`Kind::ALL`] and its arm of [`Kind::entry`]).
@@ -65,7 +67,48 @@ use crate::verify::{Decoder, Received, WriteKeyPlace};
 pub use bench::{BenchAt, BenchBroker, BenchKind, BenchRun, Done, RawRun, RecordLine};
 pub use external::reach;
 pub use running::{Halt, Node, Running};
-pub use spec::{Common, External, RawCredentials, RawDestination, Spec, TlsSpec, validate};
+pub use spec::{
+    External, Own, RawCredentials, RawDestination, RawReadBack, SHARED_FIELDS, Section, Spec,
+    TlsSpec, schema, validate,
+};
+
+/// Declares a kind's own fields of `destination:` (`struct NatsFields { stream:
+/// Option<Spanned<String>>, … }`), which the kind reads with [`Section::own`]: each field
+/// optional (`#[serde(default)]`), any field that neither the kind nor every kind
+/// ([`RawDestination`]) takes refused with its line and column, and the shared fields skipped
+/// (read by `spec.rs`). The struct's JSON Schema is the kind's part of `drill schema`
+/// ([`Entry::fields`]).
+macro_rules! own_fields {
+    ($(#[$m:meta])* struct $name:ident { $($(#[$fm:meta])* $field:ident : $ty:ty,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($(#[$fm])* #[serde(default)] pub $field: $ty,)*
+            #[serde(default, rename = "kind")]
+            #[schemars(skip)]
+            _kind: serde::de::IgnoredAny,
+            #[serde(default, rename = "runtime")]
+            #[schemars(skip)]
+            _runtime: serde::de::IgnoredAny,
+            #[serde(default, rename = "topic")]
+            #[schemars(skip)]
+            _topic: serde::de::IgnoredAny,
+            #[serde(default, rename = "create")]
+            #[schemars(skip)]
+            _create: serde::de::IgnoredAny,
+            #[serde(default, rename = "keep")]
+            #[schemars(skip)]
+            _keep: serde::de::IgnoredAny,
+            #[serde(default, rename = "credentials")]
+            #[schemars(skip)]
+            _credentials: serde::de::IgnoredAny,
+            #[serde(default, rename = "tls")]
+            #[schemars(skip)]
+            _tls: serde::de::IgnoredAny,
+        }
+    };
+}
 
 /// Makes the registration from one list of `Variant => folder` lines: the `pub mod`, the
 /// [`Kind`] enum, [`Kind::ALL`] in the list's order, and [`Kind::entry`].
@@ -125,19 +168,26 @@ impl Kind {
     }
 }
 
-/// A kind's validator: `destination:` → its [`Destination`], its own fields checked.
-pub type Validate = fn(&RawDestination, &Common) -> Result<Arc<dyn Destination>, Located>;
+/// A kind's validator: `destination:` → its [`Destination`] (and the brokers you run, with
+/// `runtime: external`), its own fields read and checked ([`Section::own`]).
+pub type Validate = fn(&Section) -> Result<Own, Located>;
+
+/// The JSON Schema of a kind's own fields (`<its own_fields! struct>::json_schema`).
+pub type FieldsSchema = fn(&mut schemars::SchemaGenerator) -> schemars::Schema;
 
 /// What a kind registers: its name and the parts nothing else can say for it.
 pub struct Entry {
     pub name: &'static str,
     /// The engine's side.
     pub sink: &'static dyn SinkKind,
-    /// The fields of `destination:` it takes beyond `kind`, `runtime`, `topic` and the
-    /// external ones.
-    pub fields: &'static [&'static str],
-    /// `runtime: external`: the field with the broker address(es), and an example value.
-    pub external_field: (&'static str, &'static str),
+    /// Its own fields of `destination:`, beyond the shared ones ([`RawDestination`]): the
+    /// schema of its `own_fields!` struct.
+    pub fields: FieldsSchema,
+    /// Whether it takes `tls:` (a shared field: its broker or its links speak TLS).
+    pub tls: bool,
+    /// `runtime: external`: the field with the broker address(es), and an example value
+    /// (`None`: drill always hosts the destination itself).
+    pub external_field: Option<(&'static str, &'static str)>,
     /// SASL mechanisms `credentials.sasl_mechanism` may name (none: it takes no mechanism).
     pub sasl_mechanisms: &'static [&'static str],
     /// Whether drill can run its broker inside its own process (`runtime: embedded`).

@@ -1,10 +1,13 @@
 //! The scenario's `destination:` section: as written ([`RawDestination`]), and validated
 //! ([`Spec`]).
 //!
-//! What every kind shares is checked here — the runtime, the topic, `runtime: external` with
-//! its addresses, `create`, `keep` and credentials — and a field only some kinds take is
-//! refused for the others, by the kind's [`Entry::fields`](super::Entry). Then the kind's own
-//! validator makes its [`Destination`]. Every error names the field and points at its line.
+//! What every kind shares is read and checked here — the kind, the runtime, the topic, `tls`,
+//! and what `runtime: external` shares (`create`, `keep`, `credentials`, the addresses as
+//! host:port: [`Section::external`]). The kind's own validator ([`Entry::validate`]) reads its
+//! own fields from the same text ([`Section::own`]), where a field neither it nor every kind
+//! takes is refused (another kind's naming that kind), and makes its [`Destination`]. Every
+//! error names the field and points at its line and column. [`schema`] is `drill schema`'s
+//! `destination:`, one shape per kind.
 
 use std::sync::Arc;
 
@@ -14,88 +17,58 @@ use serde_saphyr::{Location, Spanned};
 use super::{Destination, Entry, Kind, Runtime};
 use crate::credentials::Credentials;
 use crate::located::{Located, at};
-use crate::units::Dur;
 
+/// What every kind's `destination:` takes. Not `deny_unknown_fields`: the rest of the section
+/// is the kind's own ([`Section::own`]), read again by the kind, where a field neither it nor
+/// this struct names is refused with its line and column.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct RawDestination {
     #[schemars(with = "Kind")]
     pub kind: Spanned<Kind>,
+    /// Where the broker runs: `auto` (default: the best one this machine has), `container`,
+    /// `process`, `embedded` (inside drill, where the kind has one) or `external` (one you
+    /// run).
     #[serde(default)]
     pub runtime: Option<Runtime>,
+    /// The MQTT topic, NATS subject, Kafka topic, HTTP path or PostgreSQL table the records go
+    /// to (default `drill`; PostgreSQL: `drill_records`).
     #[serde(default)]
     pub topic: Option<String>,
-    /// NATS only: the stream's duplicate window (default: the longest outage plus the longest
-    /// backoff, at least 2 min).
-    #[serde(default)]
-    #[schemars(with = "Option<Dur>")]
-    pub duplicate_window: Option<Spanned<Dur>>,
-    /// NATS only: a cluster of this many nodes (routes between them, one proxy link each,
-    /// named `nats-1` …). Default 1.
-    #[serde(default)]
-    #[schemars(with = "Option<usize>")]
-    pub nodes: Option<Spanned<usize>>,
-    /// `runtime: external`, Kafka: the brokers to bootstrap from (`host:port` each).
-    #[serde(default)]
-    #[schemars(with = "Option<Vec<String>>")]
-    pub bootstrap: Option<Vec<Spanned<String>>>,
-    /// `runtime: external`, NATS: the servers (`host:port` each; several make a cluster).
-    #[serde(default)]
-    #[schemars(with = "Option<Vec<String>>")]
-    pub servers: Option<Vec<Spanned<String>>>,
-    /// Syslog: how messages reach the receiver, `relp` (default), `tcp` or `udp`.
-    #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    pub transport: Option<Spanned<String>>,
-    /// Where drill reads what arrived, when it is not drill's own: syslog (`runtime:
-    /// external`), the file the receiver writes every message to; postgres, the query that
-    /// reads the table a user's engine writes.
-    #[serde(default)]
-    #[schemars(with = "Option<RawReadBack>")]
-    pub read_back: Option<Spanned<RawReadBack>>,
-    /// HTTP: how the endpoint recognises a repeated write key: `true` (= `atomic`), `false`
-    /// (the default: it stores every copy), `conflict` (a `409` to a key in flight) or `racy`
-    /// (check then insert). `effectively_once` needs one that recognises repeats.
-    #[serde(default)]
-    #[schemars(with = "Option<crate::dest::http::Dedupe>")]
-    pub dedupe: Option<Spanned<crate::dest::http::Dedupe>>,
-    /// HTTP: the request header that carries the write key (default `Idempotency-Key`).
-    #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    pub key_header: Option<Spanned<String>>,
-    /// `runtime: external`, PostgreSQL: the NAME of the environment variable holding the
-    /// connection string (`postgres://user:password@host:5432/db`) — never the string itself.
-    #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    pub dsn_env: Option<Spanned<String>>,
-    /// `runtime: external`, MQTT and syslog: the broker or receiver (`host:port`).
-    #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    pub address: Option<Spanned<String>>,
     /// `runtime: external`: create the Kafka topic or the JetStream stream when it does not
     /// exist (default false: it must exist). What drill created it removes at the end unless
     /// `keep: true`.
     #[serde(default)]
-    pub create: Option<bool>,
+    #[schemars(with = "Option<bool>")]
+    pub create: Option<Spanned<bool>>,
+    /// `runtime: external`: keep what drill created when the drill ends (default false).
     #[serde(default)]
-    pub keep: Option<bool>,
-    /// NATS: the JetStream stream that stores the subject (default `DRILL`).
-    #[serde(default)]
-    #[schemars(with = "Option<String>")]
-    pub stream: Option<Spanned<String>>,
+    #[schemars(with = "Option<bool>")]
+    pub keep: Option<Spanned<bool>>,
     /// `runtime: external`: the names of the environment variables holding the credentials —
     /// never the credentials themselves.
     #[serde(default)]
     #[schemars(with = "Option<RawCredentials>")]
     pub credentials: Option<Spanned<RawCredentials>>,
-    /// MQTT and NATS: the broker drill starts speaks TLS, with certificates from a CA drill
-    /// mints for the drill (`{tls.ca_file}` for a user's engine). `true`, or `{
+    /// MQTT, NATS and Kafka: the broker drill starts speaks TLS, with certificates from a CA
+    /// drill mints for the drill (`{tls.ca_file}` for a user's engine). `true`, or `{
     /// client_certificates: true }` for mutual TLS, `names: [...]` for more names on the
     /// broker's certificate.
     #[serde(default)]
     #[schemars(with = "Option<RawTls>")]
     pub tls: Option<Spanned<RawTls>>,
 }
+
+/// The names of [`RawDestination`]'s fields, which every kind's own fields skip
+/// (`own_fields!`, in `dest/mod.rs`).
+pub const SHARED_FIELDS: [&str; 7] = [
+    "kind",
+    "runtime",
+    "topic",
+    "create",
+    "keep",
+    "credentials",
+    "tls",
+];
 
 /// `tls:` of `destination:`.
 #[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
@@ -214,29 +187,6 @@ pub struct RawCredentials {
     pub sasl_mechanism: Option<String>,
 }
 
-/// The fields of `destination:` that only some kinds take ([`Entry::fields`]), with where each
-/// was given.
-fn kind_fields(raw: &RawDestination) -> [(&'static str, Option<Location>); 12] {
-    let kind = raw.kind.referenced;
-    [
-        (
-            "duplicate_window",
-            raw.duplicate_window.as_ref().map(|w| w.referenced),
-        ),
-        ("nodes", raw.nodes.as_ref().map(|n| n.referenced)),
-        ("stream", raw.stream.as_ref().map(|s| s.referenced)),
-        ("bootstrap", raw.bootstrap.as_ref().map(|_| kind)),
-        ("servers", raw.servers.as_ref().map(|_| kind)),
-        ("address", raw.address.as_ref().map(|a| a.referenced)),
-        ("dsn_env", raw.dsn_env.as_ref().map(|a| a.referenced)),
-        ("transport", raw.transport.as_ref().map(|t| t.referenced)),
-        ("read_back", raw.read_back.as_ref().map(|r| r.referenced)),
-        ("dedupe", raw.dedupe.as_ref().map(|d| d.referenced)),
-        ("key_header", raw.key_header.as_ref().map(|k| k.referenced)),
-        ("tls", raw.tls.as_ref().map(|t| t.referenced)),
-    ]
-}
-
 /// A validated `destination:`.
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -280,23 +230,193 @@ pub struct External {
     pub credentials: Credentials,
 }
 
-/// What a kind's validator is given besides the raw section: what every kind shares, checked.
-pub struct Common {
+/// What a kind's validator ([`Entry::validate`]) is given: the shared fields, as written and
+/// with `runtime` settled, and the scenario's text to read its own fields from.
+pub struct Section<'a> {
+    pub shared: &'a RawDestination,
     pub runtime: Runtime,
+    entry: &'static Entry,
+    text: &'a str,
+}
+
+/// What a kind's validator makes: its [`Destination`], and the brokers you run when the
+/// section says `runtime: external` ([`Section::external`]).
+pub struct Own {
+    pub imp: Arc<dyn Destination>,
     pub external: Option<External>,
 }
 
-/// `destination:` → a [`Spec`]: the shared fields, then the kind's own (its validator).
-pub fn validate(raw: &RawDestination) -> Result<Spec, Located> {
+impl Own {
+    /// A destination drill starts the broker of.
+    pub fn started(imp: impl Destination + 'static) -> Own {
+        Own {
+            imp: Arc::new(imp),
+            external: None,
+        }
+    }
+}
+
+impl Section<'_> {
+    /// The kind's own fields: `destination:` read again as `F`, made by
+    /// `own_fields!` in `dest/mod.rs` (every shared field skipped, any other refused). A
+    /// field another kind takes is refused naming the kinds that take it.
+    pub fn own<F: serde::de::DeserializeOwned>(&self) -> Result<F, Located> {
+        #[derive(Deserialize)]
+        struct Doc<F> {
+            destination: F,
+        }
+        crate::located::read::<Doc<F>>(self.text)
+            .map(|d| d.destination)
+            .map_err(|e| self.refused(e))
+    }
+
+    /// Where the section itself was written (its `kind:`), for an error about the section.
+    pub fn anchor(&self) -> &Location {
+        &self.shared.kind.referenced
+    }
+
+    /// The topic as written.
+    pub fn topic(&self) -> Option<&str> {
+        self.shared.topic.as_deref()
+    }
+
+    /// An unknown field that is another kind's, said as such.
+    fn refused(&self, mut e: Located) -> Located {
+        let Some(field) = e
+            .message
+            .strip_prefix("unknown field `")
+            .and_then(|m| m.split_once('`'))
+            .map(|(f, _)| f.to_string())
+        else {
+            return e;
+        };
+        if let Some((wanted, _)) = self
+            .entry
+            .external_field
+            .filter(|_| is_external_field(&field))
+        {
+            e.message = format!(
+                "field `destination.{field}`: a `{}` destination takes `{wanted}` (with `runtime: external`)",
+                self.entry.name
+            );
+        } else if let Some(takers) = takers(&field) {
+            e.message =
+                format!("field `destination.{field}`: only a {takers} destination takes it");
+        }
+        e
+    }
+
+    /// `runtime: external`: the brokers you run, at `hosts` (`host:port` each, the kind's
+    /// [`Entry::external_field`], written at `written`), with `create`, `keep` and
+    /// `credentials`. Without it none of these may be given.
+    pub fn external(
+        &self,
+        written: Option<&Location>,
+        hosts: &[&Spanned<String>],
+    ) -> Result<Option<External>, Located> {
+        let (wanted, example) = self.entry.external_field.unwrap_or_default();
+        if !self.goes_external(written)? {
+            return Ok(None);
+        }
+        if hosts.is_empty() {
+            return Err(at(
+                self.anchor(),
+                format!(
+                    "field `destination.{wanted}`: `runtime: external` needs the broker address(es), e.g. {wanted}: {example}"
+                ),
+            ));
+        }
+        for a in hosts {
+            let ok = a.value.rsplit_once(':').is_some_and(|(host, port)| {
+                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+            });
+            if !ok {
+                return Err(at(
+                    &a.referenced,
+                    format!(
+                        "field `destination.{wanted}`: `{}` is not host:port (e.g. kafka-1.staging:9092)",
+                        a.value
+                    ),
+                ));
+            }
+        }
+        self.made_external(hosts.iter().map(|a| a.value.clone()).collect())
+    }
+
+    /// `runtime: external` where the kind's field names no host:port but where to find one
+    /// (PostgreSQL's `dsn_env`: the variable holding the connection string), written at
+    /// `written`.
+    pub fn external_elsewhere(
+        &self,
+        written: Option<&Location>,
+    ) -> Result<Option<External>, Located> {
+        let (wanted, example) = self.entry.external_field.unwrap_or_default();
+        if !self.goes_external(written)? {
+            return Ok(None);
+        }
+        if written.is_none() {
+            return Err(at(
+                self.anchor(),
+                format!(
+                    "field `destination.{wanted}`: `runtime: external` needs the NAME of the environment variable holding the connection string, e.g. {wanted}: {example}"
+                ),
+            ));
+        }
+        self.made_external(Vec::new())
+    }
+
+    /// Whether the section says `runtime: external`; without it, the external fields (the
+    /// kind's, written at `written`, `create`, `keep`, `credentials`) are refused.
+    fn goes_external(&self, written: Option<&Location>) -> Result<bool, Located> {
+        if self.runtime == Runtime::External {
+            return Ok(true);
+        }
+        let raw = self.shared;
+        let extra = written
+            .zip(self.entry.external_field)
+            .map(|(l, (field, _))| (field, *l))
+            .into_iter()
+            .chain(raw.create.as_ref().map(|c| ("create", c.referenced)))
+            .chain(raw.keep.as_ref().map(|k| ("keep", k.referenced)))
+            .chain(
+                raw.credentials
+                    .as_ref()
+                    .map(|c| ("credentials", c.referenced)),
+            )
+            .next();
+        match extra {
+            Some((field, loc)) => Err(at(
+                &loc,
+                format!(
+                    "field `destination.{field}`: goes with `runtime: external` (brokers you already run); drill starts its own otherwise"
+                ),
+            )),
+            None => Ok(false),
+        }
+    }
+
+    fn made_external(&self, addresses: Vec<String>) -> Result<Option<External>, Located> {
+        let raw = self.shared;
+        Ok(Some(External {
+            addresses,
+            create: raw.create.as_ref().is_some_and(|c| c.value),
+            keep: raw.keep.as_ref().is_some_and(|k| k.value),
+            credentials: credentials(raw, self.entry)?,
+        }))
+    }
+}
+
+/// `destination:` → a [`Spec`]: the shared fields, then the kind's own (its validator reads
+/// them from `text`, the whole scenario).
+pub fn validate(raw: &RawDestination, text: &str) -> Result<Spec, Located> {
     let kind = raw.kind.value;
     let entry = kind.entry();
-    for (field, given) in kind_fields(raw) {
-        if let Some(loc) = given
-            && !entry.fields.contains(&field)
-            && !is_external_field(field)
-        {
-            return Err(at(&loc, refused_field(field)));
-        }
+    if let Some(t) = raw.tls.as_ref().filter(|_| !entry.tls) {
+        let takers = takers("tls").unwrap_or_default();
+        return Err(at(
+            &t.referenced,
+            format!("field `destination.tls`: only a {takers} destination takes it"),
+        ));
     }
     let runtime = raw.runtime.unwrap_or(Runtime::Auto);
     if !entry.embedded && runtime == Runtime::Embedded {
@@ -308,25 +428,95 @@ pub fn validate(raw: &RawDestination) -> Result<Spec, Located> {
             ),
         ));
     }
-    let common = Common {
+    let section = Section {
+        shared: raw,
         runtime,
-        external: external(raw, entry, runtime)?,
+        entry,
+        text,
     };
+    let own = (entry.validate)(&section)?;
     Ok(Spec {
         kind,
         runtime,
-        tls: tls(raw, runtime)?,
+        tls: tls(raw, runtime, own.external.as_ref())?,
         topic: raw.topic.clone().unwrap_or_else(|| "drill".to_string()),
-        imp: (entry.validate)(raw, &common)?,
-        external: common.external,
+        imp: own.imp,
+        external: own.external,
     })
+}
+
+/// The JSON Schema of `destination:`: `Destination`, one of a shape per kind
+/// (`MqttDestination`, …), each the shared fields and the kind's own, `kind` fixed to its name
+/// and nothing else allowed: as strict as [`validate`].
+pub fn schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    use schemars::JsonSchema;
+    let shared = RawDestination::json_schema(g);
+    let prefix = format!("#{}/", g.settings().definitions_path);
+    let mut shapes = Vec::new();
+    for kind in Kind::ALL {
+        let entry = kind.entry();
+        let mut properties = shared
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .cloned()
+            .unwrap_or_default();
+        if !entry.tls {
+            properties.remove("tls");
+        }
+        if let Some(p) = (entry.fields)(g)
+            .get("properties")
+            .and_then(|p| p.as_object())
+        {
+            properties.extend(p.clone());
+        }
+        properties.insert(
+            "kind".into(),
+            serde_json::json!({ "const": entry.name, "description": "The destination kind." }),
+        );
+        let mut name: String = entry.name.to_uppercase()[..1].to_string();
+        name.push_str(&entry.name[1..]);
+        let name = format!("{name}Destination");
+        g.definitions_mut().insert(
+            name.clone(),
+            serde_json::json!({
+                "description": format!("`destination:` of kind `{}`: the shared fields and its own.", entry.name),
+                "type": "object",
+                "properties": properties,
+                "required": ["kind"],
+                "additionalProperties": false,
+            }),
+        );
+        shapes.push(serde_json::json!({ "$ref": format!("{prefix}{name}") }));
+    }
+    g.definitions_mut().insert(
+        "Destination".into(),
+        serde_json::json!({
+            "description": "Where the records go: one of the kinds, each with the shared fields and its own.",
+            "oneOf": shapes,
+        }),
+    );
+    schemars::json_schema!({ "$ref": format!("{prefix}Destination") })
+}
+
+/// The fields the kind's own struct names ([`Entry::fields`]).
+pub fn own_field_names(entry: &Entry) -> Vec<String> {
+    let mut g = schemars::SchemaGenerator::default();
+    (entry.fields)(&mut g)
+        .get("properties")
+        .and_then(|p| p.as_object())
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default()
 }
 
 /// `tls:` — on the brokers drill starts, as local processes or in containers (mosquitto, nats-server), with
 /// certificates drill mints, or at the links only (Kafka: tansu serves no TLS); or to an MQTT
 /// broker you run, with your CA and client certificate. What cannot speak TLS yet is refused
 /// here, where it was written.
-fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Located> {
+fn tls(
+    raw: &RawDestination,
+    runtime: Runtime,
+    external: Option<&External>,
+) -> Result<Option<TlsSpec>, Located> {
     let Some(t) = &raw.tls else { return Ok(None) };
     let fail = |m: String| Err(at(&t.referenced, format!("field `destination.tls`: {m}")));
     let none = RawTlsWith::default();
@@ -336,7 +526,7 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
         RawTls::With(w) => w,
     };
     if runtime == Runtime::External {
-        return given(raw, w).or_else(fail);
+        return given(raw, w, external).or_else(fail);
     }
     let yours = [
         ("ca_file", w.ca_file.is_some()),
@@ -392,7 +582,11 @@ fn tls(raw: &RawDestination, runtime: Runtime) -> Result<Option<TlsSpec>, Locate
 
 /// `tls:` to a broker you run: your CA file, and your client certificate with the variable
 /// that holds its key. MQTT and NATS so far.
-fn given(raw: &RawDestination, w: &RawTlsWith) -> Result<Option<TlsSpec>, String> {
+fn given(
+    raw: &RawDestination,
+    w: &RawTlsWith,
+    external: Option<&External>,
+) -> Result<Option<TlsSpec>, String> {
     if !raw.kind.value.entry().external_tls {
         return Err(format!(
             "TLS to a {} broker you run is not built yet (MQTT and NATS are); drill speaks TLS to the {0} brokers it starts",
@@ -413,12 +607,9 @@ fn given(raw: &RawDestination, w: &RawTlsWith) -> Result<Option<TlsSpec>, String
     }
     // The name checked: the broker's host as the scenario gives it (MQTT's `address`, the
     // first of NATS's `servers`), since every client reaches it through a link on 127.0.0.1.
-    let first = raw
-        .address
-        .as_ref()
-        .or_else(|| raw.servers.as_ref().and_then(|s| s.first()));
-    let host = first
-        .and_then(|a| a.value.rsplit_once(':').map(|(h, _)| h.to_string()))
+    let host = external
+        .and_then(|e| e.addresses.first())
+        .and_then(|a| a.rsplit_once(':').map(|(h, _)| h.to_string()))
         .unwrap_or_default();
     Ok(Some(TlsSpec::Given {
         ca_file: ca_file.into(),
@@ -431,114 +622,24 @@ fn given(raw: &RawDestination, w: &RawTlsWith) -> Result<Option<TlsSpec>, String
 fn is_external_field(field: &str) -> bool {
     Kind::ALL
         .iter()
-        .any(|k| k.entry().external_field.0 == field)
+        .any(|k| k.entry().external_field.is_some_and(|(f, _)| f == field))
 }
 
-/// A kind-specific field given to a kind that does not take it: which kinds do.
-fn refused_field(field: &str) -> String {
+/// The kinds that take `field` as their own (`tls` among the shared), as `` `a` or `b` ``.
+fn takers(field: &str) -> Option<String> {
     let takers: Vec<String> = Kind::ALL
         .iter()
-        .filter(|k| k.entry().fields.contains(&field))
+        .filter(|k| {
+            let entry = k.entry();
+            if field == "tls" {
+                entry.tls
+            } else {
+                own_field_names(entry).iter().any(|f| f == field)
+            }
+        })
         .map(|k| format!("`{}`", k.name()))
         .collect();
-    format!(
-        "field `destination.{field}`: only a {} destination takes it",
-        takers.join(" or ")
-    )
-}
-
-/// `runtime: external`: the addresses the kind takes (`bootstrap` for Kafka, `servers` for
-/// NATS, `address` for MQTT), `create`, `keep` and `credentials`. Without it none of these may
-/// be given.
-fn external(
-    raw: &RawDestination,
-    entry: &Entry,
-    runtime: Runtime,
-) -> Result<Option<External>, Located> {
-    let (wanted, example) = entry.external_field;
-    let given: Vec<(&str, Location)> = kind_fields(raw)
-        .into_iter()
-        .filter(|(f, _)| is_external_field(f))
-        .filter_map(|(f, l)| l.map(|l| (f, l)))
-        .collect();
-    if runtime != Runtime::External {
-        let extra = given
-            .iter()
-            .map(|(f, _)| *f)
-            .chain(raw.create.is_some().then_some("create"))
-            .chain(raw.keep.is_some().then_some("keep"))
-            .chain(raw.credentials.is_some().then_some("credentials"))
-            .next();
-        if let Some(field) = extra {
-            return Err(at(
-                &raw.kind.referenced,
-                format!(
-                    "field `destination.{field}`: goes with `runtime: external` (brokers you already run); drill starts its own otherwise"
-                ),
-            ));
-        }
-        return Ok(None);
-    }
-    if let Some((field, loc)) = given.iter().find(|(f, _)| *f != wanted) {
-        return Err(at(
-            loc,
-            format!(
-                "field `destination.{field}`: a `{}` destination takes `{wanted}`",
-                raw.kind.value.name()
-            ),
-        ));
-    }
-    let addresses: Vec<&Spanned<String>> = match wanted {
-        "bootstrap" => raw.bootstrap.iter().flatten().collect(),
-        "servers" => raw.servers.iter().flatten().collect(),
-        // The address is in the connection string, read from the environment by the kind.
-        "dsn_env" if raw.dsn_env.is_some() => {
-            return Ok(Some(External {
-                addresses: Vec::new(),
-                create: raw.create.unwrap_or(false),
-                keep: raw.keep.unwrap_or(false),
-                credentials: credentials(raw, entry)?,
-            }));
-        }
-        "dsn_env" => Vec::new(),
-        _ => raw.address.iter().collect(),
-    };
-    if addresses.is_empty() && wanted == "dsn_env" {
-        return Err(at(
-            &raw.kind.referenced,
-            format!(
-                "field `destination.dsn_env`: `runtime: external` needs the NAME of the environment variable holding the connection string, e.g. dsn_env: {example}"
-            ),
-        ));
-    }
-    if addresses.is_empty() {
-        return Err(at(
-            &raw.kind.referenced,
-            format!(
-                "field `destination.{wanted}`: `runtime: external` needs the broker address(es), e.g. {wanted}: {example}"
-            ),
-        ));
-    }
-    for a in &addresses {
-        let ok = a.value.rsplit_once(':').is_some_and(|(host, port)| {
-            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
-        });
-        if !ok {
-            return Err(at(
-                &a.referenced,
-                format!(
-                    "field `destination.{wanted}`: `{}` is not host:port (e.g. kafka-1.staging:9092)",
-                    a.value
-                ),
-            ));
-        }
-    }
-    Ok(Some(External {
-        addresses: addresses.iter().map(|a| a.value.clone()).collect(),
-        create: raw.create.unwrap_or(false),
-        keep: raw.keep.unwrap_or(false),
-        credentials: credentials(raw, entry)?,
-    }))
+    (!takers.is_empty()).then(|| takers.join(" or "))
 }
 
 /// `credentials:`: environment variable names (user and password go together); the SASL
@@ -588,4 +689,105 @@ fn credentials(raw: &RawDestination, entry: &Entry) -> Result<Credentials, Locat
             .or_else(|| sasl.then(|| "PLAIN".to_string())),
         dsn_env: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use schemars::JsonSchema;
+
+    use super::*;
+
+    /// `destination: { DEST }` in a scenario, validated: the column of DEST's first field is 16.
+    fn check(dest: &str) -> Result<Spec, Located> {
+        let text = format!(
+            "name: t\ndestination: {{ {dest} }}\nworkload: {{ rate: 10/s, duration: 5s }}\n"
+        );
+        #[derive(Deserialize)]
+        struct Doc {
+            destination: RawDestination,
+        }
+        let doc: Doc = crate::located::read(&text)?;
+        validate(&doc.destination, &text)
+    }
+
+    #[test]
+    fn every_kind_skips_the_shared_fields_and_no_other() {
+        let mut g = schemars::SchemaGenerator::default();
+        let mut names: Vec<String> = RawDestination::json_schema(&mut g)
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .map(|p| p.keys().cloned().collect())
+            .unwrap();
+        names.sort();
+        let mut shared = SHARED_FIELDS.map(String::from).to_vec();
+        shared.sort();
+        assert_eq!(
+            names, shared,
+            "SHARED_FIELDS and own_fields! must name RawDestination's fields"
+        );
+        let shared_values = [
+            ("runtime", "auto"),
+            ("topic", "t"),
+            ("create", "true"),
+            ("keep", "true"),
+            ("credentials", "{ username_env: U, password_env: P }"),
+            ("tls", "true"),
+        ];
+        for kind in Kind::ALL {
+            for (field, value) in shared_values {
+                if let Err(e) = check(&format!("kind: {}, {field}: {value}", kind.name())) {
+                    assert!(
+                        !e.message.contains("unknown field"),
+                        "{kind:?} {field}: {}",
+                        e.message
+                    );
+                }
+            }
+            let e = check(&format!("kind: {}, topc: t", kind.name()))
+                .err()
+                .unwrap();
+            assert!(
+                e.message
+                    .starts_with("unknown field `topc`, expected one of"),
+                "{}",
+                e.message
+            );
+            assert_eq!(
+                (e.at.line(), e.at.column()),
+                (2, 24 + kind.name().len() as u64)
+            );
+        }
+    }
+
+    #[test]
+    fn a_field_of_another_kind_is_refused_where_it_is_naming_who_takes_it() {
+        let mut refused = 0;
+        for kind in Kind::ALL {
+            let own = own_field_names(kind.entry());
+            for other in Kind::ALL {
+                for field in own_field_names(other.entry()) {
+                    if own.contains(&field) {
+                        continue;
+                    }
+                    let e = check(&format!("kind: {}, {field}: x", kind.name()))
+                        .err()
+                        .unwrap_or_else(|| panic!("{kind:?} took `{field}`"));
+                    assert!(
+                        e.message
+                            .starts_with(&format!("field `destination.{field}`: "))
+                            && (e.message.contains("destination takes it")
+                                || e.message.contains("destination takes `")),
+                        "{kind:?} {field}: {}",
+                        e.message
+                    );
+                    assert_eq!(
+                        (e.at.line(), e.at.column()),
+                        (2, 24 + kind.name().len() as u64)
+                    );
+                    refused += 1;
+                }
+            }
+        }
+        assert!(refused > 30, "{refused}");
+    }
 }

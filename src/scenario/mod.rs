@@ -278,64 +278,14 @@ pub fn load(path: &Path) -> Result<Plan, ScenarioError> {
 /// Validates scenario text; `path` is only used to name the file in errors.
 pub fn parse(path: &Path, text: &str) -> Result<Plan, ScenarioError> {
     let shown = path.display().to_string();
-    // serde_path_to_error names the field (`workload.duration`) a bad value sits in;
-    // serde-saphyr's own error keeps the line and column.
-    let mut field = String::new();
-    let raw: raw::RawScenario = serde_saphyr::with_deserializer_from_str(text, |de| {
-        serde_path_to_error::deserialize::<_, raw::RawScenario>(de).map_err(|e| {
-            field = e.path().to_string();
-            e.into_inner()
-        })
-    })
-    .map_err(|e| {
-        let (line, column) = e
-            .location()
-            .map(|l| (l.line() as u32, l.column() as u32))
-            .unwrap_or((0, 0));
-        let message = plain_message(&e);
-        let message = if field.is_empty() || field == "." || message.contains("unknown field") {
-            message
-        } else {
-            format!("field `{field}`: {message}")
-        };
-        ScenarioError::Invalid {
-            path: shown.clone(),
-            line,
-            column,
-            message,
-        }
-    })?;
-    validate::validate(raw, path).map_err(|e| ScenarioError::Invalid {
-        path: shown,
+    let invalid = |e: crate::located::Located| ScenarioError::Invalid {
+        path: shown.clone(),
         line: e.at.line() as u32,
         column: e.at.column() as u32,
         message: e.message,
-    })
-}
-
-/// serde-saphyr renders a snippet around the error; drill prints `file:line:col: message`, so
-/// keep only the message, and name the field when serde named it.
-fn plain_message(e: &serde_saphyr::Error) -> String {
-    let full = e.to_string();
-    let first = full.lines().next().unwrap_or("invalid scenario").trim();
-    let message = first
-        .strip_prefix("error: ")
-        .unwrap_or(first)
-        .trim()
-        .to_string();
-    // Drop a "line X column Y: " prefix or " at line X column Y" suffix: drill prints
-    // `file:line:column:` itself.
-    let message = match message.strip_prefix("line ") {
-        Some(rest) => match rest.split_once(": ") {
-            Some((pos, msg)) if pos.contains("column") => msg.to_string(),
-            _ => message.clone(),
-        },
-        None => message,
     };
-    match message.find(" at line ") {
-        Some(i) => message[..i].to_string(),
-        None => message,
-    }
+    let raw: raw::RawScenario = crate::located::read(text).map_err(invalid)?;
+    validate::validate(raw, text, path).map_err(invalid)
 }
 
 #[cfg(test)]

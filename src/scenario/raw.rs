@@ -28,6 +28,7 @@ pub(super) struct RawScenario {
     pub(super) about: Option<String>,
     #[serde(default)]
     pub(super) seed: Option<u64>,
+    #[schemars(schema_with = "crate::dest::schema")]
     pub(super) destination: RawDestination,
     #[serde(default)]
     pub(super) system: Option<RawSystem>,

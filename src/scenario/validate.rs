@@ -28,12 +28,13 @@ use crate::proxy::{Direction, Fault, FaultSpec};
 use crate::units::Bound;
 use crate::workload::WorkloadSpec;
 
-/// Checks every section of `raw`; `source` is the scenario file (its folder holds a command
-/// engine's templates). Errors that belong to no one value point at `name:`.
-pub(super) fn validate(mut raw: RawScenario, source: &Path) -> Result<Plan, Located> {
+/// Checks every section of `raw`, read from `text` (a destination kind reads its own fields
+/// from it); `source` is the scenario file (its folder holds a command engine's templates).
+/// Errors that belong to no one value point at `name:`.
+pub(super) fn validate(mut raw: RawScenario, text: &str, source: &Path) -> Result<Plan, Located> {
     let anchor = raw.name.referenced;
     let name = name(&raw.name)?;
-    let mut destination = dest::validate(&raw.destination)?;
+    let mut destination = dest::validate(&raw.destination, text)?;
     let raw_agent = raw
         .system
         .as_mut()
@@ -1397,7 +1398,7 @@ mod tests {
     /// carry datagrams when `datagrams`.
     fn link_faults_over(text: &str, datagrams: bool) -> Result<usize, crate::located::Located> {
         let raw: super::super::raw::RawScenario = serde_saphyr::from_str(text).unwrap();
-        let mut destination = crate::dest::validate(&raw.destination).unwrap();
+        let mut destination = crate::dest::validate(&raw.destination, text).unwrap();
         if datagrams {
             destination.imp = std::sync::Arc::new(OverUdp(destination.imp.clone()));
         }

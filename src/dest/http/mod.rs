@@ -27,9 +27,10 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::{
-    Common, DestError, Destination, Entry, Kind, Provision, Provisioned, RawDestination, ReadBack,
-    ReaderSpec, Running, Runtime, Shape,
+    DestError, Destination, Entry, Kind, Own, Provision, Provisioned, ReadBack, ReaderSpec,
+    Running, Runtime, Section, Shape,
 };
+use serde_saphyr::Spanned;
 use crate::located::{Located, at};
 use crate::promise::Promise;
 use crate::verify::WriteKeyPlace;
@@ -42,8 +43,9 @@ pub const KEY_HEADER: &str = "Idempotency-Key";
 pub static ENTRY: Entry = Entry {
     name: "http",
     sink: &sink::HttpSink,
-    fields: &["dedupe", "key_header"],
-    external_field: ("address", "api.site.local:8443"),
+    fields: <HttpFields as schemars::JsonSchema>::json_schema,
+    tls: false,
+    external_field: None,
     sasl_mechanisms: &[],
     write_key_field: ("http_header", "string"),
     embedded: true,
@@ -153,10 +155,25 @@ pub fn path_of(topic: &str) -> String {
     }
 }
 
-fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination>, Located> {
-    if common.runtime == Runtime::External || common.runtime == Runtime::Container {
+own_fields! {
+    /// HTTP's own fields of `destination:`.
+    struct HttpFields {
+        /// How the endpoint recognises a repeated write key: `true` (= `atomic`), `false` (the
+        /// default: it stores every copy), `conflict` (a `409` to a key in flight) or `racy`
+        /// (check then insert). `effectively_once` needs one that recognises repeats.
+        #[schemars(with = "Option<Dedupe>")]
+        dedupe: Option<Spanned<Dedupe>>,
+        /// The request header that carries the write key (default `Idempotency-Key`).
+        #[schemars(with = "Option<String>")]
+        key_header: Option<Spanned<String>>,
+    }
+}
+
+fn validate(section: &Section) -> Result<Own, Located> {
+    let raw: HttpFields = section.own()?;
+    if section.runtime == Runtime::External || section.runtime == Runtime::Container {
         return Err(at(
-            &raw.kind.referenced,
+            section.anchor(),
             "field `destination.runtime`: drill hosts the HTTP endpoint itself (it is the oracle: what it stored is what arrived); leave `runtime` out".to_string(),
         ));
     }
@@ -177,16 +194,16 @@ fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination
             name.to_string()
         }
     };
-    let topic = raw.topic.as_deref().unwrap_or("drill");
+    let topic = section.topic().unwrap_or("drill");
     if topic.contains(['?', '#', ' ']) {
         return Err(at(
-            &raw.kind.referenced,
+            section.anchor(),
             format!(
                 "field `destination.topic`: `{topic}` is not a path (no query, fragment or space)"
             ),
         ));
     }
-    Ok(Arc::new(Http {
+    Ok(Own::started(Http {
         path: path_of(topic),
         dedupe: raw.dedupe.as_ref().map_or(Dedupe::Off, |d| d.value),
         key_header: key_header.to_ascii_lowercase(),

@@ -22,8 +22,8 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::{
-    Common, DestError, Destination, Entry, Kind, Provision, Provisioned, RawDestination, ReadBack,
-    ReaderSpec, Running, Shape,
+    DestError, Destination, Entry, Kind, Own, Provision, Provisioned, ReadBack, ReaderSpec,
+    Running, Section, Shape,
 };
 use crate::credentials::Secrets;
 use crate::located::Located;
@@ -39,8 +39,9 @@ fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
 pub static ENTRY: Entry = Entry {
     name: "kafka",
     sink: &sink::KafkaSink,
-    fields: &["tls"],
-    external_field: ("bootstrap", "[kafka-1:9092, kafka-2:9092]"),
+    fields: <KafkaFields as schemars::JsonSchema>::json_schema,
+    tls: true,
+    external_field: Some(("bootstrap", "[kafka-1:9092, kafka-2:9092]")),
     sasl_mechanisms: &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"],
     write_key_field: ("kafka_header", "string"),
     embedded: false,
@@ -83,8 +84,23 @@ pub fn client_config(bootstrap: &str, secrets: &Secrets) -> rdkafka::ClientConfi
 #[derive(Debug, Clone)]
 pub struct Kafka;
 
-fn validate(_raw: &RawDestination, _common: &Common) -> Result<Arc<dyn Destination>, Located> {
-    Ok(Arc::new(Kafka))
+own_fields! {
+    /// Kafka's own field of `destination:`.
+    struct KafkaFields {
+        /// `runtime: external`: the brokers to bootstrap from (`host:port` each).
+        #[schemars(with = "Option<Vec<String>>")]
+        bootstrap: Option<Vec<serde_saphyr::Spanned<String>>>,
+    }
+}
+
+fn validate(section: &Section) -> Result<Own, Located> {
+    let own: KafkaFields = section.own()?;
+    let hosts: Vec<_> = own.bootstrap.iter().flatten().collect();
+    let written = own.bootstrap.as_ref().map(|b| b.first().map_or(section.anchor(), |h| &h.referenced));
+    Ok(Own {
+        imp: Arc::new(Kafka),
+        external: section.external(written, &hosts)?,
+    })
 }
 
 impl Destination for Kafka {

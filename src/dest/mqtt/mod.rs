@@ -1,6 +1,6 @@
 //! MQTT 5 (mosquitto, or drill's own broker embedded in drill): QoS 1, the write key in the user property
 //! `write-key`. Keeps `at_least_once` (a lost PUBACK means a resend). One plain link, named
-//! `mqtt`; no fields of its own in `destination:`; `system.write_key: { mqtt_user_property:
+//! `mqtt`; its own field in `destination:` is `address` (`runtime: external`); `system.write_key: { mqtt_user_property:
 //! NAME }` for a user's engine.
 
 pub mod bench;
@@ -16,8 +16,8 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::{
-    Common, DestError, Destination, Entry, Kind, Provision, Provisioned, RawDestination, ReadBack,
-    ReaderSpec, Running, Shape,
+    DestError, Destination, Entry, Kind, Own, Provision, Provisioned, ReadBack, ReaderSpec,
+    Running, Section, Shape,
 };
 use crate::credentials::Secrets;
 use crate::located::Located;
@@ -33,8 +33,9 @@ fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
 pub static ENTRY: Entry = Entry {
     name: "mqtt",
     sink: &sink::MqttSink,
-    fields: &["tls"],
-    external_field: ("address", "broker.site.local:1883"),
+    fields: <MqttFields as schemars::JsonSchema>::json_schema,
+    tls: true,
+    external_field: Some(("address", "broker.site.local:1883")),
     sasl_mechanisms: &[],
     write_key_field: ("mqtt_user_property", "string"),
     embedded: true,
@@ -63,8 +64,22 @@ pub fn login(secrets: &Secrets) -> Option<crate::wire::mqtt::Login> {
 #[derive(Debug, Clone)]
 pub struct Mqtt;
 
-fn validate(_raw: &RawDestination, _common: &Common) -> Result<Arc<dyn Destination>, Located> {
-    Ok(Arc::new(Mqtt))
+own_fields! {
+    /// MQTT's own field of `destination:`.
+    struct MqttFields {
+        /// `runtime: external`: the broker (`host:port`).
+        #[schemars(with = "Option<String>")]
+        address: Option<serde_saphyr::Spanned<String>>,
+    }
+}
+
+fn validate(section: &Section) -> Result<Own, Located> {
+    let own: MqttFields = section.own()?;
+    let written = own.address.as_ref().map(|a| &a.referenced);
+    Ok(Own {
+        imp: Arc::new(Mqtt),
+        external: section.external(written, &own.address.iter().collect::<Vec<_>>())?,
+    })
 }
 
 impl Destination for Mqtt {

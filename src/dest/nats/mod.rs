@@ -23,11 +23,12 @@ use futures::future::BoxFuture;
 
 use super::running::Place;
 use super::{
-    Common, DestError, Destination, Entry, Kind, Provision, Provisioned, RawDestination, ReadBack,
-    ReaderSpec, Running, Shape,
+    DestError, Destination, Entry, Kind, Own, Provision, Provisioned, ReadBack, ReaderSpec,
+    Running, Section, Shape,
 };
 use crate::credentials::Secrets;
 use crate::located::{Located, at};
+use serde_saphyr::Spanned;
 use crate::promise::Promise;
 use crate::verify::WriteKeyPlace;
 
@@ -41,8 +42,9 @@ fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
 pub static ENTRY: Entry = Entry {
     name: "nats",
     sink: &sink::NatsSink,
-    fields: &["duplicate_window", "nodes", "stream", "tls"],
-    external_field: ("servers", "[nats-1:4222, nats-2:4222]"),
+    fields: <NatsFields as schemars::JsonSchema>::json_schema,
+    tls: true,
+    external_field: Some(("servers", "[nats-1:4222, nats-2:4222]")),
     sasl_mechanisms: &[],
     write_key_field: ("nats_msg_id", "boolean"),
     embedded: false,
@@ -104,7 +106,34 @@ pub struct Nats {
     pub nodes: usize,
 }
 
-fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination>, Located> {
+own_fields! {
+    /// NATS's own fields of `destination:`.
+    struct NatsFields {
+        /// The stream's duplicate window (default: the longest outage plus the longest
+        /// backoff, at least 2 min).
+        #[schemars(with = "Option<crate::units::Dur>")]
+        duplicate_window: Option<Spanned<crate::units::Dur>>,
+        /// A cluster of this many nodes (routes between them, one proxy link each, named
+        /// `nats-1` …). Default 1.
+        #[schemars(with = "Option<usize>")]
+        nodes: Option<Spanned<usize>>,
+        /// The JetStream stream that stores the subject (default `DRILL`).
+        #[schemars(with = "Option<String>")]
+        stream: Option<Spanned<String>>,
+        /// `runtime: external`: the servers (`host:port` each; several make a cluster).
+        #[schemars(with = "Option<Vec<String>>")]
+        servers: Option<Vec<Spanned<String>>>,
+    }
+}
+
+fn validate(section: &Section) -> Result<Own, Located> {
+    let raw: NatsFields = section.own()?;
+    let hosts: Vec<_> = raw.servers.iter().flatten().collect();
+    let written = raw
+        .servers
+        .as_ref()
+        .map(|s| s.first().map_or(section.anchor(), |h| &h.referenced));
+    let external = section.external(written, &hosts)?;
     let mut nodes = match &raw.nodes {
         None => 1,
         Some(n) if n.value == 0 || n.value > 5 => {
@@ -115,7 +144,7 @@ fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination
         }
         Some(n) => n.value,
     };
-    if let Some(e) = &common.external {
+    if let Some(e) = &external {
         if let Some(n) = &raw.nodes {
             return Err(at(
                 &n.referenced,
@@ -130,14 +159,15 @@ fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination
         }
         nodes = e.addresses.len();
     }
-    Ok(Arc::new(Nats {
+    let imp = Arc::new(Nats {
         stream: raw
             .stream
             .as_ref()
             .map_or_else(|| "DRILL".to_string(), |s| s.value.clone()),
         duplicate_window: raw.duplicate_window.as_ref().map(|w| w.value.0),
         nodes,
-    }))
+    });
+    Ok(Own { imp, external })
 }
 
 impl Nats {

@@ -39,9 +39,10 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::{
-    Common, DestError, Destination, Entry, Kind, Provision, Provisioned, RawDestination, ReadBack,
-    ReaderSpec, Running, Shape,
+    DestError, Destination, Entry, Kind, Own, Provision, Provisioned, RawReadBack, ReadBack,
+    ReaderSpec, Running, Section, Shape,
 };
+use serde_saphyr::Spanned;
 use crate::located::{Located, at};
 use crate::promise::Promise;
 use crate::verify::WriteKeyPlace;
@@ -57,8 +58,9 @@ pub const WRITE_KEY: &str = "write_key";
 pub static ENTRY: Entry = Entry {
     name: "postgres",
     sink: &sink::PostgresSink,
-    fields: &["read_back"],
-    external_field: ("dsn_env", "DATABASE_URL"),
+    fields: <PostgresFields as schemars::JsonSchema>::json_schema,
+    tls: false,
+    external_field: Some(("dsn_env", "DATABASE_URL")),
     sasl_mechanisms: &[],
     write_key_field: ("postgres_column", "string"),
     embedded: false,
@@ -203,11 +205,28 @@ fn plain_name(s: &str) -> bool {
         && s.len() <= 63
 }
 
-fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination>, Located> {
-    let table = raw.topic.as_deref().unwrap_or("drill_records");
+own_fields! {
+    /// PostgreSQL's own fields of `destination:`.
+    struct PostgresFields {
+        /// `runtime: external`: the NAME of the environment variable holding the connection
+        /// string (`postgres://user:password@host:5432/db`) — never the string itself.
+        #[schemars(with = "Option<String>")]
+        dsn_env: Option<Spanned<String>>,
+        /// `{ sql: QUERY }`: a query over the table a user's engine writes (`select * from
+        /// readings`); drill finds the ids in any text or JSON column of each row it returns,
+        /// and times a row by its `stored_at` column when it has one.
+        #[schemars(with = "Option<RawReadBack>")]
+        read_back: Option<Spanned<RawReadBack>>,
+    }
+}
+
+fn validate(section: &Section) -> Result<Own, Located> {
+    let raw: PostgresFields = section.own()?;
+    let common_external = section.external_elsewhere(raw.dsn_env.as_ref().map(|d| &d.referenced))?;
+    let table = section.topic().unwrap_or("drill_records");
     if !plain_name(table) {
         return Err(at(
-            &raw.kind.referenced,
+            section.anchor(),
             format!(
                 "field `destination.topic`: `{table}` is not a plain table name (lower-case letters, digits and _, at most 63)"
             ),
@@ -227,9 +246,10 @@ fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination
             }
         },
     };
-    let external = match (&raw.dsn_env, &common.external) {
+    let external = match (&raw.dsn_env, &common_external) {
         (Some(name), Some(ext)) => {
-            if let Some(c) = raw
+            if let Some(c) = section
+                .shared
                 .credentials
                 .as_ref()
                 .filter(|_| !ext.credentials.is_empty())
@@ -262,11 +282,14 @@ fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination
         }
         _ => None,
     };
-    Ok(Arc::new(Postgres {
-        table: table.to_string(),
-        external,
-        query,
-    }))
+    Ok(Own {
+        imp: Arc::new(Postgres {
+            table: table.to_string(),
+            external,
+            query,
+        }),
+        external: common_external,
+    })
 }
 
 impl Destination for Postgres {

@@ -29,9 +29,10 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::{
-    Common, DestError, Destination, Entry, Kind, Provision, Provisioned, RawDestination, ReadBack,
-    ReaderSpec, Running, Shape,
+    DestError, Destination, Entry, Kind, Own, Provision, Provisioned, RawReadBack, ReadBack,
+    ReaderSpec, Running, Section, Shape,
 };
+use serde_saphyr::Spanned;
 use crate::engine::OutputConfig;
 use crate::located::{Located, at};
 use crate::promise::Promise;
@@ -92,8 +93,9 @@ pub fn sd_place(id: &str, param: &str) -> WriteKeyPlace {
 pub static ENTRY: Entry = Entry {
     name: "syslog",
     sink: &sink::SyslogSink,
-    fields: &["transport", "read_back"],
-    external_field: ("address", "logs.site.local:2514"),
+    fields: <SyslogFields as schemars::JsonSchema>::json_schema,
+    tls: false,
+    external_field: Some(("address", "logs.site.local:2514")),
     sasl_mechanisms: &[],
     write_key_field: ("syslog_sd", "object"),
     embedded: false,
@@ -124,7 +126,27 @@ pub struct Syslog {
     pub read_back: Option<PathBuf>,
 }
 
-fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination>, Located> {
+own_fields! {
+    /// Syslog's own fields of `destination:`.
+    struct SyslogFields {
+        /// How messages reach the receiver, `relp` (default), `tcp` or `udp`.
+        #[schemars(with = "Option<String>")]
+        transport: Option<Spanned<String>>,
+        /// `runtime: external`: the receiver (`host:port`).
+        #[schemars(with = "Option<String>")]
+        address: Option<Spanned<String>>,
+        /// `runtime: external`: `{ file: PATH }`, a file the receiver writes every message
+        /// to, one per line, that drill can read while the drill runs (drill follows it from
+        /// its end at the start).
+        #[schemars(with = "Option<RawReadBack>")]
+        read_back: Option<Spanned<RawReadBack>>,
+    }
+}
+
+fn validate(section: &Section) -> Result<Own, Located> {
+    let raw: SyslogFields = section.own()?;
+    let written = raw.address.as_ref().map(|a| &a.referenced);
+    let external = section.external(written, &raw.address.iter().collect::<Vec<_>>())?;
     let transport = match &raw.transport {
         None => Transport::Relp,
         Some(t) => Transport::parse(&t.value).ok_or_else(|| {
@@ -137,7 +159,7 @@ fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination
             )
         })?,
     };
-    let read_back = match (&raw.read_back, &common.external) {
+    let read_back = match (&raw.read_back, &external) {
         (Some(r), None) => {
             return Err(at(
                 &r.referenced,
@@ -155,16 +177,19 @@ fn validate(raw: &RawDestination, common: &Common) -> Result<Arc<dyn Destination
         },
         (None, Some(_)) => {
             return Err(at(
-                &raw.kind.referenced,
+                section.anchor(),
                 "field `destination.read_back`: an external syslog receiver needs a file drill can read, e.g. read_back: { file: /var/log/drill/received.log } (one message per line)".to_string(),
             ));
         }
         (None, None) => None,
     };
-    Ok(Arc::new(Syslog {
-        transport,
-        read_back,
-    }))
+    Ok(Own {
+        imp: Arc::new(Syslog {
+            transport,
+            read_back,
+        }),
+        external,
+    })
 }
 
 impl Destination for Syslog {
