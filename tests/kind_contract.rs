@@ -9,7 +9,11 @@
 //!   beyond what the promise allows (`duplicates: 0`; a probe carrying a record leaves a
 //!   keyless copy at each reconnect);
 //! - an unanswered write ends `possibly_sent` (attempts counted so), where the kind's engine
-//!   output ends attempts on its answer timeout.
+//!   output ends attempts on its answer timeout;
+//! - a bypass is judged: the same drill with the engine pointed at the broker itself, around
+//!   its link (`DRILL_TEST_ENGINE_AROUND_PROXY`, feature `test-hooks`), is inconclusive (exit
+//!   1) and its headline says the engine's traffic bypassed the proxy: by arrival times during
+//!   the refusals, or by the link's tap seeing none of the records that arrived.
 //!
 //! A kind added to the `kinds!` list without a line here fails
 //! `every_kind_has_a_contract_line`.
@@ -89,7 +93,7 @@ drain_timeout: 60s
     let ran = run_drill_with(&file, &name, &[], env);
     let (ledger, attempts) = (&ran.report["ledger"], &ran.report["attempts"]);
     println!(
-        "{kind}: exit {:?}, held {}, delivered {}, lost {}, unexpected {}, duplicates {} (beyond the promise {}), possibly sent {}",
+        "{kind}: exit {:?}, held {}, delivered {}, lost {}, unexpected {}, duplicates {} (beyond the promise {}), possibly sent {}; {}",
         ran.output.status.code(),
         ledger["held"],
         ledger["delivered"],
@@ -98,6 +102,7 @@ drain_timeout: 60s
         ledger["duplicates"],
         ledger["duplicates_beyond_promise"],
         attempts["possibly_sent"],
+        ran.report["headline"].as_str().unwrap_or_default(),
     );
     ran
 }
@@ -131,6 +136,21 @@ fn keeps_the_contract(kind: &str) {
     } else {
         assert_eq!(possibly_sent, 0, "{kind}: {attempts}");
     }
+    let Ran {
+        output: o, report, ..
+    } = drill_of(kind, &[("DRILL_TEST_ENGINE_AROUND_PROXY", "1")]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{kind} around the proxy: {}",
+        show(&o)
+    );
+    assert_eq!(report["verdict"], "fail", "{kind} around the proxy");
+    let headline = report["headline"].as_str().unwrap_or_default();
+    assert!(
+        headline.starts_with("Inconclusive: ") && headline.contains("bypassed"),
+        "{kind} around the proxy: {headline}"
+    );
 }
 
 /// The failure the contract drill prevents: an MQTT engine whose probe carries the oldest

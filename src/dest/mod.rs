@@ -38,7 +38,8 @@
 //! 4. A line in `tests/kind_contract.rs` (it fails until there is one): a drill of drill's
 //!    engine on the kind's real broker, answers swallowed then the link refused, that shows
 //!    the guarantees of step 3 (read from before the first record, nothing lost, no probe
-//!    copy, unanswered attempts `possibly_sent`); and a probe test in
+//!    copy, unanswered attempts `possibly_sent`) and, run again with the engine around the
+//!    link, that a bypass is judged; and a probe test in
 //!    `tests/probes_write_nothing.rs`.
 //! 5. What then runs on it by itself: every catalogue drill whose `destination.kind` names
 //!    it, the selftest's mutants on those drills (`drill selftest`), and `drill bench engine`

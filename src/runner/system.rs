@@ -54,6 +54,10 @@ pub(super) async fn start_system(
 fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfig {
     let e = &plan.engine;
     let d = &plan.destination;
+    let engine_addr = match (around_the_proxy(), rig.running.addrs.first()) {
+        (true, Some(broker)) => *broker,
+        _ => rig.engine_addr(),
+    };
     let mut output = OutputConfig {
         promise: e.promise,
         order: e.order,
@@ -64,14 +68,17 @@ fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfi
             max: e.refusals.0,
             backoff: [DurText(e.refusals.1), DurText(e.refusals.2)],
         }),
-        more_addresses: rig.links.iter().skip(1).map(Link::listen_addr).collect(),
+        more_addresses: match around_the_proxy() {
+            true => rig.running.addrs.iter().skip(1).copied().collect(),
+            false => rig.links.iter().skip(1).map(Link::listen_addr).collect(),
+        },
         credentials: d
             .external
             .as_ref()
             .map(|x| x.credentials.clone())
             .unwrap_or_default(),
         tls: rig.running.access.tls.clone(),
-        ..OutputConfig::new(d.kind.name(), &d.link_name(), rig.engine_addr(), &d.topic)
+        ..OutputConfig::new(d.kind.name(), &d.link_name(), engine_addr, &d.topic)
     };
     d.imp.output_options(&mut output);
     EngineConfig {
@@ -80,6 +87,13 @@ fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfi
         outputs: vec![output],
         disk: Default::default(),
     }
+}
+
+/// Test builds (feature `test-hooks`): `DRILL_TEST_ENGINE_AROUND_PROXY` set points drill's
+/// engine at the broker itself instead of its links, an engine that goes around the proxy,
+/// which every kind's drill must catch (`tests/kind_contract.rs`). Never in a release.
+fn around_the_proxy() -> bool {
+    cfg!(feature = "test-hooks") && std::env::var_os("DRILL_TEST_ENGINE_AROUND_PROXY").is_some()
 }
 
 /// A user's engine: a free port for every `{port.NAME}`, every placeholder's value, started.
