@@ -12,8 +12,8 @@
 //!   output ends attempts on its answer timeout;
 //! - a bypass is judged: the same drill with the engine pointed at the broker itself, around
 //!   its link (`DRILL_TEST_ENGINE_AROUND_PROXY`, feature `test-hooks`), is inconclusive (exit
-//!   1) and its headline says the engine's traffic bypassed the proxy: by arrival times during
-//!   the refusals, or by the link's tap seeing none of the records that arrived.
+//!   code 1) and its headline says the engine's traffic bypassed the proxy: by arrival times
+//!   during the refusals, or by the link's tap seeing none of the records that arrived.
 //!
 //! A kind added to the `kinds!` list without a line here fails
 //! `every_kind_has_a_contract_line`.
