@@ -20,6 +20,7 @@ pub mod credentials;
 pub mod dest;
 pub mod diff;
 pub mod engine;
+pub mod explore;
 pub mod located;
 pub mod powerfs;
 pub mod process;
