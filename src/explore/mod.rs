@@ -13,6 +13,7 @@
 //! timeline with `drill run`'s runner, the report (docs/src/design.md marks explore planned).
 
 pub mod generate;
+pub mod menu;
 pub mod shrink;
 pub mod timeline;
 

@@ -1,0 +1,309 @@
+//! The base scenario explore starts from, and its [`Menu`]: every fault of drill's vocabulary
+//! that `drill check` accepts on this scenario's links and targets. Nothing is decided here
+//! about what a scenario allows: each choice is kept only when the real validator
+//! ([`scenario::parse`]) takes it, and every timeline explore runs is the base's text with its
+//! `faults:` (and the workload's `duration`) replaced, validated again ([`Base::plan`]).
+
+use std::path::{Path, PathBuf};
+
+use super::generate;
+use super::timeline::{Choice, Menu, Timeline};
+use crate::scenario::{self, Plan, ScenarioError};
+use crate::units::Dur;
+
+/// The base scenario: its text without `faults:`, and what that validates to.
+#[derive(Debug, Clone)]
+pub struct Base {
+    pub path: PathBuf,
+    /// The scenario's text with its `faults:` section taken out.
+    text: String,
+    pub plan: Plan,
+}
+
+/// Timelines the validator refuses are made again from the next stream, at most this often.
+const REMAKES: u64 = 32;
+
+impl Base {
+    /// The scenario at `path`, its own faults removed: explore makes its own.
+    pub fn load(path: &Path) -> Result<Base, ScenarioError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Base::from_text(path, &text)
+    }
+
+    /// As [`Base::load`], from the text of the file at `path`.
+    pub fn from_text(path: &Path, text: &str) -> Result<Base, ScenarioError> {
+        let text = without_block(text, "faults");
+        let plan = scenario::parse(path, &text)?;
+        Ok(Base {
+            path: path.to_path_buf(),
+            text,
+            plan,
+        })
+    }
+
+    /// The scenario text of `timeline`: the base's, with its faults and workload duration.
+    pub fn scenario(&self, timeline: &Timeline, menu: &Menu) -> String {
+        let mut text = with_duration(&self.text, timeline.workload_ms);
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&timeline.yaml(menu));
+        text
+    }
+
+    /// What `timeline` validates to, as `drill run` would read it.
+    pub fn plan(&self, timeline: &Timeline, menu: &Menu) -> Result<Plan, ScenarioError> {
+        scenario::parse(&self.path, &self.scenario(timeline, menu))
+    }
+
+    /// Every choice of drill's fault vocabulary that the validator takes on this scenario, one
+    /// fault at a time.
+    pub fn menu(&self) -> Menu {
+        let workload_ms = self.plan.workload.duration.as_millis() as u64;
+        let mut menu = Menu {
+            choices: Vec::new(),
+            workload_ms,
+        };
+        for choice in vocabulary(&self.plan) {
+            let one = Menu {
+                choices: vec![choice.clone()],
+                workload_ms,
+            };
+            let fault = super::timeline::Fault {
+                at_ms: 1_000,
+                choice: 0,
+                len_ms: choice.length.map(|_| 2_000),
+            };
+            if self
+                .plan(&Timeline::new(vec![fault], workload_ms), &one)
+                .is_ok()
+            {
+                menu.choices.push(choice);
+            }
+        }
+        menu
+    }
+
+    /// Timeline `i` of `seed`: the generator's, made again from the next stream while the
+    /// validator refuses it (faults that may not overlap, a drain too short), at most
+    /// [`REMAKES`] times; `None` when every remake was refused.
+    pub fn timeline(&self, seed: u64, i: u64, menu: &Menu) -> Option<Timeline> {
+        (0..REMAKES)
+            .map(|k| generate::timeline(seed.wrapping_add(k.wrapping_mul(0x9E37_79B9)), i, menu))
+            .find(|t| self.plan(t, menu).is_ok())
+    }
+}
+
+/// drill's fault vocabulary for `plan`'s links and targets, before the validator prunes it.
+fn vocabulary(plan: &Plan) -> Vec<Choice> {
+    let mut out = Vec::new();
+    let mut add = |fields: String, length: Option<&'static str>, family: &str| {
+        out.push(Choice {
+            fields,
+            length,
+            family: family.to_string(),
+        });
+    };
+    for link in plan.destination.link_names() {
+        let l = format!("link: {link}");
+        add(format!("{l}, fault: refuse"), Some("for"), "link refuse");
+        add(format!("{l}, fault: reset"), Some("for"), "link reset");
+        for d in ["downstream", "upstream", "both"] {
+            add(
+                format!("{l}, fault: swallow, direction: {d}"),
+                Some("for"),
+                "link swallow",
+            );
+        }
+        add(format!("{l}, fault: hang"), Some("for"), "link hang");
+        add(
+            format!("{l}, fault: blackhole"),
+            Some("for"),
+            "link blackhole",
+        );
+        add(format!("{l}, fault: strand"), None, "link strand");
+        add(
+            format!("{l}, fault: delay, direction: downstream, latency: 500ms"),
+            Some("for"),
+            "link delay",
+        );
+        add(
+            format!("{l}, fault: loss, direction: upstream, loss: 0.3"),
+            Some("for"),
+            "link loss",
+        );
+    }
+    for action in ["kill", "stop", "power_cut"] {
+        add(
+            format!("target: engine, action: {action}"),
+            Some("restart_after"),
+            &format!("engine {action}"),
+        );
+    }
+    add(
+        "target: engine, action: power_cut, torn: true".into(),
+        Some("restart_after"),
+        "engine power_cut",
+    );
+    add(
+        "target: engine, action: fill_disk".into(),
+        Some("for"),
+        "engine fill_disk",
+    );
+    for action in ["kill", "crash", "pause"] {
+        add(
+            format!("target: broker, action: {action}"),
+            Some("restart_after"),
+            &format!("broker {action}"),
+        );
+    }
+    add(
+        "target: proxy, action: restart".into(),
+        Some("down_for"),
+        "proxy restart",
+    );
+    add(
+        "target: destination, answer: 503".into(),
+        Some("for"),
+        "destination answer",
+    );
+    add(
+        "target: destination, answer_after: 5s".into(),
+        Some("for"),
+        "destination answer",
+    );
+    out
+}
+
+/// `text` without the top-level block of `key` (its line and every line under it: indented,
+/// blank, a comment or a sequence item).
+fn without_block(text: &str, key: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut inside = false;
+    for line in text.split_inclusive('\n') {
+        let top = line
+            .chars()
+            .next()
+            .is_some_and(|c| !c.is_whitespace() && c != '#' && c != '-');
+        if top {
+            inside = line
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with(':'));
+        }
+        if !inside {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
+/// `text` with the workload's `duration:` set to `ms`.
+fn with_duration(text: &str, ms: u64) -> String {
+    let duration = Dur(std::time::Duration::from_millis(ms)).to_string();
+    let mut out = String::with_capacity(text.len());
+    let mut inside = false;
+    let mut done = false;
+    let re = regex_lite::Regex::new(r#"(\bduration:\s*)("[^"]*"|'[^']*'|[^,}\s]+)"#)
+        .expect("a valid pattern");
+    for line in text.split_inclusive('\n') {
+        let top = line
+            .chars()
+            .next()
+            .is_some_and(|c| !c.is_whitespace() && c != '#' && c != '-');
+        if top {
+            inside = line
+                .strip_prefix("workload")
+                .is_some_and(|rest| rest.trim_start().starts_with(':'));
+        }
+        if inside && !done && re.is_match(line) {
+            out.push_str(&re.replace(line, |c: &regex_lite::Captures| {
+                format!("{}{duration}", &c[1])
+            }));
+            done = true;
+        } else {
+            out.push_str(line);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "name: base
+# a comment that stays
+destination: { kind: mqtt, runtime: process, topic: drill/base }
+workload: { rate: 50/s, duration: 20s, keys: 4 }
+faults:
+  - { at: 3s, link: mqtt, fault: swallow, for: 5s }
+- { at: 9s, link: mqtt, fault: refuse, for: 2s }
+expect: { lost: 0, duplicates: 0, ledger: closes }
+drain_timeout: 60s
+";
+
+    fn base() -> Base {
+        Base::from_text(Path::new("base.yaml"), BASE).unwrap()
+    }
+
+    #[test]
+    fn the_base_keeps_everything_but_its_faults() {
+        let b = base();
+        assert!(b.plan.faults.is_empty());
+        assert!(b.text.contains("# a comment that stays"));
+        assert!(b.text.contains("expect: { lost: 0"));
+        assert!(!b.text.contains("fault: "));
+        assert!(with_duration(&b.text, 7_500).contains("duration: 7500ms, keys: 4"));
+        let block = "workload:\n  rate: 50/s\n  duration: \"20s\"\nexpect: { drain_within: 9s }\n";
+        assert_eq!(
+            with_duration(block, 5_000),
+            "workload:\n  rate: 50/s\n  duration: 5s\nexpect: { drain_within: 9s }\n"
+        );
+    }
+
+    #[test]
+    fn the_menu_is_what_the_validator_takes_on_the_scenario() {
+        let b = base();
+        let menu = b.menu();
+        let families = menu.families();
+        for f in [
+            "link refuse",
+            "link swallow",
+            "link hang",
+            "link strand",
+            "engine kill",
+            "broker kill",
+            "proxy restart",
+        ] {
+            assert!(families.contains(&f), "{f} missing from {families:?}");
+        }
+        // A stream link carries no datagram loss, and drill hosts no MQTT broker's answers.
+        assert!(!families.contains(&"link loss"), "{families:?}");
+        assert!(!families.contains(&"destination answer"), "{families:?}");
+        assert_eq!(menu.workload_ms, 20_000);
+    }
+
+    #[test]
+    fn every_timeline_explore_runs_is_one_drill_check_accepts() {
+        let b = base();
+        let menu = b.menu();
+        let mut first_try = 0;
+        for i in 0..150 {
+            let t = b
+                .timeline(3, i, &menu)
+                .expect("a valid timeline within the remakes");
+            let plan = b.plan(&t, &menu).unwrap();
+            assert_eq!(plan.faults.len(), t.faults.len());
+            first_try += usize::from(t == generate::timeline(3, i, &menu));
+        }
+        eprintln!(
+            "{} choices in {} families; {first_try} of 150 timelines valid as generated",
+            menu.choices.len(),
+            menu.families().len()
+        );
+        assert!(first_try >= 75, "{first_try} of 150 valid as generated");
+    }
+}
