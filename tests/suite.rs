@@ -20,6 +20,7 @@ mod engine_nats;
 mod engine_outputs;
 mod engine_refusals;
 mod examples;
+mod explore;
 mod external;
 mod http;
 mod init;

@@ -113,6 +113,9 @@ enum Command {
     /// Compare two runs' reports (a pull request's against main's): verdict, lost, duplicates
     /// beyond the promise, reordered, recovery and drain per fault, peak delivery, with the change.
     Diff(super::diff::Flags),
+    /// Run generated fault timelines over a scenario (its faults replaced) until one fails,
+    /// save it as failing-N.yaml, shrink it to minimal-N.yaml, and write explore.md.
+    Explore(super::explore::Flags),
     /// Write a commented starter drill for your own engine (a half-open link, a SIGKILL
     /// mid-outage, a refused link), drills/README.md and with --ci the GitHub workflow. Without
     /// flags on a terminal it asks.
@@ -325,6 +328,9 @@ async fn dispatch(command: Command) -> u8 {
             super::selftest::run(flags, cancel).await
         }
         Command::Diff(flags) => super::diff::run(flags),
+        Command::Explore(flags) => tokio::task::spawn_blocking(move || super::explore::run(flags))
+            .await
+            .unwrap_or(super::INFRASTRUCTURE),
         Command::Init(flags) => super::init::init(flags),
         Command::Check { files } => super::check::check(&files),
         Command::Schema => super::check::schema(),

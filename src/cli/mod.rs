@@ -8,6 +8,7 @@
 pub mod check;
 mod command;
 pub mod diff;
+pub mod explore;
 pub mod init;
 pub mod merge;
 pub mod run;

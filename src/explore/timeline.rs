@@ -108,24 +108,47 @@ impl Timeline {
         out
     }
 
-    /// In words, one fault a line: `3.5 s link mqtt refuse for 2 s`.
+    /// In words, one fault a line: `at 3.5 s: link mqtt refuse, for 2 s`.
     pub fn words(&self, menu: &Menu) -> Vec<String> {
         self.faults
             .iter()
             .map(|f| {
                 let choice = &menu.choices[f.choice];
-                match f.len_ms {
-                    Some(len) => format!(
-                        "{} {} {} {}",
-                        ms(f.at_ms),
-                        choice.fields,
-                        choice.length.unwrap_or("for"),
-                        ms(len)
+                let what = words(&choice.fields);
+                match (choice.length, f.len_ms) {
+                    (Some(field), Some(len)) => format!(
+                        "at {}: {what}, {} {}",
+                        seconds(f.at_ms),
+                        field.replace('_', " "),
+                        seconds(len)
                     ),
-                    None => format!("{} {}", ms(f.at_ms), choice.fields),
+                    _ => format!("at {}: {what}", seconds(f.at_ms)),
                 }
             })
             .collect()
+    }
+}
+
+/// A choice's fields in words: `link: mqtt, fault: swallow, direction: upstream` → `link mqtt
+/// swallow upstream`, `target: engine, action: kill` → `engine kill`.
+fn words(fields: &str) -> String {
+    fields
+        .split(", ")
+        .map(|kv| match kv.split_once(": ") {
+            Some(("fault" | "action" | "direction" | "target", v)) => v.to_string(),
+            Some((k, v)) => format!("{} {v}", k.replace('_', " ")),
+            None => kv.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Milliseconds in seconds for a reader: `2.7 s`, `18 s`.
+fn seconds(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{} s", ms / 1000)
+    } else {
+        format!("{:.1} s", ms as f64 / 1000.0)
     }
 }
 
@@ -178,6 +201,13 @@ mod tests {
             "faults:\n  - { at: 3500ms, link: mqtt, fault: refuse, for: 2s }\n  - { at: 21s, link: mqtt, fault: strand, after_workload: true }\n"
         );
         assert_eq!(t.size(), (2, 2_000, 20_000));
+        assert_eq!(
+            t.words(&menu()),
+            [
+                "at 3.5 s: link mqtt refuse, for 2 s",
+                "at 21 s: link mqtt strand"
+            ]
+        );
         assert_eq!(t.healed_ms(), 21_000);
         assert_eq!(Timeline::new(vec![], 5_000).yaml(&menu()), "faults: []\n");
     }

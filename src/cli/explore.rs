@@ -1,0 +1,587 @@
+//! `drill explore SCENARIO`: run generated fault timelines over a scenario until one fails,
+//! save it, shrink it, and write what was found (`crate::explore` holds the pure parts).
+//!
+//! Each timeline is a scenario file of its own (`runs/<i>.yaml`, the base with its faults
+//! replaced) run by a `drill run` child, exactly as a user would run it, its `report.json`
+//! read back ([`crate::explore::judge`]). An infrastructure failure (exit 3) is run once more
+//! and never reported as a finding. A failure is written at once as `failing-<n>.yaml`, then
+//! shrunk to `minimal-<n>.yaml`; `explore.json` and `explore.md` are written after every
+//! finding and at the end, so an explore stopped at any point leaves what it found.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::{FAIL, INFRASTRUCTURE, INVALID, PASS};
+use crate::explore::menu::Base;
+use crate::explore::shrink::{self, Failed, Found, Outcome, Settings, Stop};
+use crate::explore::{Menu, Timeline, judge};
+use crate::units::Dur;
+
+/// The longest workload explore takes: every run plays it, and shrinking plays it many times.
+const LONGEST_WORKLOAD: Duration = Duration::from_secs(30);
+
+#[derive(clap::Args)]
+pub struct Flags {
+    /// The base scenario: its destination, system, workload and expectations are kept, its
+    /// faults replaced by generated ones.
+    pub scenario: PathBuf,
+    /// How long to explore (runs started after it are not started).
+    #[arg(long, default_value = "30m", value_parser = Dur::parse)]
+    pub budget: Dur,
+    /// At most this many timelines.
+    #[arg(long)]
+    pub runs: Option<u64>,
+    /// Drills run side by side (each with its own brokers and ports).
+    #[arg(long, default_value_t = 1)]
+    pub jobs: usize,
+    /// The seed of the timelines (default: the scenario's).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// How long to shrink each failure.
+    #[arg(long, default_value = "20m", value_parser = Dur::parse)]
+    pub shrink_budget: Dur,
+    /// Runs a shrink candidate must pass before it counts as passing.
+    #[arg(long, default_value_t = 2)]
+    pub shrink_retries: usize,
+    /// Reruns of each minimal timeline ("reproduces k/K").
+    #[arg(long, default_value_t = 3)]
+    pub reproduce: usize,
+    /// Where it writes (default reports/explore/<scenario name>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Run timeline N of the seed once, and nothing else.
+    #[arg(long)]
+    pub replay: Option<u64>,
+}
+
+/// One timeline run, as `explore.json` lists it.
+#[derive(Debug, Clone, Serialize)]
+struct RunLog {
+    /// `12` (timeline 12 of the seed), `failing-1`, `shrink-1-7`, `minimal-1-r2`.
+    label: String,
+    faults: Vec<String>,
+    workload_ms: u64,
+    outcome: String,
+    /// Timing rows it failed: reported, not judged.
+    timing: Vec<String>,
+    took_s: f64,
+}
+
+/// A failure found and what shrinking made of it.
+#[derive(Debug, Clone, Serialize)]
+struct Finding {
+    n: usize,
+    failed: Vec<String>,
+    /// The timeline that found it (`None`: met while shrinking another).
+    found_by: Option<u64>,
+    found_after_s: f64,
+    before: Vec<String>,
+    before_size: (usize, u64, u64),
+    /// What became of it: flaky, shrunk (with why it stopped), or not shrunk yet.
+    status: String,
+    minimal: Vec<String>,
+    minimal_size: Option<(usize, u64, u64)>,
+    shrink_runs: usize,
+    reproduced: Option<(usize, usize)>,
+    failing_file: String,
+    minimal_file: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Explored {
+    version: &'static str,
+    scenario: String,
+    seed: u64,
+    budget_s: u64,
+    jobs: usize,
+    took_s: f64,
+    runs: usize,
+    /// Runs neither passed nor failed (exit 2 or 3, inconclusive, a fault not applied).
+    unresolved: usize,
+    /// Of those, infrastructure failures (exit 3), each run once more.
+    infrastructure: usize,
+    runs_per_hour: f64,
+    findings: Vec<Finding>,
+    log: Vec<RunLog>,
+}
+
+pub fn run(flags: Flags) -> u8 {
+    let base = match Base::load(&flags.scenario) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("drill explore: {e}");
+            return INVALID;
+        }
+    };
+    if base.plan.workload.duration > LONGEST_WORKLOAD {
+        eprintln!(
+            "drill explore: {}: the workload runs {}; explore plays every timeline and every shrink candidate in full, so it takes workloads of at most 30s: write `duration: 30s` or less in a copy of the drill",
+            flags.scenario.display(),
+            Dur(base.plan.workload.duration)
+        );
+        return INVALID;
+    }
+    let menu = base.menu();
+    if menu.choices.is_empty() {
+        eprintln!(
+            "drill explore: {}: drill check accepts no fault on this scenario's links and targets",
+            flags.scenario.display()
+        );
+        return INVALID;
+    }
+    let out = flags
+        .out
+        .clone()
+        .unwrap_or_else(|| Path::new("reports/explore").join(&base.plan.name));
+    if let Err(e) = std::fs::create_dir_all(out.join("runs")) {
+        eprintln!("drill explore: {}: {e}", out.display());
+        return INFRASTRUCTURE;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("drill explore: the drill binary: {e}");
+            return INFRASTRUCTURE;
+        }
+    };
+    let seed = flags.seed.unwrap_or(base.plan.seed);
+    let mut x = Explorer {
+        runner: Runner {
+            exe,
+            out: out.clone(),
+            base,
+            menu,
+        },
+        flags,
+        seed,
+        started: Instant::now(),
+        log: Vec::new(),
+        findings: Vec::new(),
+        unresolved: 0,
+        infrastructure: 0,
+    };
+    eprintln!(
+        "drill explore: {} choices of fault in {} families; seed {seed}; writing {}",
+        x.runner.menu.choices.len(),
+        x.runner.menu.families().len(),
+        out.display()
+    );
+    if let Some(i) = x.flags.replay {
+        return x.replay(i);
+    }
+    x.explore();
+    x.write();
+    eprintln!();
+    let (runs, findings) = (x.log.len(), x.findings.len());
+    println!(
+        "drill explore: {runs} runs in {:.0} s, {findings} finding(s), {} unresolved; {}",
+        x.started.elapsed().as_secs_f64(),
+        x.unresolved,
+        out.join("explore.md").display()
+    );
+    match (findings, runs) {
+        (0, r) if r > 0 && x.infrastructure == r => INFRASTRUCTURE,
+        (0, _) => PASS,
+        _ => FAIL,
+    }
+}
+
+/// Runs timelines as `drill run` children.
+struct Runner {
+    exe: PathBuf,
+    out: PathBuf,
+    base: Base,
+    menu: Menu,
+}
+
+impl Runner {
+    /// Runs `batch` side by side; each `(label, timeline)` gets `runs/<label>.yaml` and its
+    /// own report folder. An exit 3 is run once more.
+    fn run(&self, batch: &[(String, Timeline)]) -> Vec<(Outcome, RunLog, bool)> {
+        let first = self.run_once(batch);
+        let again: Vec<usize> = (0..batch.len())
+            .filter(|&i| first[i].3 == Some(3))
+            .collect();
+        let retried = self.run_once(&again.iter().map(|&i| batch[i].clone()).collect::<Vec<_>>());
+        let mut retried = again.into_iter().zip(retried).collect::<BTreeMap<_, _>>();
+        first
+            .into_iter()
+            .enumerate()
+            .map(|(i, run)| {
+                let (outcome, log, _, exit) = retried.remove(&i).unwrap_or(run);
+                (outcome, log, exit == Some(3))
+            })
+            .collect()
+    }
+
+    fn run_once(&self, batch: &[(String, Timeline)]) -> Vec<(Outcome, RunLog, f64, Option<i32>)> {
+        let started = Instant::now();
+        let children: Vec<_> = batch
+            .iter()
+            .map(|(label, t)| self.spawn(label, t))
+            .collect();
+        batch
+            .iter()
+            .zip(children)
+            .map(|((label, t), child)| {
+                let exit = child.and_then(|mut c| c.wait().ok()).and_then(|s| s.code());
+                let report = std::fs::read_to_string(
+                    self.out
+                        .join("runs")
+                        .join(label)
+                        .join(&self.base.plan.name)
+                        .join("report.json"),
+                )
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+                let outcome = judge::outcome(exit, report.as_ref(), t.faults.len());
+                let took_s = started.elapsed().as_secs_f64();
+                let log = RunLog {
+                    label: label.clone(),
+                    faults: t.words(&self.menu),
+                    workload_ms: t.workload_ms,
+                    outcome: said(&outcome),
+                    timing: report
+                        .as_ref()
+                        .map(judge::timing_failed)
+                        .unwrap_or_default(),
+                    took_s: (took_s * 10.0).round() / 10.0,
+                };
+                (outcome, log, took_s, exit)
+            })
+            .collect()
+    }
+
+    fn spawn(&self, label: &str, t: &Timeline) -> Option<std::process::Child> {
+        let runs = self.out.join("runs");
+        let file = runs.join(format!("{label}.yaml"));
+        std::fs::write(&file, self.base.scenario(t, &self.menu)).ok()?;
+        let log = std::fs::File::create(runs.join(format!("{label}.log"))).ok()?;
+        Command::new(&self.exe)
+            .arg("run")
+            .arg(&file)
+            .arg("--out")
+            .arg(runs.join(label))
+            .env_remove("GITHUB_STEP_SUMMARY")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().ok()?)
+            .stderr(log)
+            .spawn()
+            .ok()
+    }
+}
+
+/// An outcome in a few words.
+fn said(o: &Outcome) -> String {
+    match o {
+        Outcome::Passes => "pass".to_string(),
+        Outcome::Fails(f) => format!("fails {}", names(f)),
+        Outcome::Unresolved(why) => format!("unresolved: {why}"),
+    }
+}
+
+fn names(f: &Failed) -> String {
+    f.iter().cloned().collect::<Vec<_>>().join(", ")
+}
+
+struct Explorer {
+    runner: Runner,
+    flags: Flags,
+    seed: u64,
+    started: Instant,
+    log: Vec<RunLog>,
+    findings: Vec<Finding>,
+    unresolved: usize,
+    infrastructure: usize,
+}
+
+impl Explorer {
+    fn out_of_budget(&self) -> bool {
+        self.started.elapsed() >= self.flags.budget.0
+            || self.flags.runs.is_some_and(|r| self.log.len() as u64 >= r)
+    }
+
+    /// Runs a batch and logs it.
+    fn run(&mut self, batch: &[(String, Timeline)]) -> Vec<Outcome> {
+        let ran = self.runner.run(batch);
+        ran.into_iter()
+            .map(|(outcome, log, infra)| {
+                if matches!(outcome, Outcome::Unresolved(_)) {
+                    self.unresolved += 1;
+                }
+                self.infrastructure += usize::from(infra);
+                self.log.push(log);
+                outcome
+            })
+            .collect()
+    }
+
+    fn progress(&self, doing: &str) {
+        let minutes = self.started.elapsed().as_secs_f64() / 60.0;
+        let by: Vec<String> = self
+            .findings
+            .iter()
+            .map(|f| format!("{{{}}}", f.failed.join(", ")))
+            .collect();
+        eprint!(
+            "\rexplore: {} runs ({:.1}/min), findings: {}; {doing}\x1b[K",
+            self.log.len(),
+            self.log.len() as f64 / minutes.max(1e-9),
+            if by.is_empty() {
+                "none".to_string()
+            } else {
+                by.join(" ")
+            }
+        );
+    }
+
+    fn explore(&mut self) {
+        let mut i = 0u64;
+        while !self.out_of_budget() {
+            let jobs = self.flags.jobs.max(1) as u64;
+            let batch: Vec<(u64, Timeline)> = (i..i + jobs)
+                .filter_map(|k| {
+                    self.runner
+                        .base
+                        .timeline(self.seed, k, &self.runner.menu)
+                        .map(|t| (k, t))
+                })
+                .collect();
+            i += jobs;
+            self.progress(&format!(
+                "running timeline {}",
+                batch.first().map_or(i, |b| b.0)
+            ));
+            let labelled: Vec<(String, Timeline)> = batch
+                .iter()
+                .map(|(k, t)| (k.to_string(), t.clone()))
+                .collect();
+            let outcomes = self.run(&labelled);
+            for ((k, t), outcome) in batch.into_iter().zip(outcomes) {
+                if let Outcome::Fails(failed) = outcome
+                    && !self.findings.iter().any(|f| f.failed == to_vec(&failed))
+                {
+                    self.found(Some(k), t, failed);
+                }
+            }
+        }
+    }
+
+    /// A failure: saved at once, then shrunk, then saved again.
+    fn found(&mut self, by: Option<u64>, t: Timeline, failed: Failed) {
+        let n = self.findings.len() + 1;
+        let failing_file = format!("failing-{n}.yaml");
+        let header = format!(
+            "# drill explore {}: fails {} (timeline {} of seed {}, from {})\n",
+            env!("CARGO_PKG_VERSION"),
+            names(&failed),
+            by.map_or_else(|| "met while shrinking".to_string(), |k| k.to_string()),
+            self.seed,
+            self.flags.scenario.display()
+        );
+        let text = header + &self.runner.base.scenario(&t, &self.runner.menu);
+        let _ = std::fs::write(self.runner.out.join(&failing_file), text);
+        self.findings.push(Finding {
+            n,
+            failed: to_vec(&failed),
+            found_by: by,
+            found_after_s: self.started.elapsed().as_secs_f64().round(),
+            before: t.words(&self.runner.menu),
+            before_size: t.size(),
+            status: "not shrunk yet".to_string(),
+            minimal: Vec::new(),
+            minimal_size: None,
+            shrink_runs: 0,
+            reproduced: None,
+            failing_file,
+            minimal_file: None,
+        });
+        self.write();
+        let shrink_started = Instant::now();
+        let budget = self.flags.shrink_budget.0;
+        let settings = Settings {
+            retries: self.flags.shrink_retries,
+            jobs: self.flags.jobs.max(1),
+            reproduce: self.flags.reproduce,
+            ..Settings::default()
+        };
+        let mut k = 0;
+        let mut run = |ts: &[Timeline]| {
+            let labelled: Vec<(String, Timeline)> = ts
+                .iter()
+                .map(|t| {
+                    k += 1;
+                    (format!("shrink-{n}-{k}"), t.clone())
+                })
+                .collect();
+            self.progress(&format!(
+                "shrinking finding {n}: candidate {k}, {} fault(s)",
+                ts.first().map_or(0, |t| t.faults.len())
+            ));
+            self.run(&labelled)
+        };
+        let found = shrink::shrink(t, failed.clone(), &settings, &mut run, &mut || {
+            shrink_started.elapsed() >= budget
+        });
+        let f = &mut self.findings[n - 1];
+        f.shrink_runs = k;
+        let met: Vec<(Failed, Timeline)> = match found {
+            Found::Flaky { rerun } => {
+                f.status = format!(
+                    "flaky: the rerun did not fail the same way ({})",
+                    said(&rerun)
+                );
+                Vec::new()
+            }
+            Found::Shrunk(s) => {
+                let file = format!("minimal-{n}.yaml");
+                let header = format!(
+                    "# drill explore {}: the smallest timeline found that fails {} (shrunk from {}; reproduces {}/{})\n",
+                    env!("CARGO_PKG_VERSION"),
+                    names(&failed),
+                    f.failing_file,
+                    s.reproduced,
+                    settings.reproduce
+                );
+                let text = header + &self.runner.base.scenario(&s.minimal, &self.runner.menu);
+                let _ = std::fs::write(self.runner.out.join(&file), text);
+                f.status = match s.stop {
+                    Stop::Minimal { unresolved: 0 } => {
+                        "shrunk: no fault can be removed, shortened or moved earlier".to_string()
+                    }
+                    Stop::Minimal { unresolved } => format!(
+                        "shrunk: no candidate shrinks it ({unresolved} of the last round unresolved)"
+                    ),
+                    Stop::Budget => "shrinking stopped at --shrink-budget".to_string(),
+                    Stop::NoProgress => "shrinking stopped: 15 runs without progress".to_string(),
+                };
+                f.minimal = s.minimal.words(&self.runner.menu);
+                f.minimal_size = Some(s.minimal.size());
+                f.reproduced = Some((s.reproduced, settings.reproduce));
+                f.minimal_file = Some(file);
+                s.found
+            }
+        };
+        self.write();
+        for (other, t) in met {
+            if !self.findings.iter().any(|f| f.failed == to_vec(&other)) {
+                self.found(None, t, other);
+            }
+        }
+    }
+
+    fn replay(&mut self, i: u64) -> u8 {
+        let Some(t) = self.runner.base.timeline(self.seed, i, &self.runner.menu) else {
+            eprintln!(
+                "drill explore: timeline {i} of seed {} is one drill check refuses",
+                self.seed
+            );
+            return INVALID;
+        };
+        let outcome = self.run(&[(format!("replay-{i}"), t)]).remove(0);
+        println!("drill explore: timeline {i}: {}", said(&outcome));
+        match outcome {
+            Outcome::Passes => PASS,
+            Outcome::Fails(_) => FAIL,
+            Outcome::Unresolved(_) => INFRASTRUCTURE,
+        }
+    }
+
+    fn write(&self) {
+        let took = self.started.elapsed().as_secs_f64();
+        let explored = Explored {
+            version: env!("CARGO_PKG_VERSION"),
+            scenario: self.flags.scenario.display().to_string(),
+            seed: self.seed,
+            budget_s: self.flags.budget.0.as_secs(),
+            jobs: self.flags.jobs,
+            took_s: took.round(),
+            runs: self.log.len(),
+            unresolved: self.unresolved,
+            infrastructure: self.infrastructure,
+            runs_per_hour: (self.log.len() as f64 * 3600.0 / took.max(1.0)).round(),
+            findings: self.findings.clone(),
+            log: self.log.clone(),
+        };
+        if let Ok(json) = serde_json::to_string_pretty(&explored) {
+            let _ = std::fs::write(self.runner.out.join("explore.json"), json + "\n");
+        }
+        let _ = std::fs::write(self.runner.out.join("explore.md"), markdown(&explored));
+    }
+}
+
+fn to_vec(f: &Failed) -> Vec<String> {
+    f.iter().cloned().collect()
+}
+
+/// `explore.md`: the budget and pace, then each finding.
+fn markdown(x: &Explored) -> String {
+    let mut out = format!(
+        "# drill explore: {}\n\n{} runs in {:.0} s ({:.0} per hour; jobs {}), seed {}, budget {} s; {} unresolved ({} infrastructure failures, each run once more).\n\n",
+        x.scenario,
+        x.runs,
+        x.took_s,
+        x.runs_per_hour,
+        x.jobs,
+        x.seed,
+        x.budget_s,
+        x.unresolved,
+        x.infrastructure
+    );
+    if x.findings.is_empty() {
+        out.push_str(
+            "No finding: every resolved run passed the checks a timeline cannot excuse.\n",
+        );
+        return out;
+    }
+    out.push_str("| # | fails | found by | after | faults before → after | fault seconds before → after | shrink runs | reproduces | |\n|---|---|---|---:|---:|---:|---:|---:|---|\n");
+    for f in &x.findings {
+        let (faults_after, secs_after) = f
+            .minimal_size
+            .map_or(("—".to_string(), "—".to_string()), |(n, ms, _)| {
+                (n.to_string(), format!("{:.1}", ms as f64 / 1000.0))
+            });
+        out.push_str(&format!(
+            "| {} | {} | {} | {} s | {} → {faults_after} | {:.1} → {secs_after} | {} | {} | {} |\n",
+            f.n,
+            f.failed.join(", "),
+            f.found_by
+                .map_or_else(|| "shrinking".to_string(), |k| format!("timeline {k}")),
+            f.found_after_s,
+            f.before_size.0,
+            f.before_size.1 as f64 / 1000.0,
+            f.shrink_runs,
+            f.reproduced
+                .map_or("—".to_string(), |(k, n)| format!("{k}/{n}")),
+            f.status
+        ));
+    }
+    for f in &x.findings {
+        out.push_str(&format!(
+            "\n## Finding {}: fails {}\n\nFound as `{}`:\n\n",
+            f.n,
+            f.failed.join(", "),
+            f.failing_file
+        ));
+        for line in &f.before {
+            out.push_str(&format!("- {line}\n"));
+        }
+        if let Some(file) = &f.minimal_file {
+            out.push_str(&format!(
+                "\nShrunk to `{file}` (`drill run {file}` replays it):\n\n"
+            ));
+            for line in &f.minimal {
+                out.push_str(&format!("- {line}\n"));
+            }
+            if f.minimal.is_empty() {
+                out.push_str("- no fault at all: the engine fails this drill unprovoked\n");
+            }
+        }
+        out.push_str(&format!("\n{}.\n", f.status));
+    }
+    out
+}
