@@ -40,9 +40,9 @@ fn explore_finds_saves_and_shrinks_a_mutant_that_expires_held_records() {
         Some("expire-by-age"),
         &[
             "--runs",
-            "6",
+            "2",
             "--shrink-budget",
-            "150s",
+            "90s",
             "--shrink-retries",
             "1",
             "--reproduce",

@@ -32,7 +32,7 @@ pub struct Flags {
     /// How long to explore (runs started after it are not started).
     #[arg(long, default_value = "30m", value_parser = Dur::parse)]
     pub budget: Dur,
-    /// At most this many timelines.
+    /// At most this many generated timelines (shrink runs not counted).
     #[arg(long)]
     pub runs: Option<u64>,
     /// Drills run side by side (each with its own brokers and ports).
@@ -300,9 +300,10 @@ struct Explorer {
 }
 
 impl Explorer {
-    fn out_of_budget(&self) -> bool {
+    /// Whether to start no more timelines: the clock, or `--runs` timelines started.
+    fn out_of_budget(&self, started: u64) -> bool {
         self.started.elapsed() >= self.flags.budget.0
-            || self.flags.runs.is_some_and(|r| self.log.len() as u64 >= r)
+            || self.flags.runs.is_some_and(|r| started >= r)
     }
 
     /// Runs a batch and logs it.
@@ -341,8 +342,9 @@ impl Explorer {
 
     fn explore(&mut self) {
         let mut i = 0u64;
-        while !self.out_of_budget() {
-            let jobs = self.flags.jobs.max(1) as u64;
+        while !self.out_of_budget(i) {
+            let jobs =
+                (self.flags.jobs.max(1) as u64).min(self.flags.runs.map_or(u64::MAX, |r| r - i));
             let batch: Vec<(u64, Timeline)> = (i..i + jobs)
                 .filter_map(|k| {
                     self.runner
