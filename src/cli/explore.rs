@@ -21,6 +21,9 @@ use crate::explore::shrink::{self, Failed, Found, Outcome, Settings, Stop};
 use crate::explore::{Menu, Timeline, judge};
 use crate::units::Dur;
 
+/// Columns of a timeline's chart in `explore.md`.
+const CHART_WIDTH: usize = 40;
+
 /// The longest workload explore takes: every run plays it, and shrinking plays it many times.
 const LONGEST_WORKLOAD: Duration = Duration::from_secs(30);
 
@@ -81,10 +84,12 @@ struct Finding {
     found_after_s: f64,
     before: Vec<String>,
     before_size: (usize, u64, u64),
+    before_chart: String,
     /// What became of it: flaky, shrunk (with why it stopped), or not shrunk yet.
     status: String,
     minimal: Vec<String>,
     minimal_size: Option<(usize, u64, u64)>,
+    minimal_chart: Option<String>,
     shrink_runs: usize,
     reproduced: Option<(usize, usize)>,
     failing_file: String,
@@ -394,9 +399,11 @@ impl Explorer {
             found_after_s: self.started.elapsed().as_secs_f64().round(),
             before: t.words(&self.runner.menu),
             before_size: t.size(),
+            before_chart: t.chart(&self.runner.menu, CHART_WIDTH),
             status: "not shrunk yet".to_string(),
             minimal: Vec::new(),
             minimal_size: None,
+            minimal_chart: None,
             shrink_runs: 0,
             reproduced: None,
             failing_file,
@@ -463,6 +470,7 @@ impl Explorer {
                 };
                 f.minimal = s.minimal.words(&self.runner.menu);
                 f.minimal_size = Some(s.minimal.size());
+                f.minimal_chart = Some(s.minimal.chart(&self.runner.menu, CHART_WIDTH));
                 f.reproduced = Some((s.reproduced, settings.reproduce));
                 f.minimal_file = Some(file);
                 s.found
@@ -569,15 +577,13 @@ fn markdown(x: &Explored) -> String {
             f.failed.join(", "),
             f.failing_file
         ));
-        for line in &f.before {
-            out.push_str(&format!("- {line}\n"));
-        }
+        out.push_str(&format!("```text\n{}```\n", f.before_chart));
         if let Some(file) = &f.minimal_file {
             out.push_str(&format!(
                 "\nShrunk to `{file}` (`drill run {file}` replays it):\n\n"
             ));
-            for line in &f.minimal {
-                out.push_str(&format!("- {line}\n"));
+            if let Some(chart) = &f.minimal_chart {
+                out.push_str(&format!("```text\n{chart}```\n"));
             }
             if f.minimal.is_empty() {
                 out.push_str("- no fault at all: the engine fails this drill unprovoked\n");
@@ -586,4 +592,61 @@ fn markdown(x: &Explored) -> String {
         out.push_str(&format!("\n{}.\n", f.status));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explore_md_has_the_pace_the_table_and_each_finding_charted() {
+        let finding = Finding {
+            n: 1,
+            failed: vec!["ledger".into(), "lost".into()],
+            found_by: Some(0),
+            found_after_s: 24.0,
+            before: vec!["at 2.7 s: link mqtt swallow upstream, for 18.5 s".into()],
+            before_size: (1, 18_500, 8_000),
+            before_chart: "██·  at 2.7 s: …\n".into(),
+            status: "shrinking stopped at --shrink-budget".into(),
+            minimal: vec!["at 1 s: link mqtt swallow upstream, for 9.2 s".into()],
+            minimal_size: Some((1, 9_200, 5_000)),
+            minimal_chart: Some("·█·  at 1 s: …\n".into()),
+            shrink_runs: 14,
+            reproduced: Some((2, 2)),
+            failing_file: "failing-1.yaml".into(),
+            minimal_file: Some("minimal-1.yaml".into()),
+        };
+        let x = Explored {
+            version: "0",
+            scenario: "base.yaml".into(),
+            seed: 5,
+            budget_s: 1800,
+            jobs: 2,
+            took_s: 191.0,
+            runs: 16,
+            unresolved: 1,
+            infrastructure: 0,
+            runs_per_hour: 302.0,
+            findings: vec![finding],
+            log: Vec::new(),
+        };
+        let md = markdown(&x);
+        assert!(
+            md.contains("16 runs in 191 s (302 per hour; jobs 2), seed 5"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 1 | ledger, lost | timeline 0 | 24 s | 1 → 1 | 18.5 → 9.2 | 14 | 2/2 |"),
+            "{md}"
+        );
+        assert!(md.contains("```text\n██·  at 2.7 s: …\n```"), "{md}");
+        assert!(md.contains("Shrunk to `minimal-1.yaml`"), "{md}");
+        assert!(md.contains("```text\n·█·  at 1 s: …\n```"), "{md}");
+        let clean = Explored {
+            findings: Vec::new(),
+            ..x
+        };
+        assert!(markdown(&clean).contains("No finding"));
+    }
 }

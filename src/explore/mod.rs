@@ -11,8 +11,7 @@
 //! | [`menu`] | the base scenario without its faults, and every fault the validator takes on it |
 //! | [`judge`] | a run's exit code and `report.json` → passes, fails {checks}, or unresolved |
 //!
-//! Not built yet (docs/src/design.md#8-explore): novelty guidance, the nightly job, the
-//! timeline chart in `explore.md`.
+//! Not built yet (docs/src/design.md#8-explore): novelty guidance, the nightly job.
 
 pub mod generate;
 pub mod judge;
