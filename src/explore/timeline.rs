@@ -132,32 +132,33 @@ impl Timeline {
 impl Timeline {
     /// A small chart, a row per fault over one time axis of `width` columns from 0 to the
     /// last heal (or the workload's end, whichever is later) plus a second: `█` while the
-    /// fault holds, `▌` an instant, `|` where the workload ends; the words at the row's end.
+    /// fault holds, `▌` an instant, the words at the row's end; under them the axis, `|` where
+    /// the workload ends.
     pub fn chart(&self, menu: &Menu, width: usize) -> String {
         let end_ms = self.healed_ms().max(self.workload_ms) + 1_000;
         let col = |ms: u64| ((ms as u128 * width as u128 / end_ms as u128) as usize).min(width - 1);
-        let workload_col = col(self.workload_ms);
         let mut out = String::new();
         for (f, words) in self.faults.iter().zip(self.words(menu)) {
             let (from, to) = (col(f.at_ms), col(f.end_ms()));
             let row: String = (0..width)
-                .map(|c| match (f.len_ms, c) {
-                    (None, c) if c == from => '▌',
-                    (Some(_), c) if c >= from && c <= to => '█',
-                    (_, c) if c == workload_col => '|',
+                .map(|c| match f.len_ms {
+                    None if c == from => '▌',
+                    Some(_) if c >= from && c <= to => '█',
                     _ => '·',
                 })
                 .collect();
             out.push_str(&format!("{row}  {words}\n"));
         }
-        let axis = format!(
-            "0 s{:>w$}",
-            format!("{:.0} s", end_ms as f64 / 1000.0),
-            w = width - 3
-        );
+        let mut axis: Vec<char> = vec![' '; width];
+        for (i, c) in "0 s".chars().enumerate() {
+            axis[i] = c;
+        }
+        axis[col(self.workload_ms)] = '|';
         out.push_str(&format!(
-            "{axis}  (| the workload ends at {} s)\n",
-            self.workload_ms as f64 / 1000.0
+            "{}  (| the workload ends at {} s; the axis runs to {} s)\n",
+            axis.into_iter().collect::<String>(),
+            self.workload_ms as f64 / 1000.0,
+            end_ms as f64 / 1000.0
         ));
         out
     }
@@ -250,13 +251,18 @@ mod tests {
         // 22 columns over 22 s: the refusal holds columns 3 to 5, the strand is at 21, the
         // workload ends at 20.
         assert!(
-            rows[0].starts_with("···███··············|·  at 3.5 s"),
+            rows[0].starts_with("···███················  at 3.5 s"),
             "{chart}"
         );
         assert!(
-            rows[1].starts_with("····················|▌  at 21 s"),
+            rows[1].starts_with("·····················▌  at 21 s"),
             "{chart}"
         );
-        assert!(rows[2].starts_with("0 s"), "{chart}");
+        assert!(
+            rows[2].starts_with(
+                "0 s                 |   (| the workload ends at 20 s; the axis runs to 22 s)"
+            ),
+            "{chart}"
+        );
     }
 }
