@@ -178,20 +178,27 @@ fn vocabulary(plan: &Plan) -> Vec<Choice> {
     out
 }
 
+/// For a top-level line of a YAML document (not indented, no comment, no sequence item),
+/// whether it starts the block of `key`; `None` for a line inside a block.
+fn top_key(line: &str, key: &str) -> Option<bool> {
+    let top = line
+        .chars()
+        .next()
+        .is_some_and(|c| !c.is_whitespace() && c != '#' && c != '-');
+    top.then(|| {
+        line.strip_prefix(key)
+            .is_some_and(|rest| rest.trim_start().starts_with(':'))
+    })
+}
+
 /// `text` without the top-level block of `key` (its line and every line under it: indented,
 /// blank, a comment or a sequence item).
 fn without_block(text: &str, key: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut inside = false;
     for line in text.split_inclusive('\n') {
-        let top = line
-            .chars()
-            .next()
-            .is_some_and(|c| !c.is_whitespace() && c != '#' && c != '-');
-        if top {
-            inside = line
-                .strip_prefix(key)
-                .is_some_and(|rest| rest.trim_start().starts_with(':'));
+        if let Some(is_key) = top_key(line, key) {
+            inside = is_key;
         }
         if !inside {
             out.push_str(line);
@@ -209,14 +216,8 @@ fn with_duration(text: &str, ms: u64) -> String {
     let re = regex_lite::Regex::new(r#"(\bduration:\s*)("[^"]*"|'[^']*'|[^,}\s]+)"#)
         .expect("a valid pattern");
     for line in text.split_inclusive('\n') {
-        let top = line
-            .chars()
-            .next()
-            .is_some_and(|c| !c.is_whitespace() && c != '#' && c != '-');
-        if top {
-            inside = line
-                .strip_prefix("workload")
-                .is_some_and(|rest| rest.trim_start().starts_with(':'));
+        if let Some(is_key) = top_key(line, "workload") {
+            inside = is_key;
         }
         if inside && !done && re.is_match(line) {
             out.push_str(&re.replace(line, |c: &regex_lite::Captures| {
