@@ -52,16 +52,20 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// A free port on 127.0.0.1, for TCP and UDP alike, that no other caller in this process got.
+/// A free port on 127.0.0.1, for TCP and UDP alike, that no other caller in this process got
+/// and no other drill process on this machine holds.
 ///
 /// Not the kernel's pick (`bind(":0")`): that comes from the ephemeral range, where the
 /// kernel hands the same port to the next `:0` bind or outgoing connection of any process
 /// once it is released — two drills, or two tests, starting side by side then meet on one
 /// port. This picks at random below the ephemeral range (`ip_local_port_range`), where the
 /// kernel never hands ports out on its own, checks that TCP and UDP both bind there, and
-/// hands each port out once per process; two processes picking the same port in the same
-/// instant is about a 1-in-20,000 chance per port. A machine whose ephemeral range leaves no room
-/// below it falls back to the kernel's pick.
+/// hands each port out once per process. Each port handed out is also reserved for this
+/// process's whole life in [`reserved_elsewhere`]'s shared lock file: a port free only while
+/// its owner is between two lives (an engine SIGKILLed and not yet restarted on the same API
+/// port) is not free for another drill — measured in CI, a concurrent test's engine took a
+/// killed engine's port, and the drill's workload then fed the wrong engine. A machine whose
+/// ephemeral range leaves no room below it falls back to the kernel's pick.
 pub fn free_port() -> std::io::Result<u16> {
     use std::hash::{BuildHasher, Hasher};
     static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
@@ -79,13 +83,57 @@ pub fn free_port() -> std::io::Result<u16> {
             }
             let tcp = StdListener::bind(("127.0.0.1", port));
             let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
-            if tcp.is_ok() && udp.is_ok() {
+            if tcp.is_ok() && udp.is_ok() && !reserved_elsewhere(port) {
                 handed.insert(port);
                 return Ok(port);
             }
         }
     }
     Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Reserves `port` for this process until it exits; true when another process holds it.
+///
+/// One file shared by every drill on the machine (`/tmp/drill-ports.lock`), one
+/// byte per port, each byte held with an open-file-description lock (`F_OFD_SETLK`): one file
+/// descriptor for any number of ports, and the kernel drops the locks when the process ends,
+/// however it ends. Where the file cannot be opened nothing is reserved (the per-process
+/// set alone, as before).
+fn reserved_elsewhere(port: u16) -> bool {
+    use nix::fcntl::{FcntlArg, fcntl};
+    use std::os::unix::fs::OpenOptionsExt;
+    static FILE: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    let file = FILE.get_or_init(|| {
+        // One path every drill agrees on, whatever its TMPDIR: /tmp where there is one.
+        let dir = Path::new("/tmp");
+        let dir = if dir.is_dir() {
+            dir.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let path = dir.join("drill-ports.lock");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(path)
+            .ok()?;
+        // Other users' drills share it: the umask must not narrow the mode.
+        let _ = file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+        Some(file)
+    });
+    let Some(file) = file else {
+        return false;
+    };
+    // SAFETY: `flock` is a plain C struct; all-zero is a valid value to fill in.
+    let mut lock: nix::libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = nix::libc::F_WRLCK as _;
+    lock.l_whence = nix::libc::SEEK_SET as _;
+    lock.l_start = nix::libc::off_t::from(port);
+    lock.l_len = 1;
+    fcntl(file, FcntlArg::F_OFD_SETLK(&lock)).is_err()
 }
 
 /// The ports [`free_port`] picks from: from 10000 to just below the kernel's ephemeral range
@@ -298,5 +346,33 @@ mod tests {
             kernel.push(StdListener::bind("127.0.0.1:0").unwrap());
         }
         assert!(kernel.iter().all(|k| k.local_addr().unwrap().port() > high));
+    }
+
+    /// A port this process handed out is held in the shared lock file: any other open of the
+    /// file (another drill process, or here a second open in this one: open-file-description
+    /// locks conflict alike; no child is forked, which would inherit the other test's probe
+    /// sockets) cannot lock it, even while nothing listens on the port.
+    #[test]
+    fn a_port_handed_out_is_reserved_against_other_processes() {
+        use nix::fcntl::{FcntlArg, fcntl};
+        let port = free_port().unwrap();
+        let other = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/tmp/drill-ports.lock")
+            .unwrap();
+        // SAFETY: `flock` is a plain C struct; all-zero is a valid value to fill in.
+        let mut lock: nix::libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = nix::libc::F_WRLCK as _;
+        lock.l_whence = nix::libc::SEEK_SET as _;
+        lock.l_start = nix::libc::off_t::from(port);
+        lock.l_len = 1;
+        assert!(
+            fcntl(&other, FcntlArg::F_OFD_SETLK(&lock)).is_err(),
+            "another open of the lock file could take port {port}"
+        );
+        // A port nobody handed out is free to lock.
+        lock.l_start = 5;
+        assert!(fcntl(&other, FcntlArg::F_OFD_SETLK(&lock)).is_ok());
     }
 }
