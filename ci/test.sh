@@ -16,7 +16,7 @@ bash ci/setup.sh
 # Local broker images for the container runtime's tests (skipped when no Docker engine answers).
 bash ci/images.sh
 # The GitHub Actions workflows, linted for real: the one users copy, and drill's release.
-actionlint ci/github/drill.yml ci/github/drill-sharded.yml ci/github/release.yml
+actionlint ci/github/drill.yml ci/github/drill-sharded.yml ci/github/drill-explore.yml ci/github/release.yml
 cargo fmt --check
 # Every feature but vendored-openssl (OpenSSL built from source: the release's, two minutes
 # more; kafka-tls links the system's, which ci/setup.sh installs). `mutants` builds the engine

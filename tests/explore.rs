@@ -1,7 +1,8 @@
 //! `drill explore` end to end, through the real binary: from a scenario with no faults, a
 //! mutant that drops records held longer than 5 s (`expire-by-age`) is found by a generated
 //! timeline, saved as `failing-1.yaml` (which `drill run` replays: it fails on `lost`) and
-//! shrunk to `minimal-1.yaml`; the correct engine over the same timelines has no finding.
+//! shrunk to `minimal-1.yaml`; the correct engine over the same timelines has no finding,
+//! also explored the nightly way (a folder, `--tag`, `--shard`).
 
 use crate::common::run::{drill_with, show};
 
@@ -94,17 +95,73 @@ fn explore_finds_saves_and_shrinks_a_mutant_that_expires_held_records() {
     }
 }
 
+/// The nightly form, `drill explore DIR --tag T --shard K/N`, over the correct engine: the
+/// tagged scenario is explored with seed S+K and has no finding; an untagged one is not
+/// touched, a tagged one with a long workload is skipped, saying why.
 #[test]
-fn the_correct_engine_over_the_same_timelines_has_no_finding() {
+fn the_correct_engine_explored_by_tag_and_shard_has_no_finding() {
     let dir = tempfile::tempdir().unwrap();
-    let o = explore(dir.path(), None, &["--runs", "4"]);
+    let drills = dir.path().join("drills");
+    std::fs::create_dir(&drills).unwrap();
+    let tagged = format!("tags: [nightly]\n{BASE}");
+    std::fs::write(drills.join("base.yaml"), &tagged).unwrap();
+    std::fs::write(
+        drills.join("long.yaml"),
+        tagged
+            .replace("duration: 8s", "duration: 2m")
+            .replace("explore-base", "explore-long"),
+    )
+    .unwrap();
+    std::fs::write(
+        drills.join("untagged.yaml"),
+        BASE.replace("explore-base", "explore-untagged"),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = drill_with(
+        &[
+            "explore",
+            drills.to_str().unwrap(),
+            "--tag",
+            "nightly",
+            "--shard",
+            "2/3",
+            "--seed",
+            "5",
+            "--runs",
+            "4",
+            "--jobs",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", show(&o));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("skipping")
+            && stderr.contains("long.yaml")
+            && stderr.contains("at most 30s"),
+        "{}",
+        show(&o)
+    );
     let explored: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("out/explore.json")).unwrap(),
+        &std::fs::read_to_string(out.join("explore-base/explore.json")).unwrap(),
     )
     .unwrap();
     assert_eq!(explored["findings"], serde_json::json!([]));
     assert_eq!(explored["runs"], 4);
+    assert_eq!(explored["seed"], 7, "shard 2 explores with seed 5 + 2");
+    assert!(!out.join("explore-untagged").exists());
+    assert!(!out.join("explore-long").exists());
+    // A tag no scenario has, and --replay over a folder: bad input.
+    for extra in [&["--tag", "nope"][..], &["--replay", "1"][..]] {
+        let mut args = vec!["explore", drills.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let o = drill_with(&args, &[]);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {}", show(&o));
+    }
 }
 
 #[test]

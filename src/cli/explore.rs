@@ -27,12 +27,22 @@ const CHART_WIDTH: usize = 40;
 /// The longest workload explore takes: every run plays it, and shrinking plays it many times.
 const LONGEST_WORKLOAD: Duration = Duration::from_secs(30);
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct Flags {
     /// The base scenario: its destination, system, workload and expectations are kept, its
-    /// faults replaced by generated ones.
-    pub scenario: PathBuf,
-    /// How long to explore (runs started after it are not started).
+    /// faults replaced by generated ones. Folders (or several files) explore each scenario in
+    /// them, selected by --tag, one after the other, the budget shared equally.
+    #[arg(required = true)]
+    pub scenarios: Vec<PathBuf>,
+    /// With folders: only the scenarios with this tag (repeat for any of several).
+    #[arg(long = "tag")]
+    pub tags: Vec<String>,
+    /// Shard K of N (a nightly CI matrix): every shard explores every selected scenario, with
+    /// seed S+K (S: --seed, else each scenario's own), so N runners try N different sets of
+    /// timelines.
+    #[arg(long)]
+    pub shard: Option<super::shard::Shard>,
+    /// How long to explore in all (runs started after it are not started).
     #[arg(long, default_value = "30m", value_parser = Dur::parse)]
     pub budget: Dur,
     /// At most this many generated timelines (shrink runs not counted).
@@ -115,33 +125,117 @@ struct Explored {
 }
 
 pub fn run(flags: Flags) -> u8 {
-    let base = match Base::load(&flags.scenario) {
-        Ok(b) => b,
+    let single = matches!(flags.scenarios.as_slice(), [one] if !one.is_dir())
+        && flags.tags.is_empty()
+        && flags.shard.is_none();
+    if single {
+        let file = flags.scenarios[0].clone();
+        let base = match Base::load(&file) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("drill explore: {e}");
+                return INVALID;
+            }
+        };
+        if let Err(why) = explorable(&base) {
+            eprintln!("drill explore: {}: {why}", file.display());
+            return INVALID;
+        }
+        let out = flags.out.clone();
+        return explore_one(flags, file, base, out);
+    }
+    if flags.replay.is_some() {
+        eprintln!("drill explore: --replay re-runs a timeline of one scenario: name one file");
+        return INVALID;
+    }
+    explore_many(flags)
+}
+
+/// Several scenarios (folders, --tag, --shard): each explored in turn with its share of the
+/// budget, under `<out>/<name>`; the exit code the worst one's.
+fn explore_many(flags: Flags) -> u8 {
+    let files = match super::scenario_files(&flags.scenarios) {
+        Ok(f) => f,
         Err(e) => {
             eprintln!("drill explore: {e}");
             return INVALID;
         }
     };
+    let mut chosen = Vec::new();
+    let mut tagged = 0;
+    for file in files {
+        let base = match Base::load(&file) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("drill explore: {e}");
+                return INVALID;
+            }
+        };
+        if !flags.tags.is_empty() && !base.plan.tags.iter().any(|t| flags.tags.contains(t)) {
+            continue;
+        }
+        tagged += 1;
+        match explorable(&base) {
+            Ok(()) => chosen.push((file, base)),
+            Err(why) => eprintln!("drill explore: skipping {}: {why}", file.display()),
+        }
+    }
+    if chosen.is_empty() {
+        eprintln!(
+            "drill explore: of {tagged} scenario(s) selected{}, none can be explored (see above); explore takes scenarios with a workload of at most 30s on which drill check accepts some fault",
+            if flags.tags.is_empty() {
+                String::new()
+            } else {
+                format!(" by --tag {}", flags.tags.join(" or "))
+            }
+        );
+        return INVALID;
+    }
+    let share = flags.budget.0 / chosen.len() as u32;
+    let count = chosen.len();
+    let mut worst = PASS;
+    let mut ended = Vec::new();
+    for (i, (file, base)) in chosen.into_iter().enumerate() {
+        let mut one = flags.clone();
+        one.budget = Dur(share);
+        one.seed =
+            Some(flags.seed.unwrap_or(base.plan.seed) + flags.shard.map_or(0, |s| s.k as u64));
+        let name = base.plan.name.clone();
+        let out = flags.out.as_ref().map(|o| o.join(&name));
+        eprintln!(
+            "drill explore: scenario {} of {count}: {name} ({} of the budget)",
+            i + 1,
+            Dur(share)
+        );
+        let code = explore_one(one, file, base, out);
+        ended.push(format!("{name}: exit {code}"));
+        // 1 (a finding) outranks 0; 2 and 3 outrank both, as `drill run` over a folder.
+        worst = worst.max(code);
+    }
+    println!("drill explore: {}", ended.join("; "));
+    worst
+}
+
+/// Why explore cannot take `base`, if it cannot.
+fn explorable(base: &Base) -> Result<(), String> {
     if base.plan.workload.duration > LONGEST_WORKLOAD {
-        eprintln!(
-            "drill explore: {}: the workload runs {}; explore plays every timeline and every shrink candidate in full, so it takes workloads of at most 30s: write `duration: 30s` or less in a copy of the drill",
-            flags.scenario.display(),
+        return Err(format!(
+            "the workload runs {}; explore plays every timeline and every shrink candidate in full, so it takes workloads of at most 30s: write `duration: 30s` or less in a copy of the drill",
             Dur(base.plan.workload.duration)
-        );
-        return INVALID;
+        ));
     }
+    if base.menu().choices.is_empty() {
+        return Err(
+            "drill check accepts no fault on this scenario's links and targets".to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// Explores one scenario; the exit code.
+fn explore_one(flags: Flags, scenario: PathBuf, base: Base, out: Option<PathBuf>) -> u8 {
     let menu = base.menu();
-    if menu.choices.is_empty() {
-        eprintln!(
-            "drill explore: {}: drill check accepts no fault on this scenario's links and targets",
-            flags.scenario.display()
-        );
-        return INVALID;
-    }
-    let out = flags
-        .out
-        .clone()
-        .unwrap_or_else(|| Path::new("reports/explore").join(&base.plan.name));
+    let out = out.unwrap_or_else(|| Path::new("reports/explore").join(&base.plan.name));
     if let Err(e) = std::fs::create_dir_all(out.join("runs")) {
         eprintln!("drill explore: {}: {e}", out.display());
         return INFRASTRUCTURE;
@@ -162,6 +256,7 @@ pub fn run(flags: Flags) -> u8 {
             menu,
         },
         flags,
+        scenario,
         seed,
         started: Instant::now(),
         log: Vec::new(),
@@ -296,6 +391,8 @@ fn names(f: &Failed) -> String {
 struct Explorer {
     runner: Runner,
     flags: Flags,
+    /// The scenario file explored.
+    scenario: PathBuf,
     seed: u64,
     started: Instant,
     log: Vec<RunLog>,
@@ -388,7 +485,7 @@ impl Explorer {
             names(&failed),
             by.map_or_else(|| "met while shrinking".to_string(), |k| k.to_string()),
             self.seed,
-            self.flags.scenario.display()
+            self.scenario.display()
         );
         let text = header + &self.runner.base.scenario(&t, &self.runner.menu);
         let _ = std::fs::write(self.runner.out.join(&failing_file), text);
@@ -505,7 +602,7 @@ impl Explorer {
         let took = self.started.elapsed().as_secs_f64();
         let explored = Explored {
             version: env!("CARGO_PKG_VERSION"),
-            scenario: self.flags.scenario.display().to_string(),
+            scenario: self.scenario.display().to_string(),
             seed: self.seed,
             budget_s: self.flags.budget.0.as_secs(),
             jobs: self.flags.jobs,
