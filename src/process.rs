@@ -33,6 +33,21 @@ pub fn dies_with_drill(command: &mut Command) -> &mut Command {
     }
 }
 
+/// A `std` child told to stop (SIGTERM) when drill's spawning thread exits, however drill
+/// ends: `drill explore`'s `drill run` children, which stop as on Ctrl-C (faults healed,
+/// brokers and containers removed), so an explore SIGKILLed mid-shrink leaves nothing
+/// running on.
+pub fn std_stops_with_drill(command: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: as in `dies_with_drill`: only prctl(2) between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                .map_err(std::io::Error::from)
+        })
+    }
+}
+
 /// A free loopback address ([`free_port`] on 127.0.0.1).
 pub fn free_addr() -> std::io::Result<SocketAddr> {
     Ok(SocketAddr::from(([127, 0, 0, 1], free_port()?)))

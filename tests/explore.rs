@@ -66,18 +66,6 @@ fn explore_finds_saves_and_shrinks_a_mutant_that_expires_held_records() {
     let md = std::fs::read_to_string(out.join("explore.md")).unwrap();
     println!("{md}");
     assert!(md.contains("## Finding 1: fails"), "{md}");
-    // What was saved replays with drill run, and fails on lost.
-    let failing = out.join("failing-1.yaml");
-    let replay = drill_with(
-        &[
-            "run",
-            failing.to_str().unwrap(),
-            "--out",
-            dir.path().join("replay").to_str().unwrap(),
-        ],
-        &[("DRILL_MUTANT", "expire-by-age")],
-    );
-    assert_eq!(replay.status.code(), Some(1), "{}", show(&replay));
     let status = finding["status"].as_str().unwrap();
     assert!(
         status.starts_with("shrunk") || status.starts_with("shrinking stopped"),
@@ -93,6 +81,85 @@ fn explore_finds_saves_and_shrinks_a_mutant_that_expires_held_records() {
             "{before} -> {after} faults: {text}"
         );
     }
+}
+
+/// Killing explore while it shrinks leaves `failing-1.yaml` (written before shrinking
+/// starts), which `drill run` replays: it fails on `lost`; explore.json says the finding was
+/// not shrunk yet, and the shrink candidate that was running stops with explore.
+#[test]
+fn explore_killed_mid_shrink_leaves_a_failing_scenario_that_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.yaml");
+    std::fs::write(&base, BASE).unwrap();
+    let out = dir.path().join("out");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_drill"))
+        .args([
+            "explore",
+            base.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .args(["--jobs", "2", "--seed", "5", "--runs", "2"])
+        .env("DRILL_MUTANT", "expire-by-age")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Shrinking has started once the first candidate's scenario is written.
+    let candidate = out.join("runs/shrink-1-1.yaml");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    while !candidate.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "explore ended before it shrank"
+        );
+        assert!(std::time::Instant::now() < deadline, "no shrink in 240 s");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The candidate's `drill run` (8 s of workload ahead of it) stops with explore.
+    let gone_by = std::time::Instant::now() + std::time::Duration::from_secs(6);
+    while running_with(candidate.to_str().unwrap()) {
+        assert!(
+            std::time::Instant::now() < gone_by,
+            "the shrink candidate's drill runs on after explore was killed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let explored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("explore.json")).unwrap()).unwrap();
+    assert_eq!(explored["findings"][0]["status"], "not shrunk yet");
+    let failing = out.join("failing-1.yaml");
+    let text = std::fs::read_to_string(&failing).unwrap();
+    assert!(text.starts_with("# drill explore"), "{text}");
+    let replay = drill_with(
+        &[
+            "run",
+            failing.to_str().unwrap(),
+            "--out",
+            dir.path().join("replay").to_str().unwrap(),
+        ],
+        &[("DRILL_MUTANT", "expire-by-age")],
+    );
+    assert_eq!(replay.status.code(), Some(1), "{}", show(&replay));
+    let report: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("replay/explore-base/report.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        report["ledger"]["lost"].as_u64().unwrap() > 0,
+        "{:#}",
+        report["ledger"]
+    );
+}
+
+/// Whether a process runs with `arg` in its command line.
+fn running_with(arg: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+        std::fs::read(p.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(arg))
+    })
 }
 
 /// The nightly form, `drill explore DIR --tag T --shard K/N`, over the correct engine: the

@@ -361,7 +361,9 @@ impl Runner {
         let file = runs.join(format!("{label}.yaml"));
         std::fs::write(&file, self.base.scenario(t, &self.menu)).ok()?;
         let log = std::fs::File::create(runs.join(format!("{label}.log"))).ok()?;
-        Command::new(&self.exe)
+        // The child stops with explore (SIGTERM: a SIGKILL mid-shrink leaves no drill running
+        // on); the thread that spawns it lives as long as the explore does.
+        crate::process::std_stops_with_drill(&mut Command::new(&self.exe))
             .arg("run")
             .arg(&file)
             .arg("--out")
@@ -533,9 +535,29 @@ impl Explorer {
         let found = shrink::shrink(t, failed.clone(), &settings, &mut run, &mut || {
             shrink_started.elapsed() >= budget
         });
+        let met = self.shrunk(n, k, &failed, found, settings.reproduce);
+        self.write();
+        for (other, t) in met {
+            if !self.findings.iter().any(|f| f.failed == to_vec(&other)) {
+                self.found(None, t, other);
+            }
+        }
+    }
+
+    /// Records what shrinking finding `n` came to (`k` runs): its status, and when shrunk,
+    /// `minimal-<n>.yaml` and its size, chart and reproduction. Returns the other failures
+    /// met on the way.
+    fn shrunk(
+        &mut self,
+        n: usize,
+        k: usize,
+        failed: &Failed,
+        found: Found,
+        reproduce: usize,
+    ) -> Vec<(Failed, Timeline)> {
         let f = &mut self.findings[n - 1];
         f.shrink_runs = k;
-        let met: Vec<(Failed, Timeline)> = match found {
+        match found {
             Found::Flaky { rerun } => {
                 f.status = format!(
                     "flaky: the rerun did not fail the same way ({})",
@@ -548,10 +570,10 @@ impl Explorer {
                 let header = format!(
                     "# drill explore {}: the smallest timeline found that fails {} (shrunk from {}; reproduces {}/{})\n",
                     env!("CARGO_PKG_VERSION"),
-                    names(&failed),
+                    names(failed),
                     f.failing_file,
                     s.reproduced,
-                    settings.reproduce
+                    reproduce
                 );
                 let text = header + &self.runner.base.scenario(&s.minimal, &self.runner.menu);
                 let _ = std::fs::write(self.runner.out.join(&file), text);
@@ -568,15 +590,9 @@ impl Explorer {
                 f.minimal = s.minimal.words(&self.runner.menu);
                 f.minimal_size = Some(s.minimal.size());
                 f.minimal_chart = Some(s.minimal.chart(&self.runner.menu, CHART_WIDTH));
-                f.reproduced = Some((s.reproduced, settings.reproduce));
+                f.reproduced = Some((s.reproduced, reproduce));
                 f.minimal_file = Some(file);
                 s.found
-            }
-        };
-        self.write();
-        for (other, t) in met {
-            if !self.findings.iter().any(|f| f.failed == to_vec(&other)) {
-                self.found(None, t, other);
             }
         }
     }
