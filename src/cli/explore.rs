@@ -66,6 +66,10 @@ pub struct Flags {
     /// Where it writes (default reports/explore/<scenario name>).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Stop exploring once the first finding is shrunk (to measure the time to a first
+    /// failure, as the per-mutant table under reports/explore/ does).
+    #[arg(long)]
+    pub first: bool,
     /// Run timeline N of the seed once, and nothing else.
     #[arg(long)]
     pub replay: Option<u64>,
@@ -406,7 +410,8 @@ struct Explorer {
 impl Explorer {
     /// Whether to start no more timelines: the clock, or `--runs` timelines started.
     fn out_of_budget(&self, started: u64) -> bool {
-        self.started.elapsed() >= self.flags.budget.0
+        (self.flags.first && !self.findings.is_empty())
+            || self.started.elapsed() >= self.flags.budget.0
             || self.flags.runs.is_some_and(|r| started >= r)
     }
 
