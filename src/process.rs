@@ -25,12 +25,12 @@ pub struct StartError {
 pub fn dies_with_drill(command: &mut Command) -> &mut Command {
     // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
     // async-signal-safe; it allocates nothing and touches no lock.
-    unsafe {
-        command.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                .map_err(std::io::Error::from)
-        })
-    }
+    unsafe { command.pre_exec(|| death_signal(nix::sys::signal::Signal::SIGKILL)) }
+}
+
+/// Between fork and exec: the signal the child gets when the thread that forked it exits.
+fn death_signal(signal: nix::sys::signal::Signal) -> std::io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(signal).map_err(std::io::Error::from)
 }
 
 /// A `std` child told to stop (SIGTERM) when drill's spawning thread exits, however drill
@@ -40,12 +40,7 @@ pub fn dies_with_drill(command: &mut Command) -> &mut Command {
 pub fn std_stops_with_drill(command: &mut std::process::Command) -> &mut std::process::Command {
     use std::os::unix::process::CommandExt;
     // SAFETY: as in `dies_with_drill`: only prctl(2) between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
-                .map_err(std::io::Error::from)
-        })
-    }
+    unsafe { command.pre_exec(|| death_signal(nix::sys::signal::Signal::SIGTERM)) }
 }
 
 /// A free loopback address ([`free_port`] on 127.0.0.1).
@@ -142,13 +137,18 @@ fn reserved_elsewhere(port: u16) -> bool {
     let Some(file) = file else {
         return false;
     };
+    fcntl(file, FcntlArg::F_OFD_SETLK(&port_lock(port))).is_err()
+}
+
+/// The write lock on `port`'s byte of the shared lock file.
+fn port_lock(port: u16) -> nix::libc::flock {
     // SAFETY: `flock` is a plain C struct; all-zero is a valid value to fill in.
     let mut lock: nix::libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = nix::libc::F_WRLCK as _;
     lock.l_whence = nix::libc::SEEK_SET as _;
     lock.l_start = nix::libc::off_t::from(port);
     lock.l_len = 1;
-    fcntl(file, FcntlArg::F_OFD_SETLK(&lock)).is_err()
+    lock
 }
 
 /// The ports [`free_port`] picks from: from 10000 to just below the kernel's ephemeral range
@@ -376,18 +376,11 @@ mod tests {
             .write(true)
             .open("/tmp/drill-ports.lock")
             .unwrap();
-        // SAFETY: `flock` is a plain C struct; all-zero is a valid value to fill in.
-        let mut lock: nix::libc::flock = unsafe { std::mem::zeroed() };
-        lock.l_type = nix::libc::F_WRLCK as _;
-        lock.l_whence = nix::libc::SEEK_SET as _;
-        lock.l_start = nix::libc::off_t::from(port);
-        lock.l_len = 1;
         assert!(
-            fcntl(&other, FcntlArg::F_OFD_SETLK(&lock)).is_err(),
+            fcntl(&other, FcntlArg::F_OFD_SETLK(&port_lock(port))).is_err(),
             "another open of the lock file could take port {port}"
         );
-        // A port nobody handed out is free to lock.
-        lock.l_start = 5;
-        assert!(fcntl(&other, FcntlArg::F_OFD_SETLK(&lock)).is_ok());
+        // A port nobody handed out (below the range picked from) is free to lock.
+        assert!(fcntl(&other, FcntlArg::F_OFD_SETLK(&port_lock(5))).is_ok());
     }
 }

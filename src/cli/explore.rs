@@ -202,8 +202,12 @@ fn explore_many(flags: Flags) -> u8 {
     for (i, (file, base)) in chosen.into_iter().enumerate() {
         let mut one = flags.clone();
         one.budget = Dur(share);
-        one.seed =
-            Some(flags.seed.unwrap_or(base.plan.seed) + flags.shard.map_or(0, |s| s.k as u64));
+        one.seed = Some(
+            flags
+                .seed
+                .unwrap_or(base.plan.seed)
+                .wrapping_add(flags.shard.map_or(0, |s| s.k as u64)),
+        );
         let name = base.plan.name.clone();
         let out = flags.out.as_ref().map(|o| o.join(&name));
         eprintln!(
