@@ -12,6 +12,12 @@ fi
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   need_apt+=(postgresql)
 fi
+# kcat, on Debian's librdkafka 2.0.2 (what rsyslog's omkafka and syslog-ng's Kafka driver are
+# built on too): the Kafka-aware link must let such older clients talk to tansu
+# (tests/kafka_links.rs).
+if ! command -v kcat >/dev/null 2>&1; then
+  need_apt+=(kcat)
+fi
 # OpenSSL's headers for the `kafka-tls` feature (librdkafka speaks TLS only through OpenSSL;
 # the test suite links the system's).
 if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; }; then
@@ -121,12 +127,13 @@ unpack() {
 # rsyslog-relp and rsyslog-pgsql unpacked into ~/.cache/drill/rsyslog, so the machine's logging
 # is left alone.
 rsyslog_root="$HOME/.cache/drill/rsyslog"
-# With ompgsql (rsyslog-pgsql, scenarios/examples/rsyslog-ompgsql.yaml).
+# With ompgsql (rsyslog-pgsql, scenarios/examples/rsyslog-ompgsql.yaml) and omkafka
+# (rsyslog-kafka, on Debian's librdkafka 2.0.2: scenarios/examples/rsyslog-omkafka.yaml).
 if ! command -v rsyslogd >/dev/null 2>&1 && [ ! -x /usr/sbin/rsyslogd ] \
-  && [ ! -f "$rsyslog_root/usr/lib/x86_64-linux-gnu/rsyslog/ompgsql.so" ] \
-  && [ ! -f "$rsyslog_root/usr/lib/aarch64-linux-gnu/rsyslog/ompgsql.so" ]; then
-  unpack "$rsyslog_root" "rsyslog rsyslog-relp rsyslog-pgsql" \
-    "libestr0 libfastjson4 liblognorm5 librelp0 libpq5"
+  && [ ! -f "$rsyslog_root/usr/lib/x86_64-linux-gnu/rsyslog/omkafka.so" ] \
+  && [ ! -f "$rsyslog_root/usr/lib/aarch64-linux-gnu/rsyslog/omkafka.so" ]; then
+  unpack "$rsyslog_root" "rsyslog rsyslog-relp rsyslog-pgsql rsyslog-kafka" \
+    "libestr0 libfastjson4 liblognorm5 librelp0 libpq5 librdkafka1"
 fi
 
 # syslog-ng (a log shipper drilled as a user's engine, scenarios/examples/syslog-ng-disk-buffer.yaml):

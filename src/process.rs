@@ -186,6 +186,42 @@ pub fn find_binary(name: &str, more: &[PathBuf]) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// What `LD_LIBRARY_PATH` a program drill runs for the user (an engine's command) gets:
+/// `None` to leave it as it is, `Some(None)` to unset it, `Some(Some(p))` to set it to `p`.
+/// `cargo run` and `cargo test` put the folders of drill's own build there — among them the
+/// librdkafka 2.x its build script made — and an engine linked against the system's older
+/// librdkafka (Debian's kcat, rsyslog's omkafka) would load drill's instead, hiding exactly
+/// what a drill of it should see. Those folders, inside the cargo target folder drill runs
+/// from (the ancestor of its executable holding `CACHEDIR.TAG`), are taken out.
+pub fn user_library_path() -> Option<Option<std::ffi::OsString>> {
+    let current = std::env::var_os("LD_LIBRARY_PATH")?;
+    let exe = std::env::current_exe().ok()?;
+    let target = exe.ancestors().find(|d| d.join("CACHEDIR.TAG").is_file())?;
+    without_folders_in(&current, target)
+}
+
+/// `path` (a `:`-separated list) without the folders inside `target`; `None` when none was.
+fn without_folders_in(path: &std::ffi::OsStr, target: &Path) -> Option<Option<std::ffi::OsString>> {
+    let all: Vec<PathBuf> = std::env::split_paths(path).collect();
+    let kept: Vec<&PathBuf> = all.iter().filter(|p| !p.starts_with(target)).collect();
+    if kept.len() == all.len() {
+        return None;
+    }
+    if kept.is_empty() {
+        return Some(None);
+    }
+    std::env::join_paths(kept).ok().map(Some)
+}
+
+/// `command` with [`user_library_path`] applied.
+pub fn with_user_library_path(command: &mut Command) -> &mut Command {
+    match user_library_path() {
+        Some(Some(p)) => command.env("LD_LIBRARY_PATH", p),
+        Some(None) => command.env_remove("LD_LIBRARY_PATH"),
+        None => command,
+    }
+}
+
 /// `~/.cargo/bin`, where `cargo install` puts programs.
 pub fn cargo_bin() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo/bin"))
@@ -344,6 +380,23 @@ pub async fn start_listening(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_users_program_does_not_get_the_libraries_of_drills_own_build() {
+        let target = Path::new("/w/drill/target");
+        let path = std::ffi::OsString::from(
+            "/w/drill/target/debug/build/rdkafka-sys-1/out/src:/opt/lib:/w/drill/target/debug/deps:/w/drill/targets",
+        );
+        assert_eq!(
+            without_folders_in(&path, target),
+            Some(Some("/opt/lib:/w/drill/targets".into()))
+        );
+        assert_eq!(without_folders_in("/opt/lib".as_ref(), target), None);
+        assert_eq!(
+            without_folders_in("/w/drill/target/release/deps".as_ref(), target),
+            Some(None)
+        );
+    }
 
     /// Ports come from below the kernel's ephemeral range, never twice in a process, each one
     /// free for TCP and UDP when handed out — also while the kernel's own picks go on.

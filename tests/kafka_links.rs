@@ -352,3 +352,148 @@ fn a_drill_can_cut_one_brokers_link_by_name() {
         recovery["first_delivery_ms"].as_u64().unwrap() >= recovery["heal_ms"].as_u64().unwrap()
     );
 }
+
+/// `kcat` with `args` and `input` on stdin, stopped after `within`: (exit code, stdout,
+/// stderr); `None` as the code when it had to be stopped.
+async fn kcat(args: &[&str], input: &str, within: Duration) -> (Option<i32>, String, String) {
+    let mut command = tokio::process::Command::new("kcat");
+    // As drill starts a user's engine: without the librdkafka of drill's own build, which
+    // `cargo test` puts on LD_LIBRARY_PATH (with it, kcat would not be the old client).
+    let mut child = drill::process::with_user_library_path(&mut command)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("kcat is installed (ci/setup.sh)");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let stdout = tokio::spawn(async move {
+        let mut o = String::new();
+        let _ = out.read_to_string(&mut o).await;
+        o
+    });
+    let stderr = tokio::spawn(async move {
+        let mut e = String::new();
+        let _ = err.read_to_string(&mut e).await;
+        e
+    });
+    let code = match tokio::time::timeout(within, child.wait()).await {
+        Ok(status) => status.ok().and_then(|s| s.code()),
+        Err(_) => {
+            let _ = child.kill().await;
+            None
+        }
+    };
+    (code, stdout.await.unwrap(), stderr.await.unwrap())
+}
+
+/// Debian's kcat (librdkafka 2.0.2, what rsyslog's omkafka and syslog-ng's Kafka driver are
+/// built on) cannot read tansu's ApiVersions answer: straight to the broker it gets nowhere
+/// ("ApiVersionRequest failed: Local: Read underflow"). Through a Kafka-aware link, which drops
+/// the answer's trailing tagged fields, it produces, consumes in a consumer group, commits, and
+/// a second consumer in the group resumes where the first stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_librdkafka_produces_and_consumes_in_a_group_through_a_kafka_aware_link() {
+    use crate::common::run::required;
+    if !required(
+        std::process::Command::new("kcat")
+            .arg("-V")
+            .output()
+            .is_ok(),
+        "kcat (Debian's, librdkafka 2.0.2)",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let broker = drill::dest::kafka::broker::start_kafka(dir.path(), None, None)
+        .await
+        .expect("tansu is installed (ci/setup.sh)");
+    let topic = "kcat-old-client";
+    drill::dest::kafka::topic::create_topic(broker.addr, topic, 1)
+        .await
+        .unwrap();
+    let lines: String = (0..100).map(|i| format!("line-{i}\n")).collect();
+
+    // Straight to tansu: the failure the rewrite exists for.
+    let direct = broker.addr.to_string();
+    let (code, _, err) = kcat(
+        &["-P", "-b", &direct, "-t", topic, "-m", "5"],
+        &lines,
+        Duration::from_secs(20),
+    )
+    .await;
+    println!(
+        "kcat straight to tansu: exit {code:?}; {}",
+        err.lines().next().unwrap_or("")
+    );
+    assert_ne!(code, Some(0), "kcat produced straight to tansu: {err}");
+    assert!(err.contains("ApiVersion"), "{err}");
+
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let cancel = CancellationToken::new();
+    let link = Link::start_kafka("kafka", any, broker.addr, cancel.clone())
+        .await
+        .unwrap();
+    let via = link.listen_addr().to_string();
+    // Two producer runs, 60 lines then 40: the group's commit at 60 falls on a batch boundary
+    // (tansu 0.6 answers nothing to a fetch that starts inside a batch: `kcat -o 60` of one
+    // 100-line batch waits for ever, measured; `-o 100` after a second batch reads on).
+    let split = lines.match_indices('\n').nth(59).unwrap().0 + 1;
+    for part in [&lines[..split], &lines[split..]] {
+        let (code, _, err) = kcat(
+            &["-P", "-b", &via, "-t", topic],
+            part,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_eq!(code, Some(0), "kcat through the link: {err}");
+    }
+    assert_eq!(in_topic_lines(broker.addr, topic).await, 100);
+
+    // A consumer group: the first member takes 60 and commits as it closes, the second
+    // resumes at 60 and reads to the end.
+    // (No `-o`: in a group kcat would apply it to every partition assigned, over the commit.)
+    let group = [
+        "-b",
+        &via,
+        "-G",
+        "drill-kcat",
+        "-X",
+        "auto.offset.reset=earliest",
+    ];
+    let first: Vec<&str> = group.iter().copied().chain(["-c", "60", topic]).collect();
+    let (code, got, err) = kcat(&first, "", Duration::from_secs(90)).await;
+    assert_eq!(code, Some(0), "first consumer: {err}");
+    assert_eq!(got.lines().count(), 60, "{got}");
+    assert_eq!(got.lines().next(), Some("line-0"));
+    let second: Vec<&str> = group.iter().copied().chain(["-c", "40", topic]).collect();
+    let (code, got, err) = kcat(&second, "", Duration::from_secs(90)).await;
+    assert_eq!(code, Some(0), "second consumer: {err}\n{got}");
+    let got: Vec<&str> = got.lines().collect();
+    assert_eq!(
+        got.first(),
+        Some(&"line-60"),
+        "resumed at the committed offset: {got:?}"
+    );
+    assert_eq!(got.len(), 40);
+
+    let status = link.family_status();
+    println!(
+        "through the link: {} ApiVersions answers trimmed, {} answers rewritten",
+        status.api_versions_trimmed, status.answers_rewritten
+    );
+    assert!(status.api_versions_trimmed >= 3, "{status:?}");
+    link.shutdown().await;
+}
+
+/// Records in `topic` (each counted once per copy), read straight from the broker.
+async fn in_topic_lines(broker: SocketAddr, topic: &str) -> usize {
+    let got = drill::dest::kafka::read::read_topic(broker, topic, Duration::from_secs(60), None)
+        .await
+        .unwrap();
+    got.arrivals.len()
+}

@@ -179,7 +179,8 @@ struct ProxyFlags {
     /// NAME=LISTEN_ADDR,UPSTREAM_ADDR (repeatable): a Kafka-aware link in front of a Kafka
     /// bootstrap broker. It rewrites the broker addresses in Metadata, FindCoordinator and
     /// DescribeCluster answers so every broker is reached through a link of its own,
-    /// NAME-<node id>; a fault on NAME is in force on all of them.
+    /// NAME-<node id>; a fault on NAME is in force on all of them. It also drops the trailing
+    /// tagged fields of ApiVersions answers, which librdkafka 2.0 and older cannot read.
     #[arg(long = "kafka-link")]
     kafka_links: Vec<String>,
     /// Where the control API listens.

@@ -7,7 +7,9 @@
 //! correlation id) and rewrites the broker addresses inside the three answers that carry them —
 //! Metadata, FindCoordinator and DescribeCluster, every version, flexible (compact) and not —
 //! so each broker appears at a link of its own, `<name>-<node id>` (`kafka-1`), created the
-//! first time an answer names it. The broker may then advertise itself.
+//! first time an answer names it. The broker may then advertise itself. It also drops the
+//! trailing tagged fields of an ApiVersions answer (v3 on), which librdkafka up to 2.0 — kcat,
+//! rsyslog's omkafka, syslog-ng — cannot read (tansu sends four), and counts those it changed.
 //!
 //! What this module keeps to:
 //! - Only broker host and port fields change. Every other byte of an answer is copied as it
@@ -26,7 +28,9 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio_util::sync::CancellationToken;
 
 use super::{FaultSpec, Link};
-use crate::wire::kafka::{BrokerAddress, carries_brokers, request_header, rewrite};
+use crate::wire::kafka::{
+    API_VERSIONS, BrokerAddress, request_header, rewrite, rewritten, trim_api_versions,
+};
 
 /// The most an answer being rewritten may hold (a metadata answer of a very large cluster is a
 /// few MiB); a longer frame passes unchanged.
@@ -68,7 +72,7 @@ impl Requests {
             let size = i32::from_be_bytes([h[0], h[1], h[2], h[3]]).max(8) as usize;
             self.skip = size - 8;
             if let Ok(h) = request_header(&h[4..])
-                && carries_brokers(h.api_key)
+                && rewritten(h.api_key, h.version)
                 && let Ok(mut p) = pending.lock()
             {
                 p.insert(h.correlation, (h.api_key, h.version));
@@ -245,6 +249,8 @@ pub(crate) struct Family {
     pub(crate) unreadable: AtomicU64,
     /// Answers rewritten.
     pub(crate) rewritten: AtomicU64,
+    /// ApiVersions answers whose trailing tagged fields were dropped.
+    pub(crate) trimmed: AtomicU64,
     /// The tap every member reads its connections with (the head's).
     tapping: Mutex<Option<super::tap::Tapping>>,
     terminate: Mutex<Option<Arc<super::terminate::Terminate>>>,
@@ -278,6 +284,7 @@ impl Family {
             seed: AtomicU64::new(0),
             unreadable: AtomicU64::new(0),
             rewritten: AtomicU64::new(0),
+            trimmed: AtomicU64::new(0),
             tapping: Mutex::default(),
             terminate: Mutex::default(),
         }
@@ -395,22 +402,32 @@ impl Family {
         Some(addr)
     }
 
-    /// Rewrites one answer so every broker it names is reached through its member link.
+    /// Rewrites one answer so every broker it names is reached through its member link, or
+    /// an ApiVersions answer so that older clients can read it.
     pub(crate) fn rewrite(
         self: &Arc<Self>,
         api_key: i16,
         version: i16,
         frame: &[u8],
     ) -> Option<Vec<u8>> {
-        let done = rewrite(api_key, version, frame, |b| {
-            self.stand_in(b)
-                .map(|a| (a.ip().to_string(), i32::from(a.port())))
-        });
-        match done {
-            Ok(new) => {
+        let done = if api_key == API_VERSIONS {
+            trim_api_versions(version, frame).inspect(|new| {
+                if new.is_some() {
+                    self.trimmed.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        } else {
+            rewrite(api_key, version, frame, |b| {
+                self.stand_in(b)
+                    .map(|a| (a.ip().to_string(), i32::from(a.port())))
+            })
+            .map(|new| {
                 self.rewritten.fetch_add(1, Ordering::Relaxed);
                 Some(new)
-            }
+            })
+        };
+        match done {
+            Ok(new) => new,
             Err(e) => {
                 if self.unreadable.fetch_add(1, Ordering::Relaxed) == 0 {
                     eprintln!("drill: link {}: passed an answer unchanged: {e}", self.name);

@@ -334,6 +334,7 @@ impl Link {
                     .push(format!("{} ({} → {})", t.name, t.listen, t.upstream));
             }
             s.answers_rewritten = f.rewritten.load(Ordering::Relaxed);
+            s.api_versions_trimmed = f.trimmed.load(Ordering::Relaxed);
         }
         s
     }
@@ -596,6 +597,7 @@ impl Link {
             connections_stranded: get(&n.stranded),
             broker_links: Vec::new(),
             answers_rewritten: 0,
+            api_versions_trimmed: 0,
             datagrams: self.carries_datagrams().then(|| DatagramCounts {
                 upstream: get(&n.datagrams_up),
                 downstream: get(&n.datagrams_down),

@@ -82,6 +82,10 @@ pub struct LinkStatus {
     /// A Kafka-aware link's answers with broker addresses rewritten.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub answers_rewritten: u64,
+    /// A Kafka-aware link's ApiVersions answers stripped of their trailing tagged fields (for
+    /// clients such as librdkafka 2.0 that cannot read them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub api_versions_trimmed: u64,
     /// A datagram link's datagram counts (`None`: the link carries byte streams). On such a
     /// link the byte counters count datagram payloads (`bytes_swallowed_*`: those dropped),
     /// and the connection counters count flows (one per client address: opened, closed by a
@@ -116,6 +120,7 @@ impl LinkStatus {
             connections_stranded: 0,
             broker_links: Vec::new(),
             answers_rewritten: 0,
+            api_versions_trimmed: 0,
             datagrams: None,
         }
     }

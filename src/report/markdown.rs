@@ -338,6 +338,13 @@ fn attempts_and_link(md: &mut String, report: &Report) {
             k.broker_links.join(", ")
         );
     }
+    if k.api_versions_trimmed > 0 {
+        let _ = writeln!(
+            md,
+            "The link rewrote {} ApiVersions answers: their trailing tagged fields (supported and finalized features) dropped, which clients on librdkafka 2.0 and older cannot read.",
+            k.api_versions_trimmed
+        );
+    }
 }
 
 /// The first ids missing, duplicated and altered, and messages that carried no harness id.

@@ -187,6 +187,7 @@ impl CommandEngine {
             return Err(SutError::Start("empty command".to_string()));
         };
         let mut command = Command::new(program);
+        crate::process::with_user_library_path(&mut command);
         crate::process::dies_with_drill(&mut command)
             .args(args)
             .envs(&self.env)

@@ -1,7 +1,8 @@
 //! Kafka's wire, read once for drill: a frame (a 4-byte big-endian length, then the bytes), a
 //! request's header (api key, version, correlation id), the broker addresses in the three
 //! answers that carry them (Metadata, FindCoordinator, DescribeCluster, every version, flexible
-//! and not) and what a Produce answer says of its batches. The Kafka-aware link
+//! and not), what a Produce answer says of its batches, and an ApiVersions answer without the
+//! tagged fields older clients cannot read. The Kafka-aware link
 //! (`proxy::kafka`) rewrites addresses with it; the Kafka tap (`dest::kafka::tap`) reads
 //! Produce requests and answers with it. A leaf: it knows Kafka's encodings and nothing of a
 //! drill.
@@ -41,6 +42,44 @@ pub fn flexible(api_key: i16, version: i16) -> bool {
 /// Answers this module rewrites.
 pub fn carries_brokers(api_key: i16) -> bool {
     matches!(api_key, METADATA | FIND_COORDINATOR | DESCRIBE_CLUSTER)
+}
+
+/// ApiVersions, the first request of every connection.
+pub const API_VERSIONS: i16 = 18;
+
+/// Answers the Kafka-aware link holds and may rewrite: those naming brokers, and ApiVersions
+/// from version 3 on (flexible), whose trailing tagged fields [`trim_api_versions`] drops.
+pub fn rewritten(api_key: i16, version: i16) -> bool {
+    carries_brokers(api_key) || (api_key == API_VERSIONS && version >= 3)
+}
+
+/// An ApiVersions answer (v3 and later: flexible body, response header v0) without its
+/// trailing tagged fields (SupportedFeatures, FinalizedFeatures …), `None` when it has none or
+/// reports an error. librdkafka up to 2.0 (Debian bookworm's, under kcat, rsyslog's omkafka
+/// and syslog-ng) fails on those tansu sends with "ApiVersionRequest failed: Local: Read
+/// underflow"; no client needs them to produce or consume. Every other byte is kept.
+pub fn trim_api_versions(version: i16, frame: &[u8]) -> Result<Option<Vec<u8>>, Malformed> {
+    let mut c = Cursor::new(frame, API_VERSIONS, version);
+    c.i32()?; // correlation id (ApiVersions answers keep header v0)
+    if c.i16()? != 0 {
+        return Ok(None);
+    }
+    for _ in 0..c.array_len(true)? {
+        c.take(6, "truncated api key range")?;
+        c.tagged_fields()?;
+    }
+    c.i32()?; // throttle_time_ms
+    let tags_at = c.at;
+    c.tagged_fields()?;
+    if c.at != frame.len() {
+        return Err(c.fail("bytes after the tagged fields"));
+    }
+    if frame[tags_at] == 0 {
+        return Ok(None);
+    }
+    let mut out = frame[..tags_at].to_vec();
+    out.push(0);
+    Ok(Some(out))
 }
 
 /// A read position in one answer (the frame without its length prefix).
@@ -469,6 +508,38 @@ mod tests {
             .unwrap();
             assert_eq!(back, frame, "v{version}");
         }
+    }
+
+    /// An ApiVersions v3 answer: two api key ranges (the second with a tagged field of its
+    /// own, kept), then `tags` as the answer's trailing tagged fields.
+    fn api_versions(error: i16, tags: &[u8]) -> Vec<u8> {
+        let mut f = 5i32.to_be_bytes().to_vec();
+        f.extend_from_slice(&error.to_be_bytes());
+        f.push(3);
+        f.extend_from_slice(&[0, 0, 0, 0, 0, 9, 0]);
+        f.extend_from_slice(&[0, 18, 0, 0, 0, 3, 1, 7, 1, 0xEE]);
+        f.extend_from_slice(&0i32.to_be_bytes());
+        f.extend_from_slice(tags);
+        f
+    }
+
+    #[test]
+    fn an_api_versions_answer_loses_its_trailing_tagged_fields_and_nothing_else() {
+        // Four tagged fields as tansu sends them (SupportedFeatures … ZkMigrationReady).
+        let tags = [4, 0, 1, 1, 1, 1, 0, 2, 1, 1, 3, 1, 0];
+        let frame = api_versions(0, &tags);
+        let trimmed = trim_api_versions(3, &frame).unwrap().unwrap();
+        assert_eq!(trimmed, api_versions(0, &[0]));
+        // None to drop, an error answer, or bytes it cannot read: left alone.
+        assert_eq!(trim_api_versions(3, &trimmed).unwrap(), None);
+        assert_eq!(
+            trim_api_versions(3, &api_versions(35, &tags)).unwrap(),
+            None
+        );
+        for cut in 4..frame.len() {
+            assert!(trim_api_versions(3, &frame[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(rewritten(API_VERSIONS, 3) && !rewritten(API_VERSIONS, 2));
     }
 
     #[test]
