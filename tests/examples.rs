@@ -8,7 +8,8 @@
 //! says where the record was last seen; mq-bridge on a full disk loses what it acknowledged.
 //! rsyslog (Debian 8.2302, unpacked by `ci/setup.sh`) as a log shipper — RELP input, a
 //! disk-assisted action queue, omrelp or omfwd out — loses what its queue held in memory when
-//! it is SIGKILLed, on both outputs; syslog-ng (Debian 3.38, unpacked the same way) with a
+//! it is SIGKILLed, on both outputs and into Kafka through omkafka (librdkafka 2.0.2, which
+//! reaches drill's broker only through the Kafka-aware link's rewrite); syslog-ng (Debian 3.38, unpacked the same way) with a
 //! reliable disk buffer loses records around the half-open link over plain TCP.
 
 use std::process::Command;
@@ -190,6 +191,44 @@ fn the_rsyslog_ompgsql_example_loses_what_its_memory_queue_held_at_the_kill() {
     assert_eq!(r["verdict"], "fail", "{}", r["headline"]);
     assert!(l["lost"].as_u64().unwrap() >= 200, "{l}");
     assert_eq!(l["duplicates_beyond_promise"], 0, "{l}");
+}
+
+/// The same shipper with omkafka (Debian's rsyslog-kafka, on librdkafka 2.0.2) into drill's
+/// Kafka destination. That librdkafka cannot read tansu's ApiVersions answer: without the
+/// Kafka-aware link's rewrite the engine never connected and the drill read "every record
+/// lost". With it, rsyslog delivers; a SIGKILL in the middle of the refusal takes what its
+/// memory queue and librdkafka's held, and the tap says none of it left the engine. Measured:
+/// 200 lost (4 s × 50/s), all "never left the engine", 2 copies without a write key.
+#[test]
+fn the_rsyslog_omkafka_example_connects_through_the_rewrite_and_loses_what_it_held_at_the_kill() {
+    let omkafka = have(
+        "rsyslog-kafka",
+        &[
+            "/usr/lib/x86_64-linux-gnu/rsyslog/omkafka.so",
+            "~/.cache/drill/rsyslog/usr/lib/x86_64-linux-gnu/rsyslog/omkafka.so",
+        ],
+    );
+    if !(omkafka && have_rsyslogd()) {
+        return;
+    }
+    let r = drill_example("rsyslog-omkafka");
+    let l = &r["ledger"];
+    println!("rsyslog omkafka: {} {l}", r["headline"]);
+    let trimmed = r["link"]["api_versions_trimmed"].as_u64().unwrap_or(0);
+    assert!(
+        trimmed > 0,
+        "the link rewrote no ApiVersions answer: {}",
+        r["link"]
+    );
+    assert_eq!(r["verdict"], "fail", "{}", r["headline"]);
+    let lost = l["lost"].as_u64().unwrap();
+    assert!((100..=400).contains(&lost), "{l}");
+    assert_eq!(
+        r["lost_last_seen"]["never_left"]["count"], lost,
+        "held in the engine at the kill: {}",
+        r["lost_last_seen"]
+    );
+    assert_eq!(l["duplicates_same_key"], 0, "it has no write key: {l}");
 }
 
 /// The same shipper with omfwd over plain TCP: the same loss at the kill, and on a destination
