@@ -3,7 +3,7 @@
 
     python3 ci/explore_mutants.py [--drill target/release/drill] [--mutant NAME ...]
         [--budget 10m] [--shrink-budget 10m] [--jobs 2] [--seed 1] [--cap 15]
-        [--out reports/explore/mutants]
+        [--out reports/explore/mutants] [--table]
 
 For each built-in engine mutant, the base scenario is the catalogue drill the selftest tries
 first for it (`Mutant::tried_first` in src/engine/mutant.rs, copied below) with its `faults:`
@@ -109,7 +109,12 @@ def main():
     ap.add_argument("--seed", default="1")
     ap.add_argument("--cap", type=int, default=15)
     ap.add_argument("--out", default="reports/explore/mutants")
+    ap.add_argument("--table", action="store_true",
+                    help="only write OUT/README.md from the mutant folders already there")
     args = ap.parse_args()
+    if args.table:
+        table(args)
+        return
     unknown = [m for m in args.mutant if m not in TRIED_FIRST]
     if unknown:
         ap.error(f"unknown mutant(s) {unknown}; known: {', '.join(TRIED_FIRST)}")
@@ -127,8 +132,26 @@ def main():
         print(f"explore_mutants: {mutant} from {drill}: {' '.join(cmd)}", file=sys.stderr)
         subprocess.run(cmd, env={**os.environ, "DRILL_MUTANT": mutant},
                        stdout=subprocess.DEVNULL, check=False)
-        rows.append(row(mutant, drill, folder, time.monotonic() - started))
+        took = time.monotonic() - started
+        with open(os.path.join(folder, "took_s"), "w") as f:
+            f.write(f"{took:.0f}\n")
+        rows.append(row(mutant, drill, folder, took))
         write(args, rows)
+
+
+def table(args):
+    """The table again from the mutant folders already under --out (runs split over several
+    invocations, each with its own --mutant list, write one table at the end)."""
+    rows = []
+    for mutant, drill in TRIED_FIRST.items():
+        folder = os.path.join(args.out, mutant)
+        try:
+            with open(os.path.join(folder, "took_s")) as f:
+                took = float(f.read())
+        except OSError:
+            continue
+        rows.append(row(mutant, drill, folder, took))
+    write(args, rows)
 
 
 def write(args, rows):

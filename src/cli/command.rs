@@ -329,9 +329,19 @@ async fn dispatch(command: Command) -> u8 {
             super::selftest::run(flags, cancel).await
         }
         Command::Diff(flags) => super::diff::run(flags),
-        Command::Explore(flags) => tokio::task::spawn_blocking(move || super::explore::run(flags))
-            .await
-            .unwrap_or(super::INFRASTRUCTURE),
+        Command::Explore(flags) => {
+            let work = tokio::task::spawn_blocking(move || super::explore::run(flags));
+            tokio::select! {
+                code = work => code.unwrap_or(super::INFRASTRUCTURE),
+                // Exits at once: each `drill run` child gets SIGTERM as its parent-death signal
+                // and heals and cleans up as on Ctrl-C; what explore saved (failing-N.yaml,
+                // explore.json) is already on disk.
+                () = cancel.cancelled() => {
+                    eprintln!("drill explore: interrupted; its drills stop with it and clean up, failing-N.yaml and explore.json stay as written");
+                    std::process::exit(i32::from(super::INFRASTRUCTURE));
+                }
+            }
+        }
         Command::Init(flags) => super::init::init(flags),
         Command::Check { files } => super::check::check(&files),
         Command::Schema => super::check::schema(),

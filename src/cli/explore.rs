@@ -60,6 +60,9 @@ pub struct Flags {
     /// Runs a shrink candidate must pass before it counts as passing.
     #[arg(long, default_value_t = 2)]
     pub shrink_retries: usize,
+    /// Runs in a row a shrink candidate must fail the same way before it is accepted.
+    #[arg(long, default_value_t = 2)]
+    pub shrink_confirm: usize,
     /// Reruns of each minimal timeline ("reproduces k/K").
     #[arg(long, default_value_t = 3)]
     pub reproduce: usize,
@@ -522,6 +525,7 @@ impl Explorer {
         let budget = self.flags.shrink_budget.0;
         let settings = Settings {
             retries: self.flags.shrink_retries,
+            confirm: self.flags.shrink_confirm,
             jobs: self.flags.jobs.max(1),
             reproduce: self.flags.reproduce,
             ..Settings::default()

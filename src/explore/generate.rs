@@ -4,7 +4,9 @@
 //! (swarm testing: a run without some features finds what they would mask), holds one to five
 //! faults (three in five timelines one or two), outages log-uniform over 1–30 s, each
 //! fault likely to start 0–3 s after the previous one healed or during the drain, and ends
-//! healed: every fault has an end, and the scenario's drain reads back after the last.
+//! healed: every fault has an end, and the scenario's drain reads back after the last. A drain
+//! is there only after an outage, so a "drain" fault with no heal after the workload lands in
+//! the workload's last 3 s instead (one after everything was delivered meets no traffic).
 
 use super::timeline::{Fault, Menu, Timeline};
 use crate::seed::Seeded;
@@ -73,8 +75,10 @@ pub fn timeline(seed: u64, i: u64, menu: &Menu) -> Timeline {
         let at_ms = match (r.below(10), last_heal) {
             // Just after a heal, when the engine reconnects and drains its backlog.
             (0..=5, Some(heal)) if n > 0 => heal + r.below(3_001),
-            // During the drain, after the workload.
-            (6..=7, _) => w + r.below(3_001),
+            // During the drain: after the workload, while an earlier outage's backlog is sent
+            // (no backlog, no drain: then in the workload's last 3 s, holding one back).
+            (6..=7, Some(heal)) if heal >= w => heal + r.below(1_501),
+            (6..=7, _) => w - 3_000.min(w - 1_000) + r.below(3_001),
             // Anywhere in the workload, after its first second.
             _ => 1_000 + r.below(w - 1_000),
         };
@@ -214,5 +218,19 @@ mod tests {
             .filter(|f| f.at_ms >= m.workload_ms)
             .count();
         assert!(in_drain > 0);
+        // A fault after the workload comes within 3 s of an earlier heal: a drain is there
+        // only after an outage, and one after everything was delivered meets no traffic.
+        for t in &all {
+            for f in t.faults.iter().filter(|f| f.at_ms >= m.workload_ms) {
+                assert!(
+                    t.faults
+                        .iter()
+                        .filter(|p| !std::ptr::eq(*p, f))
+                        .any(|p| p.end_ms() <= f.at_ms && f.at_ms <= p.end_ms() + 3_000),
+                    "{}",
+                    t.yaml(&m)
+                );
+            }
+        }
     }
 }

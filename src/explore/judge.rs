@@ -7,8 +7,10 @@
 //! reordered, unexpected, altered, attempts overlapping, the ledger — and the timing bounds
 //! (`recovery`, `drain`, `max_copies` after one cut, `not_accepted` while the disk is full)
 //! are only reported. A run that is neither pass nor fail on those is *unresolved*: exit 2
-//! or 3, an inconclusive drill (a fault met no traffic, the engine went around the proxy), a
-//! reader that may have missed copies, or fewer faults in the report than the timeline had.
+//! or 3, a reader that may have missed copies, or — for a run that failed none of them — an
+//! inconclusive drill (a fault met no traffic, the engine went around the proxy) or fewer
+//! faults in the report than the timeline had. A judged check that failed stands though one
+//! fault of the timeline proved nothing: records lost are lost.
 
 use super::shrink::{Failed, Outcome};
 
@@ -36,21 +38,8 @@ pub fn outcome(exit: Option<i32>, report: Option<&serde_json::Value>, faults: us
         (Some(code), _) => return Outcome::Unresolved(format!("exit {code}")),
         (None, _) => return Outcome::Unresolved("killed by a signal".to_string()),
     };
-    if let Some(why) = report["inconclusive"]
-        .as_array()
-        .and_then(|a| a.first())
-        .and_then(|r| r.as_str())
-    {
-        return Outcome::Unresolved(format!("inconclusive: {why}"));
-    }
     if let Some(f) = report["verifier_fault"].as_str() {
         return Outcome::Unresolved(format!("verifier fault: {f}"));
-    }
-    let logged = report["faults"].as_array().map_or(0, Vec::len);
-    if logged < faults {
-        return Outcome::Unresolved(format!(
-            "{logged} of {faults} faults in the report: a fault did not apply"
-        ));
     }
     let failed: Failed = report["expectations"]
         .as_array()
@@ -61,11 +50,25 @@ pub fn outcome(exit: Option<i32>, report: Option<&serde_json::Value>, faults: us
         .filter(|c| JUDGED.contains(c))
         .map(str::to_string)
         .collect();
-    if failed.is_empty() {
-        Outcome::Passes
-    } else {
-        Outcome::Fails(failed)
+    // Records lost are lost though another fault of the timeline met no traffic or did not
+    // apply: only a pass needs every fault to have bitten.
+    if !failed.is_empty() {
+        return Outcome::Fails(failed);
     }
+    if let Some(why) = report["inconclusive"]
+        .as_array()
+        .and_then(|a| a.first())
+        .and_then(|r| r.as_str())
+    {
+        return Outcome::Unresolved(format!("inconclusive: {why}"));
+    }
+    let logged = report["faults"].as_array().map_or(0, Vec::len);
+    if logged < faults {
+        return Outcome::Unresolved(format!(
+            "{logged} of {faults} faults in the report: a fault did not apply"
+        ));
+    }
+    Outcome::Passes
 }
 
 /// The timing rows a run failed (reported, not judged): `recovery`, `drain` …
@@ -114,30 +117,40 @@ mod tests {
 
     #[test]
     fn what_is_neither_pass_nor_fail_is_unresolved() {
-        let ok = report(&[("lost", false)], 1);
+        let lost = report(&[("lost", false)], 1);
+        let clean = report(&[("lost", true)], 1);
         for (exit, r, faults) in [
-            (Some(3), Some(&ok), 1),
+            (Some(3), Some(&lost), 1),
             (Some(2), None, 1),
             (None, None, 1),
             (Some(1), None, 1),
-            (Some(1), Some(&ok), 2),
+            (Some(0), Some(&clean), 2),
         ] {
             assert!(
                 matches!(outcome(exit, r, faults), Outcome::Unresolved(_)),
                 "{exit:?} {faults}"
             );
         }
-        let mut inconclusive = ok.clone();
+        let mut inconclusive = clean.clone();
         inconclusive["inconclusive"] = json!(["the fault at 6.0 s met no traffic"]);
         assert_eq!(
             outcome(Some(1), Some(&inconclusive), 1),
             Outcome::Unresolved("inconclusive: the fault at 6.0 s met no traffic".into())
         );
-        let mut reader = ok;
+        let mut reader = lost.clone();
         reader["verifier_fault"] = json!("the reader lagged");
         assert!(matches!(
             outcome(Some(1), Some(&reader), 1),
             Outcome::Unresolved(_)
         ));
+        // Records lost stay lost though another fault met no traffic or did not apply.
+        let mut lost_anyway = lost.clone();
+        lost_anyway["inconclusive"] = json!(["the fault at 6.0 s met no traffic"]);
+        let want: Failed = ["lost".to_string()].into();
+        assert_eq!(
+            outcome(Some(1), Some(&lost_anyway), 1),
+            Outcome::Fails(want.clone())
+        );
+        assert_eq!(outcome(Some(1), Some(&lost), 2), Outcome::Fails(want));
     }
 }

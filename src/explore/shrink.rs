@@ -8,7 +8,9 @@
 //! - the failing timeline is rerun once before anything; when it does not fail the same way
 //!   again it is [`Found::Flaky`] and not shrunk;
 //! - a candidate is accepted only when it fails with the same signature (the set of failed
-//!   checks, no counts); one failing otherwise is a new finding, kept and never accepted;
+//!   checks, no counts) `confirm` runs in a row — one that fails so once and then passes is
+//!   flaky, counted unresolved — and one failing otherwise is a new finding, kept and never
+//!   accepted;
 //! - a candidate counts as passing only after `retries` runs that all passed; a run that is
 //!   neither (an unapplied fault, an infrastructure failure, an inconclusive drill) is
 //!   *unresolved*, never a pass;
@@ -41,6 +43,9 @@ pub enum Outcome {
 pub struct Settings {
     /// Runs a candidate must pass before it counts as passing (`--shrink-retries`).
     pub retries: usize,
+    /// Runs in a row a candidate must fail the same way before it is accepted
+    /// (`--shrink-confirm`): one lucky failure does not make a minimal timeline.
+    pub confirm: usize,
     /// Candidates run at once.
     pub jobs: usize,
     /// At most this many runs (the run budget; a clock is the caller's `out_of_time`).
@@ -57,6 +62,7 @@ impl Default for Settings {
     fn default() -> Settings {
         Settings {
             retries: 2,
+            confirm: 2,
             jobs: 2,
             max_runs: usize::MAX,
             stale_runs: 15,
@@ -227,14 +233,18 @@ impl Shrinker<'_> {
         None
     }
 
-    /// Each of `batch` run until it fails or has passed `retries` times.
+    /// Each of `batch` run until it has passed `retries` times, failed the same way `confirm`
+    /// times in a row, or come to anything else.
     fn judge(&mut self, batch: &[Timeline]) -> Vec<Judged> {
         let mut judged = vec![Judged::Passes; batch.len()];
         let mut passes = vec![0; batch.len()];
+        let mut same = vec![0; batch.len()];
         loop {
             let pending: Vec<usize> = (0..batch.len())
-                .filter(|&i| {
-                    judged[i] == Judged::Passes && passes[i] < self.settings.retries.max(1)
+                .filter(|&i| match judged[i] {
+                    Judged::Passes => passes[i] < self.settings.retries.max(1),
+                    Judged::Same => same[i] < self.settings.confirm.max(1),
+                    _ => false,
                 })
                 .collect();
             if pending.is_empty() {
@@ -243,8 +253,13 @@ impl Shrinker<'_> {
             let timelines: Vec<Timeline> = pending.iter().map(|&i| batch[i].clone()).collect();
             for (&i, outcome) in pending.iter().zip(self.run_all(&timelines)) {
                 judged[i] = match outcome {
-                    Outcome::Fails(f) if f == self.failed => Judged::Same,
+                    Outcome::Fails(f) if f == self.failed => {
+                        same[i] += 1;
+                        Judged::Same
+                    }
                     Outcome::Fails(f) => Judged::Other(f),
+                    // Failed the same way, then passed: neither shrinks nor passes.
+                    Outcome::Passes if same[i] > 0 => Judged::Unresolved,
                     Outcome::Passes => {
                         passes[i] += 1;
                         Judged::Passes
@@ -533,6 +548,53 @@ mod tests {
         assert_eq!(once.minimal, both_bugs(), "with one try nothing shrinks");
         let twice = runs_of(2);
         assert_eq!(twice.minimal.faults.len(), 2, "{:?}", twice.minimal);
+    }
+
+    #[test]
+    fn a_candidate_that_failed_once_by_luck_is_not_accepted() {
+        // The start fails every time; every candidate fails as it does on its first run only
+        // (a lucky timing), then passes.
+        let minimal_with = |confirm: usize| {
+            let mut seen: HashMap<Timeline, usize> = HashMap::new();
+            let mut lucky_once = |ts: &[Timeline]| {
+                ts.iter()
+                    .map(|t| {
+                        let n = seen.entry(t.clone()).or_default();
+                        *n += 1;
+                        if *n == 1 || *t == both_bugs() {
+                            bugs(t)
+                        } else {
+                            Outcome::Passes
+                        }
+                    })
+                    .collect()
+            };
+            let settings = Settings {
+                confirm,
+                ..Settings::default()
+            };
+            shrunk(shrink(
+                both_bugs(),
+                names(&["lost"]),
+                &settings,
+                &mut lucky_once,
+                &mut || false,
+            ))
+        };
+        let believed = minimal_with(1);
+        assert_ne!(believed.minimal, both_bugs(), "one failure was enough");
+        assert_eq!(
+            believed.reproduced, 0,
+            "and the minimal one does not reproduce"
+        );
+        let confirmed = minimal_with(2);
+        assert_eq!(confirmed.minimal, both_bugs(), "{:?}", confirmed.minimal);
+        assert_eq!(confirmed.reproduced, 3);
+        assert!(
+            matches!(confirmed.stop, Stop::Minimal { unresolved } if unresolved > 0),
+            "{:?}",
+            confirmed.stop
+        );
     }
 
     #[test]
