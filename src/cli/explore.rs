@@ -370,7 +370,7 @@ impl Runner {
     fn spawn(&self, label: &str, t: &Timeline) -> Option<std::process::Child> {
         let runs = self.out.join("runs");
         let file = runs.join(format!("{label}.yaml"));
-        std::fs::write(&file, self.base.scenario(t, &self.menu)).ok()?;
+        std::fs::write(&file, self.base.scenario(t, &self.menu, &runs)).ok()?;
         let log = std::fs::File::create(runs.join(format!("{label}.log"))).ok()?;
         // The child stops with explore (SIGTERM: a SIGKILL mid-shrink leaves no drill running
         // on); the thread that spawns it lives as long as the explore does.
@@ -501,7 +501,11 @@ impl Explorer {
             self.seed,
             self.scenario.display()
         );
-        let text = header + &self.runner.base.scenario(&t, &self.runner.menu);
+        let text = header
+            + &self
+                .runner
+                .base
+                .scenario(&t, &self.runner.menu, &self.runner.out);
         let _ = std::fs::write(self.runner.out.join(&failing_file), text);
         self.findings.push(Finding {
             n,
@@ -588,7 +592,11 @@ impl Explorer {
                     s.reproduced,
                     reproduce
                 );
-                let text = header + &self.runner.base.scenario(&s.minimal, &self.runner.menu);
+                let text = header
+                    + &self
+                        .runner
+                        .base
+                        .scenario(&s.minimal, &self.runner.menu, &self.runner.out);
                 let _ = std::fs::write(self.runner.out.join(&file), text);
                 f.status = match s.stop {
                     Stop::Minimal { unresolved: 0 } => {

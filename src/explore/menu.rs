@@ -37,6 +37,8 @@ impl Base {
     pub fn from_text(path: &Path, text: &str) -> Result<Base, ScenarioError> {
         let text = without_block(text, "faults");
         let plan = scenario::parse(path, &text)?;
+        // Every scenario explore writes names the base's folder itself (plan.dir).
+        let text = without_block(&text, "scenario_dir");
         Ok(Base {
             path: path.to_path_buf(),
             text,
@@ -44,11 +46,20 @@ impl Base {
         })
     }
 
-    /// The scenario text of `timeline`: the base's, with its faults and workload duration.
-    pub fn scenario(&self, timeline: &Timeline, menu: &Menu) -> String {
+    /// The scenario text of `timeline` for a file written in the folder `into`: the base's,
+    /// with its faults and workload duration, and a `scenario_dir:` leading from `into` back
+    /// to the base's folder (so `{scenario_dir}` and `system.files` templates still resolve).
+    pub fn scenario(&self, timeline: &Timeline, menu: &Menu, into: &Path) -> String {
         let mut text = with_duration(&self.text, timeline.workload_ms);
         if !text.ends_with('\n') {
             text.push('\n');
+        }
+        let back = relative(into, &self.plan.dir);
+        if back != Path::new(".") {
+            text.push_str(&format!(
+                "scenario_dir: {}\n",
+                serde_json::Value::from(back.display().to_string())
+            ));
         }
         text.push_str(&timeline.yaml(menu));
         text
@@ -56,7 +67,8 @@ impl Base {
 
     /// What `timeline` validates to, as `drill run` would read it.
     pub fn plan(&self, timeline: &Timeline, menu: &Menu) -> Result<Plan, ScenarioError> {
-        scenario::parse(&self.path, &self.scenario(timeline, menu))
+        let here = self.path.parent().unwrap_or(Path::new("."));
+        scenario::parse(&self.path, &self.scenario(timeline, menu, here))
     }
 
     /// Every choice of drill's fault vocabulary that the validator takes on this scenario, one
@@ -207,6 +219,30 @@ fn without_block(text: &str, key: &str) -> String {
     out
 }
 
+/// The path from the folder `from` to the folder `to` (`..` steps, then down), both taken as
+/// the file system has them; `to` itself when `from` cannot be resolved.
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let (Ok(from), Ok(to)) = (std::fs::canonicalize(from), std::fs::canonicalize(to)) else {
+        return to.to_path_buf();
+    };
+    let common = from
+        .components()
+        .zip(to.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut out = PathBuf::new();
+    for _ in from.components().skip(common) {
+        out.push("..");
+    }
+    for c in to.components().skip(common) {
+        out.push(c);
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
+    }
+    out
+}
+
 /// `text` with the workload's `duration:` set to `ms`.
 fn with_duration(text: &str, ms: u64) -> String {
     let duration = Dur(std::time::Duration::from_millis(ms)).to_string();
@@ -248,6 +284,25 @@ drain_timeout: 60s
 
     fn base() -> Base {
         Base::from_text(Path::new("base.yaml"), BASE).unwrap()
+    }
+
+    #[test]
+    fn a_scenario_written_elsewhere_leads_back_to_the_bases_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("out/runs");
+        std::fs::create_dir_all(&runs).unwrap();
+        std::fs::write(dir.path().join("engine.tmpl"), "x").unwrap();
+        let text = BASE.to_string() + "scenario_dir: .\n";
+        let b = Base::from_text(&dir.path().join("base.yaml"), &text).unwrap();
+        let t = Timeline::new(Vec::new(), 20_000);
+        let m = b.menu();
+        let written = b.scenario(&t, &m, &runs);
+        assert!(written.contains("scenario_dir: \"../..\"\n"), "{written}");
+        assert_eq!(written.matches("scenario_dir:").count(), 1, "{written}");
+        let plan = scenario::parse(&runs.join("0.yaml"), &written).unwrap();
+        assert_eq!(plan.dir, std::fs::canonicalize(dir.path()).unwrap());
+        // Beside the base: nothing added.
+        assert!(!b.scenario(&t, &m, dir.path()).contains("scenario_dir"));
     }
 
     #[test]

@@ -11,7 +11,6 @@ use super::{Options, RunError, say};
 use crate::engine::{DurText, EngineConfig, OutputConfig, RefusalConfig};
 use crate::process::{free_port, free_ports};
 use crate::proxy::Link;
-use crate::scenario::command::scenario_dir;
 use crate::scenario::{CommandSpec, Plan, RemoteSpec};
 use crate::sut::command::{Placement, host_values};
 use crate::sut::remote::{AgentAt, EngineOrder};
@@ -114,10 +113,7 @@ async fn command_engine(
     std::fs::create_dir_all(&data_dir).map_err(io)?;
     let ports = free_ports(&spec.ports, HashSet::from([ingest.port()])).map_err(io)?;
     let mut values = drill_values(plan, rig, run_id);
-    values.insert(
-        "scenario_dir".to_string(),
-        scenario_dir(&plan.source).display().to_string(),
-    );
+    values.insert("scenario_dir".to_string(), plan.dir.display().to_string());
     values.extend(host_values(ingest, work, &data_dir, &ports));
     let log_path = work.parent().unwrap_or(work).join("engine.log");
     let _ = std::fs::remove_file(&log_path);

@@ -99,6 +99,9 @@ pub struct Plan {
     pub name: String,
     pub about: Option<String>,
     pub source: PathBuf,
+    /// The folder `{scenario_dir}` and templates are relative to: the file's own, or its
+    /// `scenario_dir:`.
+    pub dir: PathBuf,
     pub seed: u64,
     /// The validated `destination:` section, with the kind's own settings and rules.
     pub destination: dest::Spec,

@@ -42,6 +42,11 @@ pub(super) struct RawScenario {
     pub(super) drain_timeout: Option<Dur>,
     #[serde(default)]
     pub(super) tags: Vec<String>,
+    /// The folder `{scenario_dir}` and `system.files` templates are relative to, itself
+    /// relative to this file's folder (default: this file's folder). `drill explore` sets it
+    /// in the scenarios it writes elsewhere, so they find what the base scenario refers to.
+    #[serde(default)]
+    pub(super) scenario_dir: Option<String>,
     /// Links served elsewhere, by link name: `{ mqtt: { remote: "http://HOST:8474", token_env:
     /// NAME } }` (see `links.rs`).
     #[serde(default)]

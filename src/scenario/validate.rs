@@ -39,7 +39,14 @@ pub(super) fn validate(mut raw: RawScenario, text: &str, source: &Path) -> Resul
         .system
         .as_mut()
         .map(|s| (s.agent.take(), s.token_env.take()));
-    let (engine, command) = system(raw.system, &destination, source, &anchor)?;
+    let dir = match &raw.scenario_dir {
+        Some(d) => {
+            let dir = command::scenario_dir(source).join(d);
+            std::fs::canonicalize(&dir).unwrap_or(dir)
+        }
+        None => command::scenario_dir(source),
+    };
+    let (engine, command) = system(raw.system, &destination, &dir, &anchor)?;
     let workload = workload(raw.workload, &destination, &anchor)?;
     let faults = faults(
         &raw.faults,
@@ -83,6 +90,7 @@ pub(super) fn validate(mut raw: RawScenario, text: &str, source: &Path) -> Resul
         name,
         about: raw.about,
         source: source.to_path_buf(),
+        dir,
         seed: raw.seed.unwrap_or(1),
         destination,
         engine,
@@ -121,7 +129,7 @@ fn name(raw: &Spanned<String>) -> Result<String, Located> {
 fn system(
     raw: Option<RawSystem>,
     destination: &Spec,
-    source: &Path,
+    dir: &Path,
     anchor: &Location,
 ) -> Result<(EngineSpec, Option<CommandSpec>), Located> {
     let Some(raw) = raw else {
@@ -182,7 +190,7 @@ fn system(
             stop_grace: raw.stop_grace,
         },
         destination,
-        &command::scenario_dir(source),
+        dir,
         &anchor,
     )?;
     // A user's engine has none of the built-in engine's settings; only its promise counts.
