@@ -89,12 +89,18 @@ def row(mutant, drill, folder, took):
     if not x["findings"]:
         return [mutant, drill, f"not found in {x['runs']} runs", "", "", "", "", "",
                 f"{took:.0f}"]
-    f = x["findings"][0]
+    # The first finding shrunk (flaky ones before it are counted, not shown).
+    shrunk = [f for f in x["findings"] if f.get("minimal_size")]
+    f = shrunk[0] if shrunk else x["findings"][0]
+    flaky = x["findings"].index(f)
     before = f"{f['before_size'][0]} faults, {f['before_size'][1] / 1000:.1f} s"
     after = (f"{f['minimal_size'][0]} faults, {f['minimal_size'][1] / 1000:.1f} s"
              if f.get("minimal_size") else "")
     rep = f"{f['reproduced'][0]}/{f['reproduced'][1]}" if f.get("reproduced") else ""
-    return [mutant, drill, f"{{{', '.join(f['failed'])}}} after {f['found_after_s']:.0f} s",
+    first = f"{{{', '.join(f['failed'])}}} after {f['found_after_s']:.0f} s"
+    if flaky:
+        first += f" ({flaky} flaky before)"
+    return [mutant, drill, first,
             before, after, str(f["shrink_runs"]), rep, "; ".join(f.get("minimal") or []),
             f"{took:.0f}"]
 

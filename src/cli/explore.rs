@@ -69,7 +69,8 @@ pub struct Flags {
     /// Where it writes (default reports/explore/<scenario name>).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Stop exploring once the first finding is shrunk (to measure the time to a first
+    /// Stop exploring once the first finding is shrunk — a flaky one, not shrunk, does not
+    /// stop it (to measure the time to a first
     /// failure, as the per-mutant table under reports/explore/ does).
     #[arg(long)]
     pub first: bool,
@@ -417,7 +418,7 @@ struct Explorer {
 impl Explorer {
     /// Whether to start no more timelines: the clock, or `--runs` timelines started.
     fn out_of_budget(&self, started: u64) -> bool {
-        (self.flags.first && !self.findings.is_empty())
+        (self.flags.first && self.findings.iter().any(|f| f.minimal_file.is_some()))
             || self.started.elapsed() >= self.flags.budget.0
             || self.flags.runs.is_some_and(|r| started >= r)
     }
