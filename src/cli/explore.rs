@@ -139,7 +139,7 @@ pub fn run(flags: Flags) -> u8 {
     if single {
         let file = flags.scenarios[0].clone();
         let base = match Base::load(&file) {
-            Ok(b) => b,
+            Ok(b) => settle_runtime(b),
             Err(e) => {
                 eprintln!("drill explore: {e}");
                 return INVALID;
@@ -173,7 +173,7 @@ fn explore_many(flags: Flags) -> u8 {
     let mut tagged = 0;
     for file in files {
         let base = match Base::load(&file) {
-            Ok(b) => b,
+            Ok(b) => settle_runtime(b),
             Err(e) => {
                 eprintln!("drill explore: {e}");
                 return INVALID;
@@ -242,6 +242,38 @@ fn explorable(base: &Base) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// `base` told whether its broker will run in a container, as `drill run` will decide it:
+/// `runtime: auto` takes one when a Docker engine answers and has the image (or can pull it).
+/// Where it will not, broker faults stay off the menu (the run would refuse them, exit 3).
+fn settle_runtime(base: Base) -> Base {
+    use crate::dest::Runtime;
+    if base.plan.destination.runtime != Runtime::Auto {
+        return base;
+    }
+    let Some(image) = base.plan.destination.imp.image() else {
+        return base;
+    };
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return base;
+    };
+    let mut notes = Vec::new();
+    let placed = handle.block_on(crate::dest::place(
+        image,
+        "a local broker",
+        Runtime::Auto,
+        &mut notes,
+    ));
+    let container = matches!(placed, Ok(Some(_)));
+    if !container {
+        eprintln!(
+            "drill explore: {}: no broker faults ({})",
+            base.plan.name,
+            notes.join("; ")
+        );
+    }
+    base.broker_in_container(container)
 }
 
 /// Explores one scenario; the exit code.

@@ -498,6 +498,12 @@ pub trait Destination: std::fmt::Debug + Send + Sync {
         true
     }
 
+    /// The broker's container image: the variable naming one and the official one (`None`:
+    /// drill runs no broker container for this kind).
+    fn image(&self) -> Option<(&'static str, &'static str)> {
+        None
+    }
+
     /// Starts (or reaches) the broker and puts the links in front of it.
     fn provision<'a>(&'a self, p: Provision<'a>) -> BoxFuture<'a, Result<Provisioned, DestError>>;
 

@@ -18,6 +18,10 @@ pub struct Base {
     /// The scenario's text with its `faults:` section taken out.
     text: String,
     pub plan: Plan,
+    /// The broker runs in a container, where drill can kill and pause it: `runtime:
+    /// container`, or `auto` where the caller found a container would be used
+    /// ([`Base::broker_in_container`]).
+    broker_container: bool,
 }
 
 /// Timelines the validator refuses are made again from the next stream, at most this often.
@@ -39,11 +43,20 @@ impl Base {
         let plan = scenario::parse(path, &text)?;
         // Every scenario explore writes names the base's folder itself (plan.dir).
         let text = without_block(&text, "scenario_dir");
+        let broker_container = plan.destination.runtime == crate::dest::Runtime::Container;
         Ok(Base {
             path: path.to_path_buf(),
             text,
             plan,
+            broker_container,
         })
+    }
+
+    /// Says whether the broker will run in a container (what `runtime: auto` comes to on this
+    /// machine, which only the caller can find out): broker faults are offered only then.
+    pub fn broker_in_container(mut self, yes: bool) -> Base {
+        self.broker_container = yes;
+        self
     }
 
     /// The scenario text of `timeline` for a file written in the folder `into`: the base's,
@@ -79,7 +92,7 @@ impl Base {
             choices: Vec::new(),
             workload_ms,
         };
-        for choice in vocabulary(&self.plan) {
+        for choice in vocabulary(&self.plan, self.broker_container) {
             let one = Menu {
                 choices: vec![choice.clone()],
                 workload_ms,
@@ -109,8 +122,10 @@ impl Base {
     }
 }
 
-/// drill's fault vocabulary for `plan`'s links and targets, before the validator prunes it.
-fn vocabulary(plan: &Plan) -> Vec<Choice> {
+/// drill's fault vocabulary for `plan`'s links and targets, before the validator prunes it;
+/// broker faults only where drill can stop the broker (`broker_container`, or a cluster's
+/// node as a process).
+fn vocabulary(plan: &Plan, broker_container: bool) -> Vec<Choice> {
     let mut out = Vec::new();
     let mut add = |fields: String, length: Option<&'static str>, family: &str| {
         out.push(Choice {
@@ -165,7 +180,17 @@ fn vocabulary(plan: &Plan) -> Vec<Choice> {
         Some("for"),
         "engine fill_disk",
     );
+    // Broker faults need a broker drill can stop on its own: `drill check` takes them, and the
+    // run refuses them (exit 3) unless the broker runs in a container — or, as processes, is
+    // a cluster's node to kill (none paused). The embedded MQTT broker and an external one
+    // are no such broker.
+    let process = !broker_container;
+    let cluster = plan.destination.link_names().len() > 1
+        && plan.destination.runtime != crate::dest::Runtime::External;
     for action in ["kill", "crash", "pause"] {
+        if process && (!cluster || action == "pause") {
+            continue;
+        }
         add(
             format!("target: broker, action: {action}"),
             Some("restart_after"),
@@ -331,7 +356,6 @@ drain_timeout: 60s
             "link hang",
             "link strand",
             "engine kill",
-            "broker kill",
             "proxy restart",
         ] {
             assert!(families.contains(&f), "{f} missing from {families:?}");
@@ -340,6 +364,25 @@ drain_timeout: 60s
         assert!(!families.contains(&"link loss"), "{families:?}");
         assert!(!families.contains(&"destination answer"), "{families:?}");
         assert_eq!(menu.workload_ms, 20_000);
+        // One broker as a process or embedded cannot be killed or paused by drill (the run
+        // would exit 3); in a container it can.
+        assert!(
+            !families.iter().any(|f| f.starts_with("broker")),
+            "{families:?}"
+        );
+        let embedded = BASE.replace("runtime: process", "runtime: auto");
+        let b = Base::from_text(Path::new("base.yaml"), &embedded).unwrap();
+        assert!(!b.menu().families().iter().any(|f| f.starts_with("broker")));
+        let container = BASE.replace("runtime: process", "runtime: container");
+        let b = Base::from_text(Path::new("base.yaml"), &container).unwrap();
+        let families = b.menu().families().join(", ");
+        let auto = BASE.replace("runtime: process", "runtime: auto");
+        let b = Base::from_text(Path::new("base.yaml"), &auto).unwrap();
+        let b = b.broker_in_container(true);
+        assert_eq!(b.menu().families().join(", "), families);
+        for f in ["broker kill", "broker crash", "broker pause"] {
+            assert!(families.contains(f), "{f} missing from {families}");
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::proxy::Link;
 pub const PARTITIONS: i32 = 1;
 
 /// The image and the variable that overrides it.
-const IMAGE: (&str, &str) = ("DRILL_IMAGE_KAFKA", "apache/kafka:3.9.1");
+pub(crate) const IMAGE: (&str, &str) = ("DRILL_IMAGE_KAFKA", "apache/kafka:3.9.1");
 
 /// Finds the Kafka-protocol broker `tansu`, if installed (on PATH or in ~/.cargo/bin, where
 /// `cargo install tansu --features dynostore,libsql` puts it; ci/setup.sh does that).

@@ -104,6 +104,10 @@ fn validate(section: &Section) -> Result<Own, Located> {
 }
 
 impl Destination for Kafka {
+    fn image(&self) -> Option<(&'static str, &'static str)> {
+        Some(broker::IMAGE)
+    }
+
     fn kind(&self) -> Kind {
         Kind::Kafka
     }

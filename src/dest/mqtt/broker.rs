@@ -27,7 +27,7 @@ use crate::process::{LocalProcess, StartError, dies_with_drill, free_port, wait_
 use crate::proxy::Link;
 
 /// The image and the variable that overrides it.
-const IMAGE: (&str, &str) = ("DRILL_IMAGE_MQTT", "eclipse-mosquitto:2");
+pub(crate) const IMAGE: (&str, &str) = ("DRILL_IMAGE_MQTT", "eclipse-mosquitto:2");
 
 /// Finds the mosquitto binary, if installed.
 pub fn mosquitto_path() -> Option<PathBuf> {

@@ -83,6 +83,10 @@ fn validate(section: &Section) -> Result<Own, Located> {
 }
 
 impl Destination for Mqtt {
+    fn image(&self) -> Option<(&'static str, &'static str)> {
+        Some(broker::IMAGE)
+    }
+
     fn kind(&self) -> Kind {
         Kind::Mqtt
     }

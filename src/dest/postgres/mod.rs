@@ -293,6 +293,10 @@ fn validate(section: &Section) -> Result<Own, Located> {
 }
 
 impl Destination for Postgres {
+    fn image(&self) -> Option<(&'static str, &'static str)> {
+        Some(broker::IMAGE)
+    }
+
     fn kind(&self) -> Kind {
         Kind::Postgres
     }

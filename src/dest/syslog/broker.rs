@@ -59,7 +59,7 @@ pub struct Rsyslog {
 /// The container image: `DRILL_IMAGE_SYSLOG`, else rsyslog's own (`rsyslog/rsyslog`: Ubuntu
 /// with rsyslog's packages; RELP needs its `imrelp` module there). `ci/images.sh` builds
 /// `drill-local/rsyslog` from the Debian packages `ci/setup.sh` unpacks.
-pub const IMAGE: (&str, &str) = ("DRILL_IMAGE_SYSLOG", "rsyslog/rsyslog");
+pub(crate) const IMAGE: (&str, &str) = ("DRILL_IMAGE_SYSLOG", "rsyslog/rsyslog");
 
 /// drill's folder inside the container (bound to the work folder's `rsyslog/`), and the port
 /// rsyslog listens on there (above 1024: it runs as drill's user).

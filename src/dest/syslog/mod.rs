@@ -193,6 +193,10 @@ fn validate(section: &Section) -> Result<Own, Located> {
 }
 
 impl Destination for Syslog {
+    fn image(&self) -> Option<(&'static str, &'static str)> {
+        Some(broker::IMAGE)
+    }
+
     fn kind(&self) -> Kind {
         Kind::Syslog
     }
