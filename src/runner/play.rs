@@ -369,10 +369,14 @@ impl<'a> Drill<'a> {
                 "the engine was already down".to_string()
             }
         });
+        // A crash is dated when the engine is gone, not when the fault began: an ingest it
+        // answered in between (the answer read a few ms later) was accepted before the crash,
+        // and its copies after a restart are the crash's (a torn power cut at 4.3 s made one
+        // such copy count "beyond at_least_once" for the correct engine).
         let kind = match action {
             ProcessAction::Kill => {
                 self.system.kill().await;
-                self.crashes.push(now);
+                self.crashes.push(self.t0.elapsed().max(now));
                 FaultKind::Kill
             }
             ProcessAction::Pause => {
@@ -383,15 +387,16 @@ impl<'a> Drill<'a> {
             // Validation gives the engine neither (a broker or proxy action).
             ProcessAction::Stop | ProcessAction::Restart | ProcessAction::Crash => {
                 self.system.stop(Duration::from_secs(10)).await;
-                self.crashes.push(now);
+                self.crashes.push(self.t0.elapsed().max(now));
                 FaultKind::Stop
             }
             ProcessAction::PowerCut => {
                 // The engine dies first: a process holding a file open across the cut would
                 // keep writing at the size the kernel remembers.
                 self.system.kill().await;
-                self.crashes.push(now);
-                self.power_cuts.push(now);
+                let dead = self.t0.elapsed().max(now);
+                self.crashes.push(dead);
+                self.power_cuts.push(dead);
                 let cut = match self.system.remote_disk(EngineAct::PowerCut { torn }).await {
                     Some(on_agent) => on_agent?.unwrap_or_default(),
                     None => self.disk.map(|d| d.power_cut(torn)).unwrap_or_default(),
