@@ -152,6 +152,18 @@ fn vocabulary(plan: &Plan, broker_container: bool) -> Vec<Choice> {
             "link blackhole",
         );
         add(format!("{l}, fault: strand"), None, "link strand");
+        // TLS links only (the validator drops them elsewhere): a certificate from a CA nobody
+        // trusts, and the broker's own expired.
+        add(
+            format!("{l}, fault: bad_certificate"),
+            Some("for"),
+            "link bad_certificate",
+        );
+        add(
+            format!("{l}, fault: bad_certificate, certificate: expired"),
+            Some("for"),
+            "link bad_certificate",
+        );
         add(
             format!("{l}, fault: delay, direction: downstream, latency: 500ms"),
             Some("for"),
@@ -363,7 +375,16 @@ drain_timeout: 60s
         // A stream link carries no datagram loss, and drill hosts no MQTT broker's answers.
         assert!(!families.contains(&"link loss"), "{families:?}");
         assert!(!families.contains(&"destination answer"), "{families:?}");
+        assert!(!families.contains(&"link bad_certificate"), "{families:?}");
         assert_eq!(menu.workload_ms, 20_000);
+        // A TLS link takes the certificate faults.
+        let tls = BASE.replace("topic: drill/base }", "topic: drill/base, tls: {} }");
+        let b = Base::from_text(Path::new("base.yaml"), &tls).unwrap();
+        let choices: Vec<String> = b.menu().choices.into_iter().map(|c| c.fields).collect();
+        assert!(
+            choices.contains(&"link: mqtt, fault: bad_certificate, certificate: expired".into()),
+            "{choices:?}"
+        );
         // One broker as a process or embedded cannot be killed or paused by drill (the run
         // would exit 3); in a container it can.
         assert!(
