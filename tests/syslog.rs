@@ -449,3 +449,32 @@ fn a_missing_rsyslog_or_relp_module_exits_3_naming_the_package() {
         assert!(errors[0].contains(says), "{}", show(o));
     }
 }
+
+/// `drill run --out` a relative folder: the broker gets absolute paths. rsyslog refused a
+/// relative work directory (error -3000), so every syslog drill run with `--out reports/x`
+/// failed to start (exit 3) — and every run of an explore with a relative `--out`.
+#[test]
+fn a_syslog_drill_runs_with_a_relative_out_folder() {
+    if !have_rsyslogd() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("rel.yaml"),
+        "name: rel-out\n\
+         destination: { kind: syslog, transport: tcp, runtime: process }\n\
+         workload: { rate: 50/s, duration: 3s, keys: 2 }\n",
+    )
+    .unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_drill"))
+        .current_dir(dir.path())
+        .args(["run", "rel.yaml", "--out", "out"])
+        .output()
+        .unwrap();
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", show(&o));
+    assert!(
+        dir.path().join("out/rel-out/report.json").is_file(),
+        "{}",
+        show(&o)
+    );
+}

@@ -171,9 +171,11 @@ fn mount_data_dir(plan: &Plan, work: &Path) -> Result<Option<PowerFs>, RunError>
     Ok(Some(fs))
 }
 
-/// `DIR/work`, emptied.
+/// `DIR/work`, emptied, as an absolute path: brokers and engines run with folders of their
+/// own as their working directory (rsyslog refused a relative one, error -3000, under
+/// `drill run --out reports/x`).
 fn fresh_work_dir(dir: &Path) -> Result<PathBuf, RunError> {
-    let work = dir.join("work");
+    let work = std::path::absolute(dir.join("work")).unwrap_or_else(|_| dir.join("work"));
     let io = |source| RunError::Io {
         path: work.clone(),
         source,
