@@ -262,4 +262,29 @@ fn explore_refuses_a_long_workload_and_a_broken_scenario() {
         "{}",
         show(&o)
     );
+    // Drills that cannot start (rsyslog named and not there): it stops after 8 runs, exit 3,
+    // rather than start hundreds a minute.
+    let dead = dir.path().join("dead.yaml");
+    std::fs::write(
+        &dead,
+        "name: dead\ndestination: { kind: syslog, transport: tcp, runtime: process }\n\
+         workload: { rate: 10/s, duration: 3s, keys: 1 }\n",
+    )
+    .unwrap();
+    let out = dir.path().join("dead-out");
+    let o = drill_with(
+        &[
+            "explore",
+            dead.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[("DRILL_RSYSLOGD", "/nonexistent/rsyslogd")],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("the first 8 runs all failed to run"),
+        "{}",
+        show(&o)
+    );
 }

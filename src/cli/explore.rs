@@ -26,6 +26,8 @@ const CHART_WIDTH: usize = 40;
 
 /// The longest workload explore takes: every run plays it, and shrinking plays it many times.
 const LONGEST_WORKLOAD: Duration = Duration::from_secs(30);
+/// Runs that must all fail to start (exit 3, each run twice) before explore gives up.
+const GIVE_UP_AFTER: usize = 8;
 
 #[derive(clap::Args, Clone)]
 pub struct Flags {
@@ -448,11 +450,20 @@ struct Explorer {
 }
 
 impl Explorer {
-    /// Whether to start no more timelines: the clock, or `--runs` timelines started.
+    /// Whether to start no more timelines: the clock, `--runs` timelines started, or every
+    /// one of the first [`GIVE_UP_AFTER`] failed to run (a drill that cannot start: going on
+    /// would only repeat it, hundreds of times a minute).
     fn out_of_budget(&self, started: u64) -> bool {
         (self.flags.first && self.findings.iter().any(|f| f.minimal_file.is_some()))
             || self.started.elapsed() >= self.flags.budget.0
             || self.flags.runs.is_some_and(|r| started >= r)
+            || self.none_ran()
+    }
+
+    /// The first [`GIVE_UP_AFTER`] runs all exited 3 (each run twice).
+    fn none_ran(&self) -> bool {
+        self.log.len() >= GIVE_UP_AFTER
+            && self.log.iter().all(|l| l.outcome == "unresolved: exit 3")
     }
 
     /// Runs a batch and logs it.
@@ -519,6 +530,12 @@ impl Explorer {
                     self.found(Some(k), t, failed);
                 }
             }
+        }
+        if self.none_ran() {
+            eprintln!(
+                "\ndrill explore: the first {GIVE_UP_AFTER} runs all failed to run (exit 3, each tried twice); stopped. Why: {}",
+                self.runner.out.join("runs/0.log").display()
+            );
         }
     }
 
