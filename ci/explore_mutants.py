@@ -170,7 +170,9 @@ def write(args, rows):
         f"budget {args.budget}, shrink budget {args.shrink_budget}, workloads cut to "
         f"{args.cap} s). Each base is the catalogue drill the selftest tries first for the "
         "mutant with its faults removed (`bases/`); `reproduces` counts `drill run`s of "
-        "`minimal-1.yaml` that failed the same way. Each mutant's folder holds explore.md.",
+        "`minimal-1.yaml` that failed the same way. Each mutant's folder holds explore.md. "
+        "`took s` is wall-clock time for the whole explore, reruns and reproductions included, "
+        "as measured (on a shared machine it includes the load of whatever ran beside it).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
