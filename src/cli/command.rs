@@ -259,6 +259,20 @@ pub fn main() -> ExitCode {
     ExitCode::from(runtime.block_on(dispatch(cli.command)))
 }
 
+/// `drill explore`, which runs on a blocking thread, until it ends or a signal comes; then it
+/// exits at once: each `drill run` child gets SIGTERM as its parent-death signal and heals and
+/// cleans up as on Ctrl-C, and what explore saved (failing-N.yaml, explore.json) is on disk.
+async fn explore(flags: super::explore::Flags, cancel: CancellationToken) -> u8 {
+    let work = tokio::task::spawn_blocking(move || super::explore::run(flags));
+    tokio::select! {
+        code = work => code.unwrap_or(super::INFRASTRUCTURE),
+        () = cancel.cancelled() => {
+            eprintln!("drill explore: interrupted; its drills stop with it and clean up, failing-N.yaml and explore.json stay as written");
+            std::process::exit(i32::from(super::INFRASTRUCTURE));
+        }
+    }
+}
+
 /// Cancels `token` on SIGINT or SIGTERM, so every child is stopped before drill exits.
 fn cancel_on_signals(token: CancellationToken) {
     tokio::spawn(async move {
@@ -329,19 +343,7 @@ async fn dispatch(command: Command) -> u8 {
             super::selftest::run(flags, cancel).await
         }
         Command::Diff(flags) => super::diff::run(flags),
-        Command::Explore(flags) => {
-            let work = tokio::task::spawn_blocking(move || super::explore::run(flags));
-            tokio::select! {
-                code = work => code.unwrap_or(super::INFRASTRUCTURE),
-                // Exits at once: each `drill run` child gets SIGTERM as its parent-death signal
-                // and heals and cleans up as on Ctrl-C; what explore saved (failing-N.yaml,
-                // explore.json) is already on disk.
-                () = cancel.cancelled() => {
-                    eprintln!("drill explore: interrupted; its drills stop with it and clean up, failing-N.yaml and explore.json stay as written");
-                    std::process::exit(i32::from(super::INFRASTRUCTURE));
-                }
-            }
-        }
+        Command::Explore(flags) => explore(flags, cancel).await,
         Command::Init(flags) => super::init::init(flags),
         Command::Check { files } => super::check::check(&files),
         Command::Schema => super::check::schema(),

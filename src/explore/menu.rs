@@ -192,22 +192,8 @@ fn vocabulary(plan: &Plan, broker_container: bool) -> Vec<Choice> {
         Some("for"),
         "engine fill_disk",
     );
-    // Broker faults need a broker drill can stop on its own: `drill check` takes them, and the
-    // run refuses them (exit 3) unless the broker runs in a container — or, as processes, is
-    // a cluster's node to kill (none paused). The embedded MQTT broker and an external one
-    // are no such broker.
-    let process = !broker_container;
-    let cluster = plan.destination.link_names().len() > 1
-        && plan.destination.runtime != crate::dest::Runtime::External;
-    for action in ["kill", "crash", "pause"] {
-        if process && (!cluster || action == "pause") {
-            continue;
-        }
-        add(
-            format!("target: broker, action: {action}"),
-            Some("restart_after"),
-            &format!("broker {action}"),
-        );
+    for (fields, family) in broker_faults(plan, broker_container) {
+        add(fields, Some("restart_after"), &family);
     }
     add(
         "target: proxy, action: restart".into(),
@@ -225,6 +211,26 @@ fn vocabulary(plan: &Plan, broker_container: bool) -> Vec<Choice> {
         "destination answer",
     );
     out
+}
+
+/// The broker faults drill can carry out on `plan`'s broker, as (fields, family). They need a
+/// broker drill can stop on its own: `drill check` takes them, and the run refuses them (exit 3)
+/// unless the broker runs in a container (`broker_container`) — or, as processes, is a
+/// cluster's node to kill (none paused). The embedded MQTT broker and an external one are no
+/// such broker.
+fn broker_faults(plan: &Plan, broker_container: bool) -> Vec<(String, String)> {
+    let cluster = plan.destination.link_names().len() > 1
+        && plan.destination.runtime != crate::dest::Runtime::External;
+    ["kill", "crash", "pause"]
+        .into_iter()
+        .filter(|action| broker_container || (cluster && *action != "pause"))
+        .map(|action| {
+            (
+                format!("target: broker, action: {action}"),
+                format!("broker {action}"),
+            )
+        })
+        .collect()
 }
 
 /// For a top-level line of a YAML document (not indented, no comment, no sequence item),

@@ -513,36 +513,44 @@ mod tests {
         assert_eq!(calls.get(), 1, "one rerun, nothing more");
     }
 
+    /// [`both_bugs`] shrunk for `lost` with `settings`, each timeline's outcome given by
+    /// `oracle(timeline, how many times it has run, this run included)`.
+    fn shrunk_by_run(settings: Settings, oracle: impl Fn(&Timeline, usize) -> Outcome) -> Shrunk {
+        let mut seen: HashMap<Timeline, usize> = HashMap::new();
+        let mut run = |ts: &[Timeline]| {
+            ts.iter()
+                .map(|t| {
+                    let n = seen.entry(t.clone()).or_default();
+                    *n += 1;
+                    oracle(t, *n)
+                })
+                .collect()
+        };
+        shrunk(shrink(
+            both_bugs(),
+            names(&["lost"]),
+            &settings,
+            &mut run,
+            &mut || false,
+        ))
+    }
+
     #[test]
     fn a_candidate_passes_only_after_the_retries() {
         // Each timeline's first run passes, later runs tell the truth: with one try every
         // candidate looks passing; with two, the shrink goes through.
         let runs_of = |retries: usize| {
-            let mut seen: HashMap<Timeline, usize> = HashMap::new();
-            let mut first_passes = |ts: &[Timeline]| {
-                ts.iter()
-                    .map(|t| {
-                        let n = seen.entry(t.clone()).or_default();
-                        *n += 1;
-                        if *n == 1 && *t != both_bugs() {
-                            Outcome::Passes
-                        } else {
-                            bugs(t)
-                        }
-                    })
-                    .collect()
-            };
             let settings = Settings {
                 retries,
                 ..Settings::default()
             };
-            shrunk(shrink(
-                both_bugs(),
-                names(&["lost"]),
-                &settings,
-                &mut first_passes,
-                &mut || false,
-            ))
+            shrunk_by_run(settings, |t, n| {
+                if n == 1 && *t != both_bugs() {
+                    Outcome::Passes
+                } else {
+                    bugs(t)
+                }
+            })
         };
         let once = runs_of(1);
         assert_eq!(once.minimal, both_bugs(), "with one try nothing shrinks");
@@ -555,31 +563,17 @@ mod tests {
         // The start fails every time; every candidate fails as it does on its first run only
         // (a lucky timing), then passes.
         let minimal_with = |confirm: usize| {
-            let mut seen: HashMap<Timeline, usize> = HashMap::new();
-            let mut lucky_once = |ts: &[Timeline]| {
-                ts.iter()
-                    .map(|t| {
-                        let n = seen.entry(t.clone()).or_default();
-                        *n += 1;
-                        if *n == 1 || *t == both_bugs() {
-                            bugs(t)
-                        } else {
-                            Outcome::Passes
-                        }
-                    })
-                    .collect()
-            };
             let settings = Settings {
                 confirm,
                 ..Settings::default()
             };
-            shrunk(shrink(
-                both_bugs(),
-                names(&["lost"]),
-                &settings,
-                &mut lucky_once,
-                &mut || false,
-            ))
+            shrunk_by_run(settings, |t, n| {
+                if n == 1 || *t == both_bugs() {
+                    bugs(t)
+                } else {
+                    Outcome::Passes
+                }
+            })
         };
         let believed = minimal_with(1);
         assert_ne!(believed.minimal, both_bugs(), "one failure was enough");
