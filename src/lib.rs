@@ -30,6 +30,7 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod seed;
+pub mod source;
 pub mod sut;
 pub mod tls;
 pub mod units;

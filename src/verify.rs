@@ -269,8 +269,13 @@ pub struct Reconciliation {
     pub accepted: u64,
     /// Accepted records found at the destination (at least one copy).
     pub delivered: u64,
-    /// Accepted records not found at the destination.
+    /// Accepted records not found at the destination (not counting `destroyed`).
     pub missing: u64,
+    /// Accepted records not found at the destination that a source fault destroyed before
+    /// the engine read them.
+    pub destroyed: u64,
+    /// Ids of the first of them, for the report.
+    pub destroyed_examples: Vec<String>,
     /// Extra copies beyond the first, over all records.
     pub duplicates: u64,
     /// Extra copies carrying the original's write key (a resend the engine knew about).
@@ -379,6 +384,13 @@ fn tally(sent: &Sent, copies: &[u32], same_key: &[u32], rec: &mut Reconciliation
         match ingested {
             Ingested::Accepted { .. } => {
                 rec.accepted += 1;
+                if found == 0 && sent.destroyed.contains(&record.id) {
+                    rec.destroyed += 1;
+                    if rec.destroyed_examples.len() < 10 {
+                        rec.destroyed_examples.push(record.id.clone());
+                    }
+                    continue;
+                }
                 if found == 0 {
                     rec.missing += 1;
                     if rec.missing_examples.len() < 10 {
@@ -454,6 +466,7 @@ mod tests {
     #[test]
     fn counts_missing_duplicates_reordered_and_unknowns() {
         let sent = Sent {
+            destroyed: Default::default(),
             order: vec![
                 (record("a", 0), accepted("w0")),
                 (record("a", 1), accepted("w1")),
@@ -558,6 +571,7 @@ mod tests {
         assert_eq!(pads, [true, true, false, false, false, true]);
         assert_eq!(got.arrivals[4].pad, None, "no pad carried: not judged");
         let sent = Sent {
+            destroyed: Default::default(),
             order: vec![(r, accepted("w0"))],
         };
         let rec = reconcile(&sent, &got);
@@ -586,6 +600,7 @@ mod tests {
     #[test]
     fn without_an_ingest_key_duplicates_compare_with_the_first_copy() {
         let sent = Sent {
+            destroyed: Default::default(),
             order: vec![
                 (
                     record("a", 0),

@@ -153,6 +153,9 @@ pub enum Ingested {
 #[derive(Debug, Default)]
 pub struct Sent {
     pub order: Vec<(Record, Ingested)>,
+    /// Records a source fault destroyed before the engine read them (a file drill removed or
+    /// cut): held, and never the engine's to lose.
+    pub destroyed: std::collections::HashSet<String>,
 }
 
 impl Sent {

@@ -37,6 +37,7 @@ mod remote_links;
 mod reports;
 mod scenario_schema;
 mod shards;
+mod sources;
 mod syslog;
 mod tls;
 mod toxiproxy_api;

@@ -486,6 +486,7 @@ pub fn reconcile(n: u64) -> Result<(Duration, u64, u64), BenchError> {
     use crate::workload::{Ingested, Record, Sent};
     let before_inputs = status_field("/proc/self/status", "VmRSS:");
     let sent = Sent {
+        destroyed: Default::default(),
         order: (0..n)
             .map(|i| {
                 (

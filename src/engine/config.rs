@@ -29,6 +29,9 @@ pub struct EngineConfig {
     /// stored is ever evicted.
     #[serde(default)]
     pub disk: DiskLimits,
+    /// A log file to follow as an input besides the HTTP ingest (`super::tail`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<super::tail::TailConfig>,
 }
 
 /// Free-space thresholds on the data directory's filesystem, and the record log's segment
@@ -326,6 +329,7 @@ mod tests {
 
     fn config(outputs: Vec<OutputConfig>) -> EngineConfig {
         EngineConfig {
+            tail: None,
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: "/tmp/x".into(),
             outputs,

@@ -38,6 +38,7 @@ pub mod seqset;
 pub mod session;
 pub mod sink;
 mod stats;
+pub mod tail;
 mod writer;
 
 use std::net::SocketAddr;
@@ -175,6 +176,14 @@ pub async fn run(
     let (to_outputs, drivers) = start_outputs(&config, sinks, &log, &recovery, &shared, &cancel)?;
     // The writer thread: group commit, and deleting the segments every output is past.
     let writer = writer::spawn(log, ingest_rx, shared.held.clone(), to_outputs, log_state);
+    let tail = config.tail.clone().map(|t| {
+        tail::spawn(
+            t,
+            config.data_dir.clone(),
+            ingest_tx.clone(),
+            cancel.clone(),
+        )
+    });
     let ticker = release_every_second(ingest_tx, cancel.clone());
     let writer_watch = watch_writer(writer, cancel.clone());
     serve(&config, shared.clone(), cancel).await?;
@@ -182,6 +191,9 @@ pub async fn run(
         let _ = d.await;
     }
     let _ = ticker.await;
+    if let Some(t) = tail {
+        let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
     drop(shared);
     let panicked = writer_watch.await.unwrap_or(true);
     if panicked {

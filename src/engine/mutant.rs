@@ -107,6 +107,14 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "sent-without-writing",
         "syslog over TCP or UDP: journals every tenth message as sent (the OS took it) without writing it; nothing on those transports answers, so only the link can tell",
     ),
+    (
+        "checkpoint-before-store",
+        "file tail: moves its checkpoint past the lines it read before they are stored: a power cut while they are written loses them for good (the source will not give them again)",
+    ),
+    (
+        "skip-on-rotate",
+        "file tail: follows the file by name and keeps its offset when the name points at a new file (and on start): the old file's unread rest and the new file's first bytes are skipped",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -194,11 +202,20 @@ pub enum Mutant {
     /// `syslog-tcp-half-open`): what the journal calls sent that the link never read from the
     /// engine is lost before sending.
     SentWithoutWriting,
+    /// `Tail::store_lines` (`super::tail`). Caught by a power cut armed at the record log's
+    /// fdatasync while the tail stores a burst (`file-power-cut`): the lines of the batch the
+    /// cut took are behind a checkpoint that survived it, lost ("checkpoint ahead of the
+    /// store").
+    CheckpointBeforeStore,
+    /// `Tail::open_first` and `Tail::follow` (`super::tail`). Caught by a rotation while the
+    /// engine is down (`file-rotate-during-outage`): what it had not read of the old file and
+    /// the new file's first bytes are lost.
+    SkipOnRotate,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 19] = [
+    pub const ALL: [Mutant; 21] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -218,6 +235,8 @@ impl Mutant {
         Mutant::HandshakeFailureIsRefusal,
         Mutant::StopAfterOutage,
         Mutant::SentWithoutWriting,
+        Mutant::CheckpointBeforeStore,
+        Mutant::SkipOnRotate,
     ];
 
     fn index(self) -> usize {
@@ -243,7 +262,9 @@ impl Mutant {
             | Mutant::MemoryOnly
             | Mutant::ExpireByAge
             | Mutant::EvictOldestWhenFull
-            | Mutant::SentWithoutWriting => &[Signature::Lost],
+            | Mutant::SentWithoutWriting
+            | Mutant::CheckpointBeforeStore
+            | Mutant::SkipOnRotate => &[Signature::Lost],
             // Where drill is the destination (HTTP) or the link pairs statements with answers
             // (PostgreSQL), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
@@ -288,6 +309,8 @@ impl Mutant {
             Mutant::OutageStatusSpendsAttempts => "http-503",
             Mutant::HandshakeFailureIsRefusal => "mqtt-tls-bad-certificate",
             Mutant::SentWithoutWriting => "syslog-udp-loss",
+            Mutant::CheckpointBeforeStore => "file-power-cut",
+            Mutant::SkipOnRotate => "file-rotate-during-outage",
         }
     }
 
@@ -509,6 +532,17 @@ mod tests {
         assert_eq!(MUTANTS.len(), Mutant::ALL.len());
         for m in Mutant::ALL {
             assert_eq!(Mutant::parse(m.name()), Ok(m));
+            // The name is the variant's, in kebab case: MUTANTS and ALL in the same order.
+            let kebab: String = format!("{m:?}")
+                .chars()
+                .enumerate()
+                .flat_map(|(i, c)| match (i, c.is_uppercase()) {
+                    (0, _) => vec![c.to_ascii_lowercase()],
+                    (_, true) => vec!['-', c.to_ascii_lowercase()],
+                    _ => vec![c],
+                })
+                .collect();
+            assert_eq!(kebab, m.name(), "MUTANTS and Mutant::ALL disagree at {m:?}");
             assert!(!m.about().is_empty() && !m.about().contains('\n'));
         }
         let mut names: Vec<&str> = MUTANTS.iter().map(|(n, _)| *n).collect();

@@ -349,7 +349,23 @@ fn attempts_and_link(md: &mut String, report: &Report) {
 
 /// The first ids missing, duplicated and altered, and messages that carried no harness id.
 fn examples(md: &mut String, report: &Report) {
+    if let Some(c) = &report.checkpoint_ahead {
+        let _ = writeln!(md);
+        let _ = writeln!(md, "## Checkpoint ahead of the store");
+        let _ = writeln!(md);
+        let _ = writeln!(
+            md,
+            "{} lost records were behind the engine's checkpoint ({}): the source will not give them to it again, and it neither delivered nor holds them. A checkpoint may pass a record only once the record is in the engine's own durable store or delivered. First: {}.",
+            c.count,
+            c.checkpoint,
+            c.examples.join(", ")
+        );
+    }
     for (what, ids) in [
+        (
+            "Destroyed by the source fault (never read by the engine)",
+            &report.destroyed_examples,
+        ),
         ("Missing", &report.missing_examples),
         ("Duplicated", &report.duplicate_examples),
         ("Arrived altered, not as sent", &report.altered_examples),

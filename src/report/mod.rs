@@ -120,6 +120,23 @@ pub struct Ledger {
     pub recovered: u64,
     /// Records the engine refused at ingest (a full disk): the source keeps them.
     pub ingest_refused: u64,
+    /// Records in a source file drill removed or cut before the engine read them: held, never
+    /// the engine's to deliver, never lost.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub destroyed: u64,
+}
+
+/// Lost records behind the engine's checkpoint (docs/src/sources.md#checkpoint-ahead-of-the-store).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct CheckpointAhead {
+    pub count: u64,
+    /// The checkpoint as read after the drain: `inode 1234 offset 56789`.
+    pub checkpoint: String,
+    pub examples: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -163,6 +180,14 @@ pub struct Report {
     pub link: LinkStatus,
     pub versions: BTreeMap<String, String>,
     pub missing_examples: Vec<String>,
+    /// Records a source fault destroyed before the engine read them (first ten).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub destroyed_examples: Vec<String>,
+    /// Lost records the engine's checkpoint had passed: the source will not give them again,
+    /// and the engine neither delivered nor holds them (`None`: nothing lost, or no
+    /// checkpoint read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_ahead: Option<CheckpointAhead>,
     /// Where the lost records were last seen, by the links' protocol tap (`None`: nothing lost,
     /// or the links carry no tap).
     pub lost_last_seen: Option<LastSeen>,
@@ -243,6 +268,9 @@ impl Report {
                 l.held, l.delivered, l.failed, l.lost
             ),
         };
+        if l.destroyed > 0 {
+            line.push_str(&format!(" + {} destroyed by the source fault", l.destroyed));
+        }
         if l.delivered_unanswered > 0 {
             line.push_str(&format!(
                 "; {} of the delivered with no answer yet (the engine still reports them waiting)",

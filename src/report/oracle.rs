@@ -435,6 +435,7 @@ mod tests {
 
     fn verdict(name: &str, case: Case) -> bool {
         let mut sent = Sent {
+            destroyed: Default::default(),
             order: (0..4)
                 .map(|i| {
                     (
@@ -576,6 +577,7 @@ mod tests {
 
     fn accepted_at(ms: &[u64]) -> Sent {
         Sent {
+            destroyed: Default::default(),
             order: ms
                 .iter()
                 .enumerate()

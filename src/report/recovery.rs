@@ -134,6 +134,7 @@ mod tests {
 
     fn sent(accepted_ms: &[u64]) -> Sent {
         Sent {
+            destroyed: Default::default(),
             order: accepted_ms
                 .iter()
                 .enumerate()

@@ -41,6 +41,7 @@ pub fn judge(facts: &Facts) -> Report {
         },
     );
     let lost_last_seen = last_seen(facts, &ledger);
+    let checkpoint_ahead = checkpoint_ahead(facts, &ledger);
     let verifier_fault = facts.received.verifier_fault.as_deref();
     let notes = notes(facts, verifier_fault);
     let pass =
@@ -83,6 +84,8 @@ pub fn judge(facts: &Facts) -> Report {
         link: facts.link.clone(),
         versions: facts.versions.clone(),
         missing_examples: r.missing_examples.clone(),
+        destroyed_examples: r.destroyed_examples.clone(),
+        checkpoint_ahead,
         lost_last_seen,
         ingest_refused_example: r.ingest_refused_example.clone(),
         duplicate_examples: r.duplicate_examples.clone(),
@@ -95,6 +98,40 @@ pub fn judge(facts: &Facts) -> Report {
         notes,
         duration_ms: facts.duration_ms,
     }
+}
+
+/// The lost records the engine's checkpoint had passed after the drain: the source will not
+/// give them again. As many as are lost at most (a missing record the engine still holds is
+/// waiting, not lost); the first ten by id.
+fn checkpoint_ahead(facts: &Facts, ledger: &Ledger) -> Option<super::CheckpointAhead> {
+    let c = facts.source.as_ref()?.checkpoint.as_ref()?;
+    if ledger.lost == 0 {
+        return None;
+    }
+    let arrived: std::collections::HashSet<&str> = facts
+        .received
+        .arrivals
+        .iter()
+        .filter_map(|a| a.id.as_deref())
+        .collect();
+    let behind: Vec<&str> = facts
+        .sent
+        .accepted()
+        .map(|(r, _, _)| r.id.as_str())
+        .filter(|id| !arrived.contains(id) && !facts.sent.destroyed.contains(*id))
+        .filter(|id| c.passed.contains(*id))
+        .collect();
+    if behind.is_empty() {
+        return None;
+    }
+    Some(super::CheckpointAhead {
+        count: (behind.len() as u64).min(ledger.lost),
+        checkpoint: match c.inode {
+            Some(ino) => format!("inode {ino} offset {}", c.offset),
+            None => format!("offset {} in the live file", c.offset),
+        },
+        examples: behind.iter().take(10).map(|s| s.to_string()).collect(),
+    })
 }
 
 /// What the declared promise excuses in this drill (docs/src/design.md#5-verdict).
@@ -285,6 +322,7 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
         ingest_unknown: r.ingest_unknown,
         recovered: r.recovered,
         ingest_refused: r.ingest_refused,
+        destroyed: r.destroyed,
     };
     (ledger, lost_beyond_promise)
 }
@@ -361,7 +399,10 @@ fn undelivered(ledger: &Ledger, facts: &Facts) -> Option<Undelivered> {
 fn closes(ledger: &Ledger, r: &Reconciliation, facts: &Facts) -> bool {
     let engine_agrees = match &facts.engine {
         Some(s) => {
-            let held_agrees = s.held.is_none_or(|h| h == ledger.held + r.recovered);
+            // A record a source fault destroyed never reached the engine.
+            let held_agrees = s
+                .held
+                .is_none_or(|h| h == ledger.held - ledger.destroyed + r.recovered);
             let sums = match (s.held, s.delivered) {
                 (Some(h), Some(d)) => d + s.waiting + s.failed == h,
                 _ => true,
@@ -372,7 +413,8 @@ fn closes(ledger: &Ledger, r: &Reconciliation, facts: &Facts) -> bool {
     };
     let unconfirmed = ledger.sent_unconfirmed_missing.unwrap_or(0);
     ledger.lost == 0
-        && ledger.delivered + ledger.waiting + ledger.failed + unconfirmed == ledger.held
+        && ledger.delivered + ledger.waiting + ledger.failed + unconfirmed + ledger.destroyed
+            == ledger.held
         && engine_agrees
 }
 
@@ -550,6 +592,24 @@ fn timed(check: Check, name: String, bound: Duration, took_ms: Option<u64>) -> E
 /// The runner's notes, then what the verdict itself has to say.
 fn notes(facts: &Facts, verifier_fault: Option<&str>) -> Vec<String> {
     let mut notes = facts.notes.clone();
+    if let Some(s) = &facts.source {
+        for e in &s.account.events {
+            notes.push(format!("source: {e}"));
+        }
+        if let Some(c) = &s.checkpoint {
+            notes.push(format!(
+                "the engine's checkpoint after the drain: {}offset {}, past {} of the records drill wrote",
+                c.inode.map(|i| format!("inode {i}, ")).unwrap_or_default(),
+                c.offset,
+                c.passed.len()
+            ));
+        }
+        if let Some(why) = &s.checkpoint_unread {
+            notes.push(format!(
+                "{why}: which lost records the checkpoint had passed cannot be told"
+            ));
+        }
+    }
     if let Some(f) = verifier_fault {
         notes.push(format!(
             "verifier fault: {f} — read-back counts may be low; this is not engine loss"

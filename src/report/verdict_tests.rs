@@ -48,6 +48,7 @@ pub(crate) fn facts(plan: Plan, sent: Sent, received: Received) -> Facts {
         versions: BTreeMap::new(),
         notes: Vec::new(),
         end_ms: 10_000,
+        source: None,
         duration_ms: 10_000,
     }
 }
@@ -88,6 +89,7 @@ fn record(seq: u64) -> Record {
 /// Ten records accepted one a second with write keys w0..w9, each delivered 100 ms later.
 fn clean(expect: &str) -> Facts {
     let sent = Sent {
+        destroyed: Default::default(),
         order: (0..10)
             .map(|i| {
                 let at = Duration::from_secs(i);

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::RunError;
 use crate::dest::ReadBack;
+use crate::source::FileSource;
 use crate::sut::{Account, System};
 
 /// How long arrivals must have stopped before an engine without an account counts as drained.
@@ -21,14 +22,22 @@ pub async fn drain(
     reader: &dyn ReadBack,
     timeout: Duration,
     notes: &mut Vec<String>,
+    source: Option<&FileSource>,
     cancel: &CancellationToken,
 ) -> Result<Option<Account>, RunError> {
     let deadline = Instant::now() + timeout;
     let mut last: Option<Account> = None;
+    // An engine that tails a file is idle only once it has read to the file's end, twice in a
+    // row (a line read and not yet stored leaves nothing waiting for a moment).
+    let mut read_to_end = 0;
     if system.gives_account() {
         loop {
             if let Some(account) = system.account().await {
-                let idle = account.waiting == 0 && account.in_flight == 0;
+                read_to_end = match source {
+                    Some(s) if !s.read_to_end(system.procs()) => 0,
+                    _ => read_to_end + 1,
+                };
+                let idle = account.waiting == 0 && account.in_flight == 0 && read_to_end >= 2;
                 super::progress::message(format!(
                     "draining: {} waiting, {} in flight",
                     account.waiting, account.in_flight

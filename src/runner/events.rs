@@ -28,6 +28,8 @@ pub enum FaultTarget {
     EngineDisk,
     /// A destination drill hosts, answering otherwise (`answer: 503`, `answer_after`).
     Destination,
+    /// The file the engine tails.
+    Source,
 }
 
 impl FaultTarget {
@@ -53,6 +55,7 @@ impl fmt::Display for FaultTarget {
             FaultTarget::Engine => f.write_str("engine"),
             FaultTarget::EngineDisk => f.write_str("engine disk"),
             FaultTarget::Destination => f.write_str("destination"),
+            FaultTarget::Source => f.write_str("source"),
         }
     }
 }
@@ -87,6 +90,8 @@ pub enum FaultKind {
     DiskFull,
     /// The destination answered a status, or late, for the window.
     Answer(crate::dest::AnswerFault),
+    /// drill rotated, cut, removed or stalled the source file.
+    Source(crate::source::SourceAction),
 }
 
 impl FaultKind {
@@ -151,6 +156,7 @@ impl fmt::Display for FaultKind {
             }
             FaultKind::DiskFull => f.write_str("disk full (data directory)"),
             FaultKind::Answer(fault) => f.write_str(&fault.describe()),
+            FaultKind::Source(action) => f.write_str(&action.describe()),
         }
     }
 }

@@ -88,6 +88,8 @@ pub struct Facts {
     pub notes: Vec<String>,
     /// Milliseconds from the start to the read-back: where a fault still in force ends.
     pub end_ms: u64,
+    /// The file the engine tailed: what drill did to it, and the engine's checkpoint.
+    pub source: Option<crate::source::SourceFacts>,
     /// The whole drill, in milliseconds.
     pub duration_ms: u64,
 }

@@ -28,7 +28,8 @@ use tokio_util::sync::CancellationToken;
 use crate::dest::{self, ReadBack, ReaderSpec, Runtime};
 use crate::powerfs::PowerFs;
 use crate::scenario::Plan;
-use crate::sut::System;
+use crate::source::{FileSource, SourceFacts};
+use crate::sut::{Ingest, System};
 use crate::verify::Decoder;
 use crate::workload::{self, Ingested, Sent};
 use events::{FaultRecord, FaultTarget};
@@ -112,13 +113,25 @@ pub async fn run(
             return Err(e);
         }
     };
+    let source = match plan.file_source() {
+        Some(spec) => Some(
+            FileSource::create(&work, spec).map_err(|source| RunError::Io {
+                path: work.join(crate::scenario::source::SOURCE_DIR),
+                source,
+            })?,
+        ),
+        None => None,
+    };
     let outcome = match system::start_system(plan, options, &rig, &work, &run_id).await {
         Ok(mut system) => {
             let outcome = drive(
                 plan,
                 &mut rig,
-                &mut system,
-                disk.as_ref(),
+                Under {
+                    system: &mut system,
+                    disk: disk.as_ref(),
+                    source: source.as_ref(),
+                },
                 &run_id,
                 seed,
                 &cancel,
@@ -213,16 +226,28 @@ async fn start_reader(
     Ok(rig.running.reader(spec).await?)
 }
 
+/// What the drill acts on besides the rig: the system under test, its data directory's
+/// filesystem when drill cuts its power, the file it tails when it tails one.
+struct Under<'a> {
+    system: &'a mut System,
+    disk: Option<&'a PowerFs>,
+    source: Option<&'a FileSource>,
+}
+
 /// Everything after provisioning and start-up: reader, play, drain, read back, facts.
 async fn drive(
     plan: &Plan,
     rig: &mut Rig,
-    system: &mut System,
-    disk: Option<&PowerFs>,
+    under: Under<'_>,
     run_id: &str,
     seed: u64,
     cancel: &CancellationToken,
 ) -> Result<Facts, RunError> {
+    let Under {
+        system,
+        disk,
+        source,
+    } = under;
     let t0 = Instant::now();
     let reader_cancel = cancel.child_token();
     let reader = start_reader(
@@ -235,8 +260,25 @@ async fn drive(
     );
     let reader = reader.await?;
     let clock = Clock { t0, seed, run_id };
-    let played = play_timeline(plan, rig, system, disk, &*reader, clock, cancel).await?;
-    let facts = finish(plan, rig, system, reader, played, clock, cancel).await;
+    let played = play_timeline(
+        plan,
+        rig,
+        Under {
+            system: &mut *system,
+            disk,
+            source,
+        },
+        &*reader,
+        clock,
+        cancel,
+    )
+    .await?;
+    let mut facts = finish(plan, rig, system, reader, played, clock, cancel).await;
+    if let (Ok(f), Some(source), Some(spec)) = (&mut facts, source, plan.file_source()) {
+        let gathered = SourceFacts::gather(source, spec, plan.command.is_none(), system.data_dir());
+        f.sent.destroyed = gathered.account.destroyed.iter().cloned().collect();
+        f.source = Some(gathered);
+    }
     reader_cancel.cancel();
     facts
 }
@@ -260,6 +302,8 @@ struct Timeline {
     crashes: Vec<Duration>,
     power_cuts: Vec<Duration>,
     notes: Vec<String>,
+    /// The file the engine tails, when it tails one.
+    source: Option<FileSource>,
 }
 
 /// Plays the workload into the system and the fault timeline against it, side by side, with
@@ -267,18 +311,25 @@ struct Timeline {
 async fn play_timeline(
     plan: &Plan,
     rig: &mut Rig,
-    system: &mut System,
-    disk: Option<&PowerFs>,
+    under: Under<'_>,
     reader: &dyn ReadBack,
     clock: Clock<'_>,
     cancel: &CancellationToken,
 ) -> Result<Timeline, RunError> {
+    let Under {
+        system,
+        disk,
+        source: file_source,
+    } = under;
     let Clock { t0, seed, run_id } = clock;
     let sent = Arc::new(Mutex::new(Sent::default()));
     let workload_cancel = cancel.child_token();
-    let ingest = system
-        .ingest(plan.command.as_ref().map(|c| &c.ingest), run_id)
-        .map_err(RunError::Verifier)?;
+    let ingest = match file_source {
+        Some(s) => Ingest::File(s.clone()),
+        None => system
+            .ingest(plan.command.as_ref().map(|c| &c.ingest), run_id)
+            .map_err(RunError::Verifier)?,
+    };
     let ingest_meaning = ingest.meaning();
     let workload = tokio::spawn(workload::drive(
         plan.workload.clone(),
@@ -303,6 +354,7 @@ async fn play_timeline(
     let steps = timeline::timeline(plan);
     progress::start(w.total_records());
     let mut drill = Drill::new(rig, system, disk, t0);
+    drill.source = file_source.cloned();
     let played = play::play(&mut drill, &steps, workload, &sent, reader, cancel).await;
     if played.is_err() || cancel.is_cancelled() {
         progress::finish();
@@ -325,6 +377,7 @@ async fn play_timeline(
         crashes: drill.crashes,
         power_cuts: drill.power_cuts,
         notes: drill.notes,
+        source: file_source.cloned(),
     })
 }
 
@@ -355,8 +408,15 @@ async fn finish(
         plan.drain_timeout
     ));
     let drain_started = t0.elapsed();
-    let final_stats =
-        drain::drain(system, &*reader, plan.drain_timeout, &mut notes, cancel).await?;
+    let final_stats = drain::drain(
+        system,
+        &*reader,
+        plan.drain_timeout,
+        &mut notes,
+        played.source.as_ref(),
+        cancel,
+    )
+    .await?;
     let drain_end_ms = ms(t0.elapsed());
     let drain_ms = drain_end_ms.saturating_sub(ms(drain_started));
     played.sampler.abort();
@@ -371,7 +431,12 @@ async fn finish(
     let mut sent = take_sent(played.sent);
     if let Some(meaning) = played.ingest_meaning {
         notes.push(meaning.to_string());
-        let moved = unacknowledged_before_crashes(&mut sent, &played.crashes);
+        // A record in a file drill wrote is held whatever the engine did; one in a socket's
+        // buffer when the engine died may never have been read.
+        let moved = match played.source {
+            Some(_) => 0,
+            None => unacknowledged_before_crashes(&mut sent, &played.crashes),
+        };
         if moved > 0 {
             notes.push(format!("{moved} records written to the engine's socket within a second of it being killed or stopped count as ingests with a lost answer (the protocol cannot tell whether the engine read them)"));
         }
@@ -424,6 +489,7 @@ async fn finish(
         versions,
         notes,
         end_ms,
+        source: None,
         duration_ms: ms(t0.elapsed()),
     })
 }
@@ -477,6 +543,7 @@ fn take_sent(sent: Arc<Mutex<Sent>>) -> Sent {
         Ok(m) => m.into_inner().unwrap_or_else(|p| p.into_inner()),
         Err(shared) => {
             let s = shared.lock().map(|s| Sent {
+                destroyed: Default::default(),
                 order: s.order.clone(),
             });
             s.unwrap_or_default()

@@ -47,6 +47,8 @@ pub struct Drill<'a> {
     armed: Option<Armed>,
     /// What the scenario's overlapping faults hold on each link.
     stacks: Stacks,
+    /// The file the engine tails, when it tails one.
+    pub source: Option<crate::source::FileSource>,
 }
 
 /// A `power_cut` with `crash_at`, armed and not yet fired.
@@ -85,6 +87,7 @@ impl<'a> Drill<'a> {
             engine_paused: false,
             armed: None,
             stacks: Stacks::default(),
+            source: None,
         }
     }
 
@@ -146,8 +149,46 @@ impl<'a> Drill<'a> {
             } => self.broker_fault(*index, *node, *action, now).await,
             Step::RestartBroker => self.broker_back(now).await?,
             Step::Answer { index, fault } => self.answer(*index, *fault, now),
+            Step::Source { index, action } => self.source_fault(*index, *action, now),
         }
         Ok(None)
+    }
+
+    /// Rotates, cuts, removes or stalls the file the engine tails.
+    fn source_fault(&mut self, index: usize, action: crate::source::SourceAction, now: Duration) {
+        let Some(source) = self.source.clone() else {
+            return;
+        };
+        source.watch(self.system.procs());
+        self.record(index, now, FaultTarget::Source, FaultKind::Source(action));
+        if let Some(f) = self.faults.last_mut() {
+            // It acts on the file, whatever the records were doing at that instant.
+            f.bit = Some(true);
+        }
+        match source.fault(action) {
+            Ok(what) => {
+                say(&format!("  {:>4}s  source: {what}", now.as_secs()));
+                self.close_fault(&FaultTarget::Source);
+            }
+            Err(e) => {
+                let why = format!(
+                    "the source fault `{}` could not be carried out: {e}",
+                    action.describe()
+                );
+                say(&format!("  {:>4}s  {why}", now.as_secs()));
+                if let Some(f) = self.faults.last_mut() {
+                    f.no_target = Some(why.clone());
+                }
+                self.notes.push(why);
+            }
+        }
+    }
+
+    /// Where the engine is in the file it tails (sampled a few times a second).
+    fn watch_source(&self) {
+        if let Some(source) = &self.source {
+            source.watch(self.system.procs());
+        }
     }
 
     /// Records a fault as applied now.
@@ -373,6 +414,8 @@ impl<'a> Drill<'a> {
         // answered in between (the answer read a few ms later) was accepted before the crash,
         // and its copies after a restart are the crash's (a torn power cut at 4.3 s made one
         // such copy count "beyond at_least_once" for the correct engine).
+        // Where the engine is in a file it tails, as late as drill can see it before it dies.
+        self.watch_source();
         let kind = match action {
             ProcessAction::Kill => {
                 self.system.kill().await;
@@ -384,8 +427,15 @@ impl<'a> Drill<'a> {
                 self.engine_paused = true;
                 FaultKind::Pause
             }
-            // Validation gives the engine neither (a broker or proxy action).
-            ProcessAction::Stop | ProcessAction::Restart | ProcessAction::Crash => {
+            // Validation gives the engine none but `stop` (the rest are a broker's, the
+            // proxy's or the source's).
+            ProcessAction::Stop
+            | ProcessAction::Restart
+            | ProcessAction::Crash
+            | ProcessAction::Rotate
+            | ProcessAction::Truncate
+            | ProcessAction::Delete
+            | ProcessAction::Stall => {
                 self.system.stop(Duration::from_secs(10)).await;
                 self.crashes.push(self.t0.elapsed().max(now));
                 FaultKind::Stop
@@ -694,6 +744,7 @@ pub async fn play(
                 if let Some(why) = drill.system.exited() {
                     return Err(RunError::Engine(crate::sut::SutError::Exited(why)));
                 }
+                drill.watch_source();
             }
             _ = progress.tick() => {
                 let accepted = sent.lock().map(|s| s.accepted().count()).unwrap_or(0);
@@ -743,6 +794,7 @@ fn describe_step(step: &Step) -> String {
         Step::RestartBroker => "broker back".to_string(),
         Step::Answer { fault: Some(f), .. } => format!("destination {}", f.describe()),
         Step::Answer { fault: None, .. } => "destination answers again".to_string(),
+        Step::Source { action, .. } => format!("source {}", action.describe()),
     }
 }
 

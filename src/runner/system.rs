@@ -85,6 +85,9 @@ fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfi
         data_dir: work.join("engine-data"),
         outputs: vec![output],
         disk: Default::default(),
+        tail: e.tail.as_ref().map(|f| crate::engine::tail::TailConfig {
+            path: work.join(crate::scenario::source::SOURCE_DIR).join(&f.name),
+        }),
     }
 }
 
@@ -115,6 +118,10 @@ async fn command_engine(
     let mut values = drill_values(plan, rig, run_id);
     values.insert("scenario_dir".to_string(), plan.dir.display().to_string());
     values.extend(host_values(ingest, work, &data_dir, &ports));
+    if let Some(f) = plan.file_source() {
+        let live = work.join(crate::scenario::source::SOURCE_DIR).join(&f.name);
+        values.insert("ingest.path".to_string(), live.display().to_string());
+    }
     let log_path = work.parent().unwrap_or(work).join("engine.log");
     let _ = std::fs::remove_file(&log_path);
     let engine = CommandEngine::start(

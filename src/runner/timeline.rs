@@ -45,12 +45,24 @@ pub enum Step {
         index: usize,
         fault: Option<AnswerFault>,
     },
+    /// drill does something to the file the engine tails.
+    Source {
+        index: usize,
+        action: crate::source::SourceAction,
+    },
 }
 
 pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
     let mut steps = Vec::new();
     for (index, f) in plan.faults.iter().enumerate() {
         match &f.what {
+            FaultAction::Source(action) => steps.push((
+                f.at,
+                Step::Source {
+                    index,
+                    action: *action,
+                },
+            )),
             FaultAction::Broker {
                 node,
                 action,

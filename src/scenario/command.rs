@@ -3,7 +3,7 @@
 //! stats, where it puts its write key, and the promise it declares.
 //!
 //! This module owns the placeholder language of argv, `env` values and template files:
-//! `{ingest}` `{ingest.host}` `{ingest.port}` `{link.NAME}` `{link.NAME.host}`
+//! `{ingest}` `{ingest.host}` `{ingest.port}` `{ingest.path}` (a file source's live file) `{link.NAME}` `{link.NAME.host}`
 //! `{link.NAME.port}` `{topic}` `{data_dir}` `{work_dir}` `{scenario_dir}` `{port.NAME}` `{run}`,
 //! and with `destination.tls` `{tls.ca_file}` (mutual TLS: `{tls.client_cert_file}`,
 //! `{tls.client_key_file}`); `{{` and `}}` stand for a literal brace. An unknown placeholder is an invalid
@@ -34,6 +34,17 @@ pub(super) struct RawIngest {
     topic: Option<String>,
     #[serde(default)]
     qos: Option<u8>,
+    /// `kind: file`: `json` (the default, and the only one).
+    #[serde(default)]
+    format: Option<String>,
+    /// `kind: file`: how drill rotates the file.
+    #[serde(default)]
+    #[schemars(with = "Option<super::source::RawRotate>")]
+    rotate: Option<Spanned<super::source::RawRotate>>,
+    /// `kind: file`: where the engine keeps its read position.
+    #[serde(default)]
+    #[schemars(with = "Option<super::source::RawCheckpoint>")]
+    checkpoint: Option<Spanned<super::source::RawCheckpoint>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
@@ -43,6 +54,8 @@ enum IngestKind {
     Mqtt,
     TcpLines,
     Relp,
+    /// drill appends each record as one line to a file the engine tails.
+    File,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -159,6 +172,9 @@ pub enum IngestSpec {
     /// Each record as an RFC 5424 message on a RELP session to the engine's listener: its
     /// `rsp 200` means held (an engine whose input is syslog, e.g. rsyslog's `imrelp`).
     Relp,
+    /// drill appends each record as one JSON line to a file in `{work_dir}/source/` and
+    /// fsyncs it: written = held. The engine tails the file.
+    File(super::source::FileSpec),
 }
 
 impl IngestSpec {
@@ -168,6 +184,7 @@ impl IngestSpec {
             IngestSpec::Mqtt { .. } => "mqtt",
             IngestSpec::TcpLines => "tcp_lines",
             IngestSpec::Relp => "relp",
+            IngestSpec::File(_) => "file",
         }
     }
 }
@@ -374,7 +391,7 @@ fn write_key(
         .map_err(|m| fail(format!("{own}: {m}")))
 }
 
-fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
+pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
     let i = raw.value;
     let here = raw.referenced;
     let not_for = |field: &str, kind: &str| {
@@ -384,7 +401,39 @@ fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
         )
     };
     let kind = i.kind.value;
+    if kind != IngestKind::File {
+        for (field, set) in [
+            ("format", i.format.is_some()),
+            ("rotate", i.rotate.is_some()),
+            ("checkpoint", i.checkpoint.is_some()),
+        ] {
+            if set {
+                return Err(at(
+                    &here,
+                    format!("field `system.ingest.{field}`: only `kind: file` takes it; remove it"),
+                ));
+            }
+        }
+    }
     match kind {
+        IngestKind::File => {
+            for (field, set) in [
+                ("batch", i.batch.is_some()),
+                ("topic", i.topic.is_some()),
+                ("qos", i.qos.is_some()),
+            ] {
+                if set {
+                    return Err(not_for(field, "file"));
+                }
+            }
+            let raw = super::source::RawFile {
+                path: i.path,
+                format: i.format,
+                rotate: i.rotate,
+                checkpoint: i.checkpoint,
+            };
+            Ok(IngestSpec::File(super::source::file(raw, &here)?))
+        }
         IngestKind::Http => {
             if i.topic.is_some() {
                 return Err(not_for("topic", "http"));
@@ -546,10 +595,11 @@ fn pieces(text: &str) -> Result<Vec<Piece<'_>>, String> {
     Ok(out)
 }
 
-const FIXED: [&str; 8] = [
+const FIXED: [&str; 9] = [
     "ingest",
     "ingest.host",
     "ingest.port",
+    "ingest.path",
     "topic",
     "data_dir",
     "work_dir",
@@ -618,7 +668,7 @@ fn check_placeholders(
             ));
         }
         return Err(format!(
-            "unknown placeholder `{{{name}}}`; known: {{ingest}} {{ingest.host}} {{ingest.port}} {{link.NAME}} {{link.NAME.host}} {{link.NAME.port}} {{topic}} {{data_dir}} {{work_dir}} {{scenario_dir}} {{port.NAME}} {{run}} {{tls.ca_file}} {{tls.client_cert_file}} {{tls.client_key_file}} (write `{{{{` for a literal brace)"
+            "unknown placeholder `{{{name}}}`; known: {{ingest}} {{ingest.host}} {{ingest.port}} {{ingest.path}} {{link.NAME}} {{link.NAME.host}} {{link.NAME.port}} {{topic}} {{data_dir}} {{work_dir}} {{scenario_dir}} {{port.NAME}} {{run}} {{tls.ca_file}} {{tls.client_cert_file}} {{tls.client_key_file}} (write `{{{{` for a literal brace)"
         ));
     }
     Ok(())

@@ -22,6 +22,7 @@ use crate::workload::WorkloadSpec;
 pub mod command;
 mod links;
 mod raw;
+pub mod source;
 mod validate;
 
 pub use command::{CommandSpec, IngestSpec, Ready, StatsSpec};
@@ -72,6 +73,14 @@ pub enum ProcessAction {
     /// The engine's data directory: the disk is full (no space reported, writes that grow a
     /// file fail with ENOSPC) for `for`, then space returns.
     FillDisk,
+    /// The source file (`target: source`): rotated as its `rotate:` says (rename by default).
+    Rotate,
+    /// The source file: cut to zero length.
+    Truncate,
+    /// The source file: deleted, and a new one created under its name.
+    Delete,
+    /// The source file: the next line written in two `write()` calls, `for` apart.
+    Stall,
 }
 
 impl ProcessAction {
@@ -84,6 +93,10 @@ impl ProcessAction {
             ProcessAction::Pause => "pause",
             ProcessAction::PowerCut => "power_cut",
             ProcessAction::FillDisk => "fill_disk",
+            ProcessAction::Rotate => "rotate",
+            ProcessAction::Truncate => "truncate",
+            ProcessAction::Delete => "delete",
+            ProcessAction::Stall => "stall",
         }
     }
 
@@ -132,6 +145,9 @@ pub struct EngineSpec {
     pub window: Option<usize>,
     /// (max counted refusals, first backoff, backoff cap).
     pub refusals: (u32, Duration, Duration),
+    /// `system.ingest: { kind: file }` with the built-in engine: it tails the file instead of
+    /// taking records over HTTP.
+    pub tail: Option<source::FileSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -179,6 +195,8 @@ pub enum FaultAction {
         action: ProcessAction,
         restart_after: Option<Duration>,
     },
+    /// `target: source`: drill does this to the file the engine tails.
+    Source(crate::source::SourceAction),
     /// `target: destination`: a destination drill hosts answers otherwise for `lasts`.
     Answer {
         fault: dest::AnswerFault,
@@ -191,6 +209,15 @@ impl Plan {
     pub fn plays_for(&self) -> Duration {
         let last_fault = self.faults.iter().map(|f| f.at).max().unwrap_or_default();
         self.workload.duration.max(last_fault)
+    }
+
+    /// The file drill writes the records to, when the engine tails one.
+    pub fn file_source(&self) -> Option<&source::FileSpec> {
+        match self.command.as_ref().map(|c| &c.ingest) {
+            Some(IngestSpec::File(f)) => Some(f),
+            Some(_) => None,
+            None => self.engine.tail.as_ref(),
+        }
     }
 
     /// Whether the engine's data directory must be on drill's power-cut filesystem
@@ -222,7 +249,7 @@ pub fn longest_outage(faults: &[ScheduledFault], drill_ends: Duration) -> Durati
             FaultAction::Answer { lasts, .. } => *lasts,
             FaultAction::Engine { restart_after, .. }
             | FaultAction::Broker { restart_after, .. } => restart_after.unwrap_or_default(),
-            FaultAction::Heal { .. } => Duration::ZERO,
+            FaultAction::Heal { .. } | FaultAction::Source(_) => Duration::ZERO,
         })
         .max()
         .unwrap_or_default()

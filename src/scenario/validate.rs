@@ -47,11 +47,27 @@ pub(super) fn validate(mut raw: RawScenario, text: &str, source: &Path) -> Resul
         None => command::scenario_dir(source),
     };
     let (engine, command) = system(raw.system, &destination, &dir, &anchor)?;
+    if let (Some(c), Some((Some(agent), _))) = (&command, &raw_agent)
+        && matches!(c.ingest, crate::scenario::IngestSpec::File(_))
+    {
+        return Err(at(
+            &agent.referenced,
+            "field `system.agent`: a file source is written on drill's host; an engine on an agent's host cannot tail it (run the engine here, or feed it over the network)".to_string(),
+        ));
+    }
     let workload = workload(raw.workload, &destination, &anchor)?;
+    let file_source = engine.tail.is_some()
+        || matches!(
+            command.as_ref().map(|c| &c.ingest),
+            Some(crate::scenario::IngestSpec::File(_))
+        );
     let faults = faults(
         &raw.faults,
         &destination,
-        command.is_some(),
+        Engines {
+            command: command.is_some(),
+            file_source,
+        },
         workload.duration,
     )?;
     if faults.len() > MAX_FAULTS {
@@ -139,7 +155,6 @@ fn system(
         let for_a_command = first_given([
             ("env", !raw.env.is_empty()),
             ("files", !raw.files.is_empty()),
-            ("ingest", raw.ingest.is_some()),
             ("ready", raw.ready.is_some()),
             ("stats", raw.stats.is_some()),
             ("write_key", raw.write_key.is_some()),
@@ -161,7 +176,22 @@ fn system(
                 .map_or(b.referenced, |p| p.referenced)
         });
         let settings = raw.builtin.map(|b| b.value).unwrap_or_default();
-        let engine = builtin(settings, destination);
+        let mut engine = builtin(settings, destination);
+        if let Some(i) = raw.ingest {
+            let where_ = i.referenced;
+            match command::ingest(i)? {
+                crate::scenario::IngestSpec::File(f) => engine.tail = Some(f),
+                other => {
+                    return Err(at(
+                        &where_,
+                        format!(
+                            "field `system.ingest`: `kind: {}` goes with `system.command` (a user's engine); the built-in engine takes records over HTTP, or tails a file (`kind: file`)",
+                            other.name()
+                        ),
+                    ));
+                }
+            }
+        }
         within_bound(
             engine.promise,
             destination,
@@ -254,6 +284,7 @@ fn builtin(raw: RawBuiltin, destination: &Spec) -> EngineSpec {
                     r.backoff[1].0.max(r.backoff[0].0),
                 )
             }),
+        tail: None,
     }
 }
 
@@ -356,9 +387,10 @@ fn workload(
 fn faults(
     raw: &[Spanned<RawFault>],
     destination: &Spec,
-    command_engine: bool,
+    engines: Engines,
     workload_ends: Duration,
 ) -> Result<Vec<ScheduledFault>, Located> {
+    let command_engine = engines.command;
     let mut faults = Vec::new();
     for (i, spanned) in raw.iter().enumerate() {
         let entry = FaultEntry {
@@ -391,6 +423,9 @@ fn faults(
             (None, Some(target)) if target == "destination" => {
                 faults.push(destination_fault(&entry, destination, workload_ends)?);
             }
+            (None, Some(target)) if target == "source" => {
+                faults.push(source_fault(&entry, engines.file_source)?);
+            }
             (None, Some(target)) if target == "broker" && destination.external.is_some() => {
                 return Err(entry.field(
                     "target",
@@ -407,6 +442,75 @@ fn faults(
     }
     faults.sort_by_key(|f| f.at);
     Ok(faults)
+}
+
+/// What the system under test is, as far as faults care.
+#[derive(Clone, Copy)]
+struct Engines {
+    /// A user's engine (`system.command`).
+    command: bool,
+    /// It tails a file drill writes (`system.ingest: { kind: file }`).
+    file_source: bool,
+}
+
+/// `target: source`: `rotate`, `truncate`, `delete` or `stall` (with `for`) the file the engine
+/// tails.
+fn source_fault(entry: &FaultEntry, file_source: bool) -> Result<ScheduledFault, Located> {
+    use crate::source::SourceAction;
+    let f = entry.raw;
+    if !file_source {
+        return Err(entry.field(
+            "target",
+            "`source` faults act on the file the engine tails; this scenario has no `system.ingest: { kind: file }`",
+        ));
+    }
+    refuse_fields(
+        entry,
+        link_fields(f),
+        "only link faults (`link:`) take it; a source fault uses `action`",
+    )?;
+    refuse_fields(
+        entry,
+        destination_fields(f),
+        "only destination faults (`target: destination`) take it",
+    )?;
+    let process = process_fields(f)
+        .into_iter()
+        .filter(|(name, _)| *name != "action");
+    refuse_fields(
+        entry,
+        process,
+        "a source fault takes `action` (and `for` with `stall`)",
+    )?;
+    let action = match (f.action, f.for_) {
+        (Some(ProcessAction::Stall), Some(d)) => SourceAction::Stall(d.0),
+        (Some(ProcessAction::Stall), None) => {
+            return Err(entry.field(
+                "for",
+                "missing; how long the line stays half written, e.g. for: 5s",
+            ));
+        }
+        (Some(_), Some(_)) => {
+            return Err(entry.field("for", "only `stall` takes it"));
+        }
+        (Some(ProcessAction::Rotate), None) => SourceAction::Rotate,
+        (Some(ProcessAction::Truncate), None) => SourceAction::Truncate,
+        (Some(ProcessAction::Delete), None) => SourceAction::Delete,
+        (other, _) => {
+            return Err(entry.field(
+                "action",
+                format!(
+                    "{}the source takes rotate, truncate, delete or stall",
+                    other.map_or("missing; ".to_string(), |a| format!("`{}`: ", a.name()))
+                ),
+            ));
+        }
+    };
+    Ok(ScheduledFault {
+        at: f.at.0,
+        what: FaultAction::Source(action),
+        entry: entry.i,
+    })
 }
 
 /// One entry of `faults:`: what it says, and where, so that every error about it names
@@ -800,7 +904,12 @@ fn engine_fault(
             ));
         }
         ProcessAction::Pause => {}
-        ProcessAction::Restart | ProcessAction::Crash => {
+        ProcessAction::Restart
+        | ProcessAction::Crash
+        | ProcessAction::Rotate
+        | ProcessAction::Truncate
+        | ProcessAction::Delete
+        | ProcessAction::Stall => {
             return Err(cannot(entry, "engine", action));
         }
     }
@@ -873,7 +982,13 @@ fn broker_fault(
     match action {
         ProcessAction::Kill | ProcessAction::Stop | ProcessAction::Pause | ProcessAction::Crash => {
         }
-        ProcessAction::Restart | ProcessAction::PowerCut | ProcessAction::FillDisk => {
+        ProcessAction::Restart
+        | ProcessAction::PowerCut
+        | ProcessAction::FillDisk
+        | ProcessAction::Rotate
+        | ProcessAction::Truncate
+        | ProcessAction::Delete
+        | ProcessAction::Stall => {
             return Err(cannot(entry, "broker", action));
         }
     }
@@ -916,7 +1031,11 @@ fn proxy_fault(entry: &FaultEntry, action: ProcessAction) -> Result<FaultAction,
         | ProcessAction::Crash
         | ProcessAction::Pause
         | ProcessAction::PowerCut
-        | ProcessAction::FillDisk => {
+        | ProcessAction::FillDisk
+        | ProcessAction::Rotate
+        | ProcessAction::Truncate
+        | ProcessAction::Delete
+        | ProcessAction::Stall => {
             return Err(cannot(entry, "proxy", action));
         }
     }
@@ -1410,7 +1529,16 @@ mod tests {
         if datagrams {
             destination.imp = std::sync::Arc::new(OverUdp(destination.imp.clone()));
         }
-        super::faults(&raw.faults, &destination, false, Duration::from_secs(60)).map(|f| f.len())
+        super::faults(
+            &raw.faults,
+            &destination,
+            super::Engines {
+                command: false,
+                file_source: false,
+            },
+            Duration::from_secs(60),
+        )
+        .map(|f| f.len())
     }
 
     #[test]

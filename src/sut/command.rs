@@ -173,6 +173,11 @@ impl CommandEngine {
     }
 
     /// (Re)starts the engine with the same argv and data directory; waits until ready.
+    /// The running engine's process group (its leader's pid).
+    pub fn group(&self) -> Option<u32> {
+        self.group.map(|g| g.as_raw() as u32)
+    }
+
     pub async fn spawn(&mut self) -> Result<(), SutError> {
         let log = std::fs::OpenOptions::new()
             .create(true)

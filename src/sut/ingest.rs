@@ -14,6 +14,8 @@
 //! - [`Ingest::Relp`]: each record as an RFC 5424 message (the record's JSON as its text) on
 //!   one RELP session to the engine's listener, as a syslog client sends; `rsp 200` means
 //!   held, another code means not accepted, a session lost before the answer means unknown.
+//! - [`Ingest::File`]: each record as one JSON line appended to a file the engine tails
+//!   (`crate::source::FileSource`); written and synced means held.
 //!
 //! Nothing here retries a record whose answer was unknown: that would hide what a drill counts.
 
@@ -56,6 +58,7 @@ pub enum Ingest {
         addr: SocketAddr,
         session: Option<relp::Session>,
     },
+    File(crate::source::FileSource),
 }
 
 impl Ingest {
@@ -82,6 +85,11 @@ impl Ingest {
                 addr,
                 session: None,
             },
+            IngestSpec::File(_) => {
+                return Err(
+                    "a file source is made by the runner before the engine starts".to_string(),
+                );
+            }
         })
     }
 
@@ -90,6 +98,9 @@ impl Ingest {
         match self {
             Ingest::TcpLines { .. } => Some(
                 "ingest `tcp_lines` has no acknowledgement: `held` counts records whose bytes the OS took for the engine's socket; a record lost between the socket and the engine's disk counts as lost",
+            ),
+            Ingest::File(_) => Some(
+                "ingest `file`: `held` counts records drill wrote to the source file and synced; the engine reads them when it will, and a record in a file drill removed or cut before the engine read it is destroyed by the source fault, not lost",
             ),
             _ => None,
         }
@@ -118,6 +129,7 @@ impl Ingest {
             } => publish(*addr, topic, client_id, session, next_pkid, lines).await,
             Ingest::TcpLines { addr, stream } => write_lines(*addr, stream, &lines).await,
             Ingest::Relp { addr, session } => send_relp(*addr, session, &lines).await,
+            Ingest::File(source) => source.write(records).await,
         }
     }
 }

@@ -322,6 +322,22 @@ impl System {
         }
     }
 
+    /// Which processes are the engine now, for reading where it is in a file source (`None`
+    /// parts: not running, or on another host).
+    pub fn procs(&self) -> crate::source::EngineProcs {
+        match self {
+            System::Builtin(e) => crate::source::EngineProcs {
+                pid: e.pid(),
+                group: None,
+            },
+            System::Command(e) => crate::source::EngineProcs {
+                pid: e.group(),
+                group: e.group(),
+            },
+            System::Remote(_) => crate::source::EngineProcs::default(),
+        }
+    }
+
     /// `Some(why)` when the system ended on its own (checked during the drill).
     pub fn exited(&mut self) -> Option<String> {
         match self {

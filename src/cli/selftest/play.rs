@@ -216,6 +216,7 @@ pub(super) fn planned_targets(plan: &Plan) -> Vec<String> {
             FaultAction::Engine { .. } => Some("engine".to_string()),
             FaultAction::Broker { .. } => Some("broker".to_string()),
             FaultAction::Answer { .. } => Some("destination".to_string()),
+            FaultAction::Source(_) => Some("source".to_string()),
         })
         .collect()
 }

@@ -1,0 +1,235 @@
+//! `system.ingest: { kind: file, ... }`: a log file drill appends the records to and the engine
+//! tails — its name below `{work_dir}/source/`, how drill rotates it (`rotate:`), and where the
+//! engine keeps its checkpoint (`checkpoint:`). The file itself is `crate::source`'s.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use crate::located::{Located, at};
+use crate::units::Dur;
+use serde_saphyr::Location;
+
+/// The folder below the drill's work folder that holds the source file and its rotations.
+pub const SOURCE_DIR: &str = "source";
+
+/// `rotate:` as written.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRotate {
+    /// `10s` (time) or `64KB` / `1MB` (size of the live file).
+    every: String,
+    /// `rename` (default: the live file becomes `NAME.1`, a new one is created) or
+    /// `copytruncate` (copied to `NAME.1`, then cut to zero length; drill writes nothing
+    /// between).
+    #[serde(default)]
+    mode: Option<RotateMode>,
+    /// Rotated files kept (`NAME.1` … `NAME.keep`); an older one is deleted. Default 5.
+    #[serde(default)]
+    keep: Option<u32>,
+}
+
+/// `checkpoint:` as written: where a user's engine keeps its read position.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCheckpoint {
+    /// The checkpoint file, relative to `{data_dir}`.
+    file: String,
+    /// Only `json`.
+    #[serde(default)]
+    format: Option<String>,
+    /// A JSON pointer to the byte offset, e.g. `/offset`.
+    offset: String,
+    /// A JSON pointer to the file's inode number, e.g. `/inode` (without it the offset is
+    /// taken to be in the live file).
+    #[serde(default)]
+    inode: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RotateMode {
+    Rename,
+    Copytruncate,
+}
+
+/// When drill rotates the live file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RotateEvery {
+    Time(Duration),
+    Bytes(u64),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rotate {
+    pub every: RotateEvery,
+    pub mode: RotateMode,
+    pub keep: u32,
+}
+
+/// Where the engine's checkpoint is and how to read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointSpec {
+    /// Relative to `{data_dir}`.
+    pub file: String,
+    pub offset: String,
+    pub inode: Option<String>,
+}
+
+/// A validated file source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileSpec {
+    /// The live file's name below `{work_dir}/source/`.
+    pub name: String,
+    pub rotate: Option<Rotate>,
+    pub checkpoint: Option<CheckpointSpec>,
+}
+
+impl FileSpec {
+    /// The checkpoint drill's own engine keeps (`tail-checkpoint.json` in its data folder).
+    pub fn builtin_checkpoint() -> CheckpointSpec {
+        CheckpointSpec {
+            file: "tail-checkpoint.json".to_string(),
+            offset: "/offset".to_string(),
+            inode: Some("/inode".to_string()),
+        }
+    }
+}
+
+/// The fields of `system.ingest` a file source reads.
+pub(super) struct RawFile {
+    pub path: Option<String>,
+    pub format: Option<String>,
+    pub rotate: Option<Spanned<RawRotate>>,
+    pub checkpoint: Option<Spanned<RawCheckpoint>>,
+}
+
+/// Validates a file source; `here` is `system.ingest`'s place.
+pub(super) fn file(raw: RawFile, here: &Location) -> Result<FileSpec, Located> {
+    let name = raw.path.unwrap_or_else(|| "records.log".to_string());
+    if name.is_empty()
+        || name.contains('/')
+        || name.starts_with('.')
+        || name.contains(['*', '?', '['])
+    {
+        return Err(at(
+            here,
+            format!(
+                "field `system.ingest.path`: `{name}` must be a plain file name (drill writes it into {{work_dir}}/{SOURCE_DIR}/, and rotates it to NAME.1, NAME.2, ...), e.g. path: app.log"
+            ),
+        ));
+    }
+    if let Some(f) = raw.format.as_deref()
+        && f != "json"
+    {
+        return Err(at(
+            here,
+            format!(
+                "field `system.ingest.format`: `{f}`; drill writes each record as one JSON line (`json`, the default)"
+            ),
+        ));
+    }
+    let rotate = raw.rotate.map(rotate).transpose()?;
+    let checkpoint = raw.checkpoint.map(checkpoint).transpose()?;
+    Ok(FileSpec {
+        name,
+        rotate,
+        checkpoint,
+    })
+}
+
+fn rotate(raw: Spanned<RawRotate>) -> Result<Rotate, Located> {
+    let here = raw.referenced;
+    let r = raw.value;
+    let every = parse_every(&r.every)
+        .map_err(|m| at(&here, format!("field `system.ingest.rotate.every`: {m}")))?;
+    let keep = r.keep.unwrap_or(5);
+    if keep == 0 || keep > 100 {
+        return Err(at(
+            &here,
+            "field `system.ingest.rotate.keep`: 1 to 100 rotated files".to_string(),
+        ));
+    }
+    Ok(Rotate {
+        every,
+        mode: r.mode.unwrap_or(RotateMode::Rename),
+        keep,
+    })
+}
+
+/// `10s` or `64KB`, `1MB`, `4096B`.
+fn parse_every(text: &str) -> Result<RotateEvery, String> {
+    let t = text.trim();
+    for (suffix, scale) in [("KB", 1024u64), ("MB", 1 << 20), ("B", 1)] {
+        if let Some(n) = t.strip_suffix(suffix) {
+            return match n.trim().parse::<u64>() {
+                Ok(n) if n * scale >= 256 => Ok(RotateEvery::Bytes(n * scale)),
+                _ => Err(format!(
+                    "`{text}`: a size of at least 256 bytes, e.g. 64KB or 1MB"
+                )),
+            };
+        }
+    }
+    match Dur::parse(t) {
+        Ok(d) if d.0 >= Duration::from_millis(200) => Ok(RotateEvery::Time(d.0)),
+        Ok(_) => Err(format!("`{text}`: at least 200ms between rotations")),
+        Err(_) => Err(format!(
+            "`{text}` is neither a time (10s) nor a size (64KB, 1MB)"
+        )),
+    }
+}
+
+fn checkpoint(raw: Spanned<RawCheckpoint>) -> Result<CheckpointSpec, Located> {
+    let here = raw.referenced;
+    let c = raw.value;
+    let field =
+        |f: &str, m: String| at(&here, format!("field `system.ingest.checkpoint.{f}`: {m}"));
+    if let Some(f) = c.format.as_deref()
+        && f != "json"
+    {
+        return Err(field("format", format!("`{f}`; only `json` is read")));
+    }
+    if c.file.is_empty() || c.file.starts_with('/') || c.file.split('/').any(|p| p == "..") {
+        return Err(field(
+            "file",
+            format!(
+                "`{}` must be a path inside the engine's data folder ({{data_dir}}), e.g. file: positions.json",
+                c.file
+            ),
+        ));
+    }
+    for (name, pointer) in [("offset", Some(&c.offset)), ("inode", c.inode.as_ref())] {
+        if let Some(p) = pointer
+            && !p.starts_with('/')
+        {
+            return Err(field(
+                name,
+                format!("`{p}` is not a JSON pointer; write it as /field or /a/b"),
+            ));
+        }
+    }
+    Ok(CheckpointSpec {
+        file: c.file,
+        offset: c.offset,
+        inode: c.inode,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_is_a_time_or_a_size() {
+        assert_eq!(
+            parse_every("10s"),
+            Ok(RotateEvery::Time(Duration::from_secs(10)))
+        );
+        assert_eq!(parse_every("64KB"), Ok(RotateEvery::Bytes(65536)));
+        assert_eq!(parse_every("1MB"), Ok(RotateEvery::Bytes(1 << 20)));
+        assert!(parse_every("100B").unwrap_err().contains("256 bytes"));
+        assert!(parse_every("10ms").unwrap_err().contains("200ms"));
+        assert!(parse_every("often").unwrap_err().contains("neither"));
+    }
+}

@@ -1,0 +1,187 @@
+//! A file the engine tails (`system.ingest: { kind: file }`): the catalogue's file drills pass
+//! the correct engine and fail its tail mutants with the count the fault makes, records drill's
+//! own fault destroyed are a ledger line of their own, and `drill check` points at a bad source
+//! spec's field.
+
+use crate::common::run::{
+    Ran, catalogue_drill_fails_mutant, catalogue_drill_passes, drill, required, scenario, show,
+};
+
+/// Both runs at once: the correct engine and a mutant on the same drill.
+fn correct_and_mutant(name: &str, mutant: &str) -> (Ran, Ran) {
+    std::thread::scope(|s| {
+        let correct = s.spawn(|| catalogue_drill_passes(name));
+        let broken = s.spawn(|| catalogue_drill_fails_mutant(name, mutant));
+        (correct.join().unwrap(), broken.join().unwrap())
+    })
+}
+
+/// The engine is stopped from 6 s to 12 s and the file renamed away at 9 s: the correct engine
+/// finishes the old file from its checkpoint, then reads the new one; `skip-on-rotate` follows
+/// the name and loses the old file's lines written between the stop and the rotation (3 s at
+/// 100 lines/s).
+#[cfg(feature = "mutants")]
+#[test]
+fn a_rotation_while_the_engine_is_down_is_followed_by_inode() {
+    let (correct, broken) = correct_and_mutant("file-rotate-during-outage", "skip-on-rotate");
+    assert_eq!(correct.number(&["ledger", "held"]), 2000);
+    assert_eq!(correct.number(&["ledger", "lost"]), 0);
+    assert_eq!(correct.number(&["ledger", "delivered"]), 2000);
+    assert!(
+        correct
+            .markdown
+            .contains("source: rotated (rename): app.log → app.log.1")
+    );
+    let lost = broken.number(&["ledger", "lost"]);
+    assert!(
+        (250..=350).contains(&lost),
+        "lost {lost}: {:#}",
+        broken.report
+    );
+    assert!(
+        broken.report["checkpoint_ahead"].is_object(),
+        "its checkpoint passed what it skipped: {:#}",
+        broken.report
+    );
+    // What it lost is what was written while it was down, before the rotation: ids past the
+    // first 550 records and before the 950th.
+    for id in broken.report["missing_examples"].as_array().unwrap() {
+        let seq: u64 = id
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (130..=240).contains(&seq),
+            "{id} (sequence per key of 4 keys)"
+        );
+    }
+}
+
+/// The engine is stopped from 6 s to 10 s and the file cut to zero at 8 s: what it had not
+/// read is destroyed by the source fault, never lost; it notices the cut on its restart and
+/// reads the file again from the start. A line written in two write() calls a second apart
+/// (at 2 s) is taken whole.
+#[test]
+fn a_cut_file_destroys_what_the_engine_had_not_read_and_none_of_it_is_lost() {
+    let ran = catalogue_drill_passes("file-truncate");
+    let destroyed = ran.number(&["ledger", "destroyed"]);
+    // 2 s at 100 lines/s between the stop and the cut, less what the engine read while it
+    // was stopping.
+    assert!(
+        (120..=230).contains(&destroyed),
+        "{destroyed}: {:#}",
+        ran.report
+    );
+    let l = &ran.report["ledger"];
+    assert_eq!(
+        l["held"].as_u64().unwrap(),
+        l["delivered"].as_u64().unwrap() + destroyed,
+        "{l:#}"
+    );
+    assert!(
+        ran.markdown
+            .contains(&format!("+ {destroyed} destroyed by the source fault")),
+        "{}",
+        ran.markdown
+    );
+    assert!(
+        ran.markdown
+            .contains("Destroyed by the source fault (never read by the engine)")
+    );
+    assert!(
+        ran.markdown
+            .contains("| source | stall 1s (a line half written) |")
+    );
+    assert_eq!(ran.number(&["ledger", "altered"]), 0);
+    assert_eq!(ran.number(&["ledger", "unexpected"]), 0);
+}
+
+/// A power cut at the record log's fdatasync while the tail stores a burst: the correct
+/// engine's checkpoint is still before the batch the cut took; `checkpoint-before-store`
+/// moved it at read time and loses that batch, every record of it under "checkpoint ahead of
+/// the store".
+#[cfg(feature = "mutants")]
+#[test]
+fn a_checkpoint_moved_at_read_time_loses_the_batch_a_power_cut_takes() {
+    if !required(
+        std::path::Path::new("/dev/fuse").exists() && nix::unistd::Uid::effective().is_root(),
+        "FUSE (/dev/fuse) and root",
+    ) {
+        return;
+    }
+    let (correct, broken) = correct_and_mutant("file-power-cut", "checkpoint-before-store");
+    assert_eq!(correct.number(&["ledger", "lost"]), 0);
+    assert!(correct.report["checkpoint_ahead"].is_null());
+    let lost = broken.number(&["ledger", "lost"]);
+    // One batch of the tail: what 20 ms brought at 200 lines/s, a few lines.
+    assert!((1..=40).contains(&lost), "lost {lost}: {:#}", broken.report);
+    assert_eq!(
+        broken.number(&["checkpoint_ahead", "count"]),
+        lost,
+        "{:#}",
+        broken.report
+    );
+    assert!(broken.markdown.contains("## Checkpoint ahead of the store"));
+}
+
+/// `drill check` names the file, the line and the field of a bad source spec, and says what
+/// to write.
+#[test]
+fn a_bad_source_spec_is_refused_with_its_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let head = "name: s\ndestination: { kind: mqtt }\nworkload: { rate: 10/s, duration: 10s }\n";
+    let cases = [
+        (
+            "system:\n  ingest: { kind: file, rotate: { every: often } }\n",
+            "field `system.ingest.rotate.every`: `often` is neither a time (10s) nor a size",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: file, path: logs/app.log }\n",
+            "field `system.ingest.path`: `logs/app.log` must be a plain file name",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: http }\n",
+            "field `system.ingest`: `kind: http` goes with `system.command`",
+            5,
+        ),
+        (
+            "faults:\n  - { at: 2s, target: source, action: rotate }\n",
+            "field `faults[0].target`: `source` faults act on the file the engine tails",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: file }\nfaults:\n  - { at: 2s, target: source, action: stall }\n",
+            "field `faults[0].for`: missing; how long the line stays half written",
+            7,
+        ),
+        (
+            "system:\n  ingest: { kind: file }\nfaults:\n  - { at: 2s, target: source, action: kill }\n",
+            "field `faults[0].action`: `kill`: the source takes rotate, truncate, delete or stall",
+            7,
+        ),
+        (
+            "system:\n  ingest: { kind: file, checkpoint: { file: /etc/x, offset: /o } }\n",
+            "field `system.ingest.checkpoint.file`: `/etc/x` must be a path inside the engine's data folder",
+            5,
+        ),
+    ];
+    for (i, (tail, want, line)) in cases.iter().enumerate() {
+        let name = format!("bad{i}");
+        let file = scenario(dir.path(), &name, &format!("{head}{tail}"));
+        let o = drill(&["check", &file]);
+        let said = show(&o);
+        assert_eq!(o.status.code(), Some(2), "{said}");
+        assert!(said.contains(want), "case {i}: want {want:?} in\n{said}");
+        // file:line: the line of the entry at fault.
+        assert!(
+            said.contains(&format!("{name}.yaml:{line}:")),
+            "case {i}: not at line {line} in\n{said}"
+        );
+    }
+}
