@@ -9,7 +9,8 @@
 //! rsyslog (Debian 8.2302, unpacked by `ci/setup.sh`) as a log shipper — RELP input, a
 //! disk-assisted action queue, omrelp or omfwd out — loses what its queue held in memory when
 //! it is SIGKILLed, on both outputs and into Kafka through omkafka (librdkafka 2.0.2, which
-//! reaches drill's broker only through the Kafka-aware link's rewrite); syslog-ng (Debian 3.38, unpacked the same way) with a
+//! reaches drill's broker only through the Kafka-aware link's rewrite), and tailing a file
+//! with imfile it also loses the rest of a file rotated while it was down; syslog-ng (Debian 3.38, unpacked the same way) with a
 //! reliable disk buffer loses records around the half-open link over plain TCP.
 
 use std::process::Command;
@@ -298,4 +299,46 @@ fn the_syslog_ng_http_example_keeps_everything_through_the_outages() {
     assert_eq!(r["verdict"], "pass", "{}", r["headline"]);
     assert_eq!(l["lost"], 0, "{l}");
     assert_eq!(l["duplicates_beyond_promise"], 0, "{l}");
+}
+
+/// rsyslog tailing the file drill writes (imfile, inotify, its state written after every line)
+/// and forwarding over RELP. A SIGKILL in the middle of a refused link takes what its memory
+/// queue held, though the state file had passed it; the file rotated while it is down leaves
+/// the old file's rest unread for good, since imfile watches only the name. Measured: 351 lost
+/// (about 250 read and queued in memory from 5 s to the kill at 10 s, about 100 written to the
+/// old file between the kill and the rotation at 12 s), none destroyed (drill removed nothing).
+#[test]
+fn the_rsyslog_imfile_example_loses_its_memory_queue_and_the_rotated_files_rest() {
+    if !have_rsyslogd() {
+        return;
+    }
+    let r = drill_example("rsyslog-imfile");
+    let l = &r["ledger"];
+    println!("rsyslog imfile: {} {l}", r["headline"]);
+    assert_eq!(r["verdict"], "fail", "{}", r["headline"]);
+    let lost = l["lost"].as_u64().unwrap();
+    assert!((250..=450).contains(&lost), "{l}");
+    assert!(l["destroyed"].is_null() || l["destroyed"] == 0, "{l}");
+    assert!(
+        r["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str() == Some("source: rotated (rename): app.log → app.log.1")),
+        "{:#}",
+        r["notes"]
+    );
+    // What it lost was written between the refusal (5 s) and the rotation (12 s): at 50/s over
+    // 4 keys, sequences per key from about 60 to 150.
+    for id in r["missing_examples"].as_array().unwrap() {
+        let seq: u64 = id
+            .as_str()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((40..=160).contains(&seq), "{id}");
+    }
 }
