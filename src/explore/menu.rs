@@ -210,6 +210,19 @@ fn vocabulary(plan: &Plan, broker_container: bool) -> Vec<Choice> {
         Some("for"),
         "destination answer",
     );
+    // A file the engine tails (the validator drops them elsewhere).
+    for action in ["rotate", "truncate", "delete"] {
+        add(
+            format!("target: source, action: {action}"),
+            None,
+            &format!("source {action}"),
+        );
+    }
+    add(
+        "target: source, action: stall".into(),
+        Some("for"),
+        "source stall",
+    );
     out
 }
 
@@ -380,6 +393,17 @@ drain_timeout: 60s
         }
         // A stream link carries no datagram loss, and drill hosts no MQTT broker's answers.
         assert!(!families.contains(&"link loss"), "{families:?}");
+        assert!(!families.iter().any(|f| f.starts_with("source")), "{families:?}");
+        // An engine that tails a file takes the source faults.
+        let tailing = BASE.replace(
+            "workload:",
+            "system: { ingest: { kind: file, path: app.log } }\nworkload:",
+        );
+        let b = Base::from_text(Path::new("base.yaml"), &tailing).unwrap();
+        let with_source = b.menu().families().join(", ");
+        for f in ["source rotate", "source truncate", "source delete", "source stall"] {
+            assert!(with_source.contains(f), "{f} missing from {with_source}");
+        }
         assert!(!families.contains(&"destination answer"), "{families:?}");
         assert!(!families.contains(&"link bad_certificate"), "{families:?}");
         assert_eq!(menu.workload_ms, 20_000);
