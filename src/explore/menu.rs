@@ -393,7 +393,10 @@ drain_timeout: 60s
         }
         // A stream link carries no datagram loss, and drill hosts no MQTT broker's answers.
         assert!(!families.contains(&"link loss"), "{families:?}");
-        assert!(!families.iter().any(|f| f.starts_with("source")), "{families:?}");
+        assert!(
+            !families.iter().any(|f| f.starts_with("source")),
+            "{families:?}"
+        );
         // An engine that tails a file takes the source faults.
         let tailing = BASE.replace(
             "workload:",
@@ -401,7 +404,12 @@ drain_timeout: 60s
         );
         let b = Base::from_text(Path::new("base.yaml"), &tailing).unwrap();
         let with_source = b.menu().families().join(", ");
-        for f in ["source rotate", "source truncate", "source delete", "source stall"] {
+        for f in [
+            "source rotate",
+            "source truncate",
+            "source delete",
+            "source stall",
+        ] {
             assert!(with_source.contains(f), "{f} missing from {with_source}");
         }
         assert!(!families.contains(&"destination answer"), "{families:?}");
