@@ -196,7 +196,7 @@ pub enum FaultAction {
         restart_after: Option<Duration>,
     },
     /// `target: source`: drill does this to the file the engine tails.
-    Source(crate::source::SourceAction),
+    Source(source::SourceAction),
     /// `target: destination`: a destination drill hosts answers otherwise for `lasts`.
     Answer {
         fault: dest::AnswerFault,

@@ -1,6 +1,6 @@
 //! `system.ingest: { kind: file, ... }`: a log file drill appends the records to and the engine
 //! tails — its name below `{work_dir}/source/`, how drill rotates it (`rotate:`), and where the
-//! engine keeps its checkpoint (`checkpoint:`). The file itself is `crate::source`'s.
+//! engine keeps its checkpoint (`checkpoint:`). The file itself is drill's `source` module's.
 
 use std::time::Duration;
 
@@ -75,6 +75,29 @@ pub struct CheckpointSpec {
     pub file: String,
     pub offset: String,
     pub inode: Option<String>,
+}
+
+/// What a source fault does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceAction {
+    Rotate,
+    Truncate,
+    Delete,
+    Stall(Duration),
+}
+
+impl SourceAction {
+    /// `rotate`, `stall 5s`: as the fault log says it.
+    pub fn describe(&self) -> String {
+        match self {
+            SourceAction::Rotate => "rotate".to_string(),
+            SourceAction::Truncate => "truncate".to_string(),
+            SourceAction::Delete => "delete (a new file takes its name)".to_string(),
+            SourceAction::Stall(d) => {
+                format!("stall {} (a line half written)", crate::units::Dur(*d))
+            }
+        }
+    }
 }
 
 /// A validated file source.

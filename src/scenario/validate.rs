@@ -456,7 +456,7 @@ struct Engines {
 /// `target: source`: `rotate`, `truncate`, `delete` or `stall` (with `for`) the file the engine
 /// tails.
 fn source_fault(entry: &FaultEntry, file_source: bool) -> Result<ScheduledFault, Located> {
-    use crate::source::SourceAction;
+    use crate::scenario::source::SourceAction;
     let f = entry.raw;
     if !file_source {
         return Err(entry.field(

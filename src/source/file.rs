@@ -21,31 +21,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::position::{EngineProcs, read_positions};
-use crate::scenario::source::{FileSpec, RotateEvery, RotateMode};
+use crate::scenario::source::{FileSpec, RotateEvery, RotateMode, SourceAction};
 use crate::workload::{IngestAnswer, Record};
-
-/// What a source fault does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SourceAction {
-    Rotate,
-    Truncate,
-    Delete,
-    Stall(Duration),
-}
-
-impl SourceAction {
-    /// `rotate`, `stall 5s`: as the fault log says it.
-    pub fn describe(&self) -> String {
-        match self {
-            SourceAction::Rotate => "rotate".to_string(),
-            SourceAction::Truncate => "truncate".to_string(),
-            SourceAction::Delete => "delete (a new file takes its name)".to_string(),
-            SourceAction::Stall(d) => {
-                format!("stall {} (a line half written)", crate::units::Dur(*d))
-            }
-        }
-    }
-}
 
 /// A file drill writes the records to, shared by the workload (which writes) and the
 /// timeline (which rotates, cuts and removes).

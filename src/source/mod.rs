@@ -5,7 +5,8 @@
 pub mod file;
 pub mod position;
 
-pub use file::{FileSource, SourceAccount, SourceAction};
+pub use crate::scenario::source::SourceAction;
+pub use file::{FileSource, SourceAccount};
 pub use position::EngineProcs;
 
 use std::collections::BTreeSet;
