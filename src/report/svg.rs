@@ -993,7 +993,8 @@ pub fn timeline(report: &crate::report::Report) -> String {
                 kind: MarkKind::Kill,
                 label: format!("{} {}", f.target, f.what()),
             });
-            if let Some(until) = f.until_ms {
+            // An instant (a source rotated, cut, removed) has nothing to come back from.
+            if let Some(until) = f.until_ms.filter(|u| *u > f.at_ms) {
                 marks.push(Mark {
                     at_ms: until,
                     kind: MarkKind::Restart,

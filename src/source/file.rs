@@ -312,6 +312,15 @@ impl Inner {
         vec![IngestAnswer::Accepted(None); lines.len()]
     }
 
+    /// Lines of `generation` that end beyond where the engine was last seen in it.
+    fn unread(&self, generation: usize) -> usize {
+        let read = self.read[generation];
+        self.spans
+            .iter()
+            .filter(|sp| sp.generation == generation && sp.end > read)
+            .count()
+    }
+
     /// Marks the records of `generation` at or past `from` that the engine had not read as
     /// destroyed; the generation is gone.
     fn destroy(&mut self, generation: usize, from: u64) -> usize {
@@ -359,9 +368,14 @@ impl Inner {
         let first = self.rotated_path(1);
         let what = match mode {
             RotateMode::Rename => {
+                let unread = self.unread(self.live_generation);
                 std::fs::rename(&live, &first)?;
                 self.new_live()?;
-                format!("rotated (rename): {} → {}", self.name, file_name(&first))
+                format!(
+                    "rotated (rename): {} → {}, {unread} of its lines not yet read by the engine",
+                    self.name,
+                    file_name(&first)
+                )
             }
             RotateMode::Copytruncate => {
                 std::fs::copy(&live, &first)?;
