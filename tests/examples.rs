@@ -319,6 +319,14 @@ fn the_rsyslog_imfile_example_loses_its_memory_queue_and_the_rotated_files_rest(
     let lost = l["lost"].as_u64().unwrap();
     assert!((250..=450).contains(&lost), "{l}");
     assert!(l["destroyed"].is_null() || l["destroyed"] == 0, "{l}");
+    // imfile's state files (one per inode) had passed what the kill took from the memory queue,
+    // not the rotated file's unread rest.
+    let ahead = r["checkpoint_ahead"]["count"].as_u64().unwrap_or(0);
+    assert!(
+        (150..=320).contains(&ahead) && ahead < lost,
+        "{:#}",
+        r["checkpoint_ahead"]
+    );
     assert!(
         r["notes"].as_array().unwrap().iter().any(|n| n
             .as_str()

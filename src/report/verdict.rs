@@ -126,10 +126,7 @@ fn checkpoint_ahead(facts: &Facts, ledger: &Ledger) -> Option<super::CheckpointA
     }
     Some(super::CheckpointAhead {
         count: (behind.len() as u64).min(ledger.lost),
-        checkpoint: match c.inode {
-            Some(ino) => format!("inode {ino} offset {}", c.offset),
-            None => format!("offset {} in the live file", c.offset),
-        },
+        checkpoint: c.said.clone(),
         examples: behind.iter().take(10).map(|s| s.to_string()).collect(),
     })
 }
@@ -598,9 +595,8 @@ fn notes(facts: &Facts, verifier_fault: Option<&str>) -> Vec<String> {
         }
         if let Some(c) = &s.checkpoint {
             notes.push(format!(
-                "the engine's checkpoint after the drain: {}offset {}, past {} of the records drill wrote",
-                c.inode.map(|i| format!("inode {i}, ")).unwrap_or_default(),
-                c.offset,
+                "the engine's checkpoint after the drain: {}, past {} of the records drill wrote",
+                c.said,
                 c.passed.len()
             ));
         }

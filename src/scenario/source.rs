@@ -34,7 +34,8 @@ pub(super) struct RawRotate {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawCheckpoint {
-    /// The checkpoint file, relative to `{data_dir}`.
+    /// The checkpoint file, relative to `{data_dir}`; with `*` in its name, one file per source
+    /// file (rsyslog's `imfile-state:*`), each passing only its own file's records.
     file: String,
     /// Only `json`.
     #[serde(default)]
@@ -218,6 +219,18 @@ fn checkpoint(raw: Spanned<RawCheckpoint>) -> Result<CheckpointSpec, Located> {
             "file",
             format!(
                 "`{}` must be a path inside the engine's data folder ({{data_dir}}), e.g. file: positions.json",
+                c.file
+            ),
+        ));
+    }
+    if c.file
+        .rsplit_once('/')
+        .is_some_and(|(dir, _)| dir.contains('*'))
+    {
+        return Err(field(
+            "file",
+            format!(
+                "`{}`: a `*` may stand only in the file's name, not in its folders",
                 c.file
             ),
         ));

@@ -242,6 +242,28 @@ impl FileSource {
     }
 }
 
+impl FileSource {
+    /// Whether drill wrote a file with this inode.
+    pub fn wrote_inode(&self, inode: u64) -> bool {
+        self.lock().generations.contains(&inode)
+    }
+
+    /// The ids of the records of the file `inode` (its latest generation) that end at or
+    /// before `offset`: what a per-file checkpoint has passed. `None` when drill never wrote
+    /// that inode.
+    pub fn passed_in(&self, inode: u64, offset: u64) -> Option<BTreeSet<String>> {
+        let s = self.lock();
+        let generation = s.generations.iter().rposition(|i| *i == inode)?;
+        Some(
+            s.spans
+                .iter()
+                .filter(|sp| sp.generation == generation && sp.end <= offset)
+                .map(|sp| sp.id.clone())
+                .collect(),
+        )
+    }
+}
+
 impl Inner {
     fn live_path(&self) -> PathBuf {
         self.dir.join(&self.name)

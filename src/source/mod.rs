@@ -28,8 +28,8 @@ pub struct SourceFacts {
 /// The engine's checkpoint as read after the drain.
 #[derive(Debug, Clone, Default)]
 pub struct Checkpoint {
-    pub inode: Option<u64>,
-    pub offset: u64,
+    /// Where it stood, in words: `inode 1234 offset 5678`, or one such per checkpoint file.
+    pub said: String,
     /// The records it has passed (the source will not give them to the engine again).
     pub passed: BTreeSet<String>,
 }
@@ -46,28 +46,85 @@ impl SourceFacts {
             account: source.account(),
             ..SourceFacts::default()
         };
-        let Some(c) = where_ else {
-            return facts;
-        };
-        match read_checkpoint(&data_dir.join(&c.file), &c) {
-            Ok((inode, offset)) => match source.passed_by(inode, offset) {
-                Some(passed) => {
-                    facts.checkpoint = Some(Checkpoint {
-                        inode,
-                        offset,
-                        passed,
-                    })
-                }
-                None => {
-                    facts.checkpoint_unread = Some(format!(
-                        "the engine's checkpoint names inode {} at offset {offset}, a file drill never wrote",
-                        inode.unwrap_or_default()
-                    ))
-                }
-            },
-            Err(why) => facts.checkpoint_unread = Some(why),
+        if let Some(c) = where_ {
+            match checkpoint(source, &c, data_dir) {
+                Ok(read) => facts.checkpoint = Some(read),
+                Err(why) => facts.checkpoint_unread = Some(why),
+            }
         }
         facts
+    }
+}
+
+/// One checkpoint file (inode and offset: every record of an earlier file and of its own up to
+/// the offset passed), or, where `file` is a pattern with `*`, one file per source file (each
+/// passes only its own file's records up to its offset; the inode from its JSON, or the first
+/// number in its name that is an inode drill wrote: rsyslog's `imfile-state:<inode>:<hash>`).
+fn checkpoint(
+    source: &FileSource,
+    c: &CheckpointSpec,
+    data_dir: &Path,
+) -> Result<Checkpoint, String> {
+    if !c.file.contains('*') {
+        let (inode, offset) = read_checkpoint(&data_dir.join(&c.file), c)?;
+        let passed = source.passed_by(inode, offset).ok_or_else(|| {
+            format!(
+                "the engine's checkpoint names inode {} at offset {offset}, a file drill never wrote",
+                inode.unwrap_or_default()
+            )
+        })?;
+        let said = match inode {
+            Some(ino) => format!("inode {ino} offset {offset}"),
+            None => format!("offset {offset} in the live file"),
+        };
+        return Ok(Checkpoint { said, passed });
+    }
+    let (folder, pattern) = match c.file.rsplit_once('/') {
+        Some((f, p)) => (data_dir.join(f), p.to_string()),
+        None => (data_dir.to_path_buf(), c.file.clone()),
+    };
+    let mut names: Vec<String> = std::fs::read_dir(&folder)
+        .map_err(|e| format!("the engine's checkpoints {}: {e}", folder.display()))?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| matches(&pattern, n))
+        .collect();
+    names.sort();
+    let mut read = Checkpoint::default();
+    let mut said = Vec::new();
+    for name in &names {
+        let (inode, offset) = read_checkpoint(&folder.join(name), c)?;
+        let inode = inode.or_else(|| {
+            name.split(|ch: char| !ch.is_ascii_digit())
+                .filter_map(|n| n.parse::<u64>().ok())
+                .find(|n| source.wrote_inode(*n))
+        });
+        let Some(ino) = inode else { continue };
+        if let Some(passed) = source.passed_in(ino, offset) {
+            read.passed.extend(passed);
+            said.push(format!("inode {ino} offset {offset}"));
+        }
+    }
+    if said.is_empty() {
+        return Err(format!(
+            "no checkpoint file matching {} in {} names a file drill wrote",
+            pattern,
+            folder.display()
+        ));
+    }
+    read.said = said.join(", ");
+    Ok(read)
+}
+
+/// `*` matches any run of characters; anything else itself.
+fn matches(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, rest)) => {
+            name.starts_with(head)
+                && (head.len()..=name.len())
+                    .any(|i| name.is_char_boundary(i) && matches(rest, &name[i..]))
+        }
     }
 }
 
@@ -96,4 +153,84 @@ pub fn read_checkpoint(path: &Path, spec: &CheckpointSpec) -> Result<(Option<u64
     let offset = number(&spec.offset)?;
     let inode = spec.inode.as_deref().map(number).transpose()?;
     Ok((inode, offset))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Record;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_star_matches_any_run() {
+        assert!(matches("imfile-state:*", "imfile-state:123:abc"));
+        assert!(matches("*.json", "a.json") && !matches("*.json", "a.json.tmp"));
+        assert!(matches("a*b*c", "a-b--c") && !matches("a*b*c", "a-c"));
+        assert!(!matches("state", "state2"));
+    }
+
+    /// rsyslog's way: one state file per source file, the inode in its name.
+    #[tokio::test]
+    async fn per_file_checkpoints_pass_only_their_own_files_records() {
+        let work = tempfile::tempdir().unwrap();
+        let data = tempfile::tempdir().unwrap();
+        let spec = FileSpec {
+            name: "app.log".to_string(),
+            rotate: None,
+            checkpoint: Some(CheckpointSpec {
+                file: "imfile-state:*".to_string(),
+                offset: "/curr_offs".to_string(),
+                inode: None,
+            }),
+        };
+        let src = FileSource::create(work.path(), &spec).unwrap();
+        let records = |from: u64| -> Vec<Record> {
+            (from..from + 4)
+                .map(|i| Record {
+                    id: format!("r/k0/{i}"),
+                    key: "k0".to_string(),
+                    seq: i,
+                    index: i,
+                    pad: String::new(),
+                })
+                .collect()
+        };
+        src.write(&records(0)).await;
+        let old = std::fs::metadata(src.live_path()).unwrap().ino();
+        let line = std::fs::read_to_string(src.live_path())
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .len()
+            + 1;
+        src.fault(SourceAction::Rotate).unwrap();
+        src.write(&records(4)).await;
+        let new = std::fs::metadata(src.live_path()).unwrap().ino();
+        // The old file read 2 lines, the new one all 4.
+        std::fs::write(
+            data.path().join(format!("imfile-state:{old}:ab12")),
+            format!("{{\"curr_offs\": {}}}", 2 * line),
+        )
+        .unwrap();
+        std::fs::write(
+            data.path().join(format!("imfile-state:{new}:cd34")),
+            "{\"curr_offs\": 100000}",
+        )
+        .unwrap();
+        let facts = SourceFacts::gather(&src, &spec, false, data.path());
+        let c = facts
+            .checkpoint
+            .unwrap_or_else(|| panic!("{:?}", facts.checkpoint_unread));
+        let passed: Vec<&str> = c.passed.iter().map(String::as_str).collect();
+        assert_eq!(
+            passed,
+            ["r/k0/0", "r/k0/1", "r/k0/4", "r/k0/5", "r/k0/6", "r/k0/7"]
+        );
+        assert!(
+            c.said.contains(&format!("inode {old} offset {}", 2 * line)),
+            "{}",
+            c.said
+        );
+    }
 }
