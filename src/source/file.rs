@@ -207,13 +207,14 @@ impl FileSource {
         }
     }
 
-    /// Whether the engine has read the live file to its end (sampled now).
+    /// Whether the engine has read the live file to its end (sampled now). An engine that
+    /// holds none of the source's files open at this instant cannot be told: yes.
     pub fn read_to_end(&self, engine: EngineProcs) -> bool {
         let mut s = self.lock();
         s.engine = engine;
-        s.sample();
+        let open = s.sample();
         let g = s.live_generation;
-        s.read[g] >= s.written[g]
+        !open || s.read[g] >= s.written[g]
     }
 
     /// What the source did so far.
@@ -274,20 +275,24 @@ impl Inner {
     }
 
     /// Reads where the engine is; a position beyond what a generation got is from an engine
-    /// that has not yet seen its file cut, and is passed over.
-    fn sample(&mut self) {
+    /// that has not yet seen its file cut, and is passed over. Whether the engine holds any of
+    /// the source's files open.
+    fn sample(&mut self) -> bool {
         if self.engine.pid.is_none() && self.engine.group.is_none() {
-            return;
+            return false;
         }
         let seen = read_positions(self.engine, self.dev);
+        let mut open = false;
         for (ino, pos) in seen {
             let Some(g) = self.generations.iter().rposition(|i| *i == ino) else {
                 continue;
             };
+            open = true;
             if self.alive[g] && pos <= self.written[g] {
                 self.read[g] = self.read[g].max(pos);
             }
         }
+        open
     }
 
     /// Appends bytes to the live file and fsyncs; returns where they start.
@@ -551,6 +556,9 @@ mod tests {
         reader.read_exact(&mut buf).unwrap();
         src.watch(me());
         assert_eq!(src.lock().read[0], four as u64);
+        assert!(!src.read_to_end(me()), "6 lines unread");
+        drop(reader);
+        assert!(src.read_to_end(me()), "no file open: cannot be told");
         let said = src.fault(SourceAction::Truncate).unwrap();
         assert_eq!(src.account().destroyed.len(), 6, "{said}");
         assert!(said.contains("6 records in it unread"), "{said}");
