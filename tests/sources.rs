@@ -178,6 +178,16 @@ fn a_bad_source_spec_is_refused_with_its_file_line_and_field() {
             "field `system.ingest.checkpoint.file`: `/etc/x` must be a path inside the engine's data folder",
             5,
         ),
+        (
+            "system:\n  command: [cat, \"{ingest.path}\"]\n  ingest: { kind: http }\n",
+            "field `system.command[1]`: `{ingest.path}` is the file drill writes for `ingest: { kind: file }`",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: file, rotate: { every: 99999999999999999MB } }\n",
+            "a size of at least 256 bytes",
+            5,
+        ),
     ];
     for (i, (tail, want, line)) in cases.iter().enumerate() {
         let name = format!("bad{i}");

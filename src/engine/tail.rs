@@ -149,14 +149,15 @@ impl Tail {
                     return Ok(true);
                 }
                 None => eprintln!(
-                    "drill engine: tail: the checkpointed file (inode {}) is gone; starting at the start of {}",
-                    c.inode,
-                    self.live.display()
+                    "drill engine: tail: the checkpointed file (inode {}) is gone; starting at the oldest file there is",
+                    c.inode
                 ),
             }
             self.resume = None;
         }
-        match File::open(&self.live) {
+        // The oldest rotated file there is, else the live one.
+        let first = self.rotated().pop().unwrap_or_else(|| self.live.clone());
+        match File::open(&first) {
             Ok(file) => {
                 let inode = file.metadata().map_err(|e| e.to_string())?.ino();
                 self.open = Some(Open {
@@ -246,6 +247,11 @@ impl Tail {
         if live.ino() == open.inode {
             return Ok(false);
         }
+        // The name moved on; lines appended to this file between the last read and the rename
+        // are read first (a half line at its end never gets its newline: left behind).
+        if len > open.offset && has_a_line(&open.file, open.offset, len)? {
+            return Ok(true);
+        }
         #[cfg(feature = "mutants")]
         if mutant::is(Mutant::SkipOnRotate) {
             // Follows the name and keeps its offset: the new file's first bytes and the old
@@ -320,6 +326,14 @@ impl Tail {
         }
         Ok(())
     }
+}
+
+/// Whether the bytes of `file` from `from` to `to` hold a newline.
+fn has_a_line(file: &File, from: u64, to: u64) -> Result<bool, String> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; (to - from).min(READ_AT_MOST as u64) as usize];
+    let n = file.read_at(&mut buf, from).map_err(|e| e.to_string())?;
+    Ok(buf[..n].contains(&b'\n'))
 }
 
 /// Reads until `buf` is full or the file ends.
@@ -439,6 +453,26 @@ mod tests {
         // Resumed in the new file at the old offset (10): `cccc` and `d`..`h` skipped.
         assert_eq!(got, ["aaaa", "bbbb", "i", "j"]);
         mutant::set_for_this_thread(None);
+    }
+
+    /// Lines appended and the file renamed between a read and the look at the name: read
+    /// before the tail moves on.
+    #[test]
+    fn lines_appended_just_before_a_rename_are_not_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("app.log");
+        let (tx, stored) = writer();
+        let mut t = Tail::new(live.clone(), dir.path(), tx);
+        append(&live, "a\n");
+        run_until_idle(&mut t);
+        append(&live, "b\nhal");
+        std::fs::rename(&live, dir.path().join("app.log.1")).unwrap();
+        append(&live, "c\n");
+        // The race: the tail looks at the name before reading again.
+        assert!(t.follow().unwrap(), "it must go back to read the old file");
+        run_until_idle(&mut t);
+        // The half line at the old file's end never got its newline.
+        assert_eq!(stored.try_iter().collect::<Vec<_>>(), ["a", "b", "c"]);
     }
 
     #[test]

@@ -223,9 +223,19 @@ pub(super) fn validate(
     scenario_dir: &Path,
     anchor: &serde_saphyr::Location,
 ) -> Result<CommandSpec, Located> {
+    let ingest = match raw.ingest {
+        None => {
+            return Err(at(
+                anchor,
+                "field `system.ingest`: missing; say how drill feeds the engine, e.g. ingest: { kind: http, path: /ingest }".to_string(),
+            ));
+        }
+        Some(i) => ingest(i)?,
+    };
     let links = &Known {
         links: destination.link_names(),
         tls: destination.tls.as_ref().map(|t| t.client_certificates()),
+        file: matches!(ingest, IngestSpec::File(_)),
     };
     let mut ports = BTreeSet::new();
     if raw.command.is_empty() {
@@ -245,15 +255,6 @@ pub(super) fn validate(
         env.insert(name, value.value);
     }
     let files = templates(raw.files, scenario_dir, links, &mut ports)?;
-    let ingest = match raw.ingest {
-        None => {
-            return Err(at(
-                anchor,
-                "field `system.ingest`: missing; say how drill feeds the engine, e.g. ingest: { kind: http, path: /ingest }".to_string(),
-            ));
-        }
-        Some(i) => ingest(i)?,
-    };
     let (ready, ready_within) = match raw.ready {
         None => (Ready::Tcp, Duration::from_secs(20)),
         Some(r) => ready(r, &ports)?,
@@ -612,6 +613,8 @@ const FIXED: [&str; 9] = [
 struct Known {
     links: Vec<String>,
     tls: Option<bool>,
+    /// The engine tails a file drill writes (`{ingest.path}` has a value).
+    file: bool,
 }
 
 /// Checks every placeholder in `text` is known; collects `{port.NAME}` names.
@@ -623,6 +626,11 @@ fn check_placeholders(
     let links = &known.links;
     for piece in pieces(text)? {
         let Piece::Name(name) = piece else { continue };
+        if name == "ingest.path" && !known.file {
+            return Err(
+                "`{ingest.path}` is the file drill writes for `ingest: { kind: file }`; this engine's ingest is another kind".to_string(),
+            );
+        }
         if FIXED.contains(&name) {
             continue;
         }
@@ -715,6 +723,7 @@ mod tests {
 
     fn links() -> Known {
         Known {
+            file: false,
             links: vec!["mqtt".to_string()],
             tls: None,
         }
@@ -749,6 +758,7 @@ mod tests {
         let e = check_placeholders("--ca {tls.ca_file}", &links(), &mut ports).unwrap_err();
         assert!(e.contains("destination.tls: true"), "{e}");
         let tls = Known {
+            file: false,
             tls: Some(false),
             ..links()
         };
@@ -756,6 +766,7 @@ mod tests {
         let e = check_placeholders("{tls.client_key_file}", &tls, &mut ports).unwrap_err();
         assert!(e.contains("client_certificates: true"), "{e}");
         let mutual = Known {
+            file: false,
             tls: Some(true),
             ..links()
         };

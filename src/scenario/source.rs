@@ -187,8 +187,13 @@ fn parse_every(text: &str) -> Result<RotateEvery, String> {
     let t = text.trim();
     for (suffix, scale) in [("KB", 1024u64), ("MB", 1 << 20), ("B", 1)] {
         if let Some(n) = t.strip_suffix(suffix) {
-            return match n.trim().parse::<u64>() {
-                Ok(n) if n * scale >= 256 => Ok(RotateEvery::Bytes(n * scale)),
+            return match n
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .and_then(|n| n.checked_mul(scale))
+            {
+                Some(n) if n >= 256 => Ok(RotateEvery::Bytes(n)),
                 _ => Err(format!(
                     "`{text}`: a size of at least 256 bytes, e.g. 64KB or 1MB"
                 )),

@@ -490,7 +490,10 @@ fn source_fault(entry: &FaultEntry, file_source: bool) -> Result<ScheduledFault,
                 "missing; how long the line stays half written, e.g. for: 5s",
             ));
         }
-        (Some(_), Some(_)) => {
+        (
+            Some(ProcessAction::Rotate | ProcessAction::Truncate | ProcessAction::Delete),
+            Some(_),
+        ) => {
             return Err(entry.field("for", "only `stall` takes it"));
         }
         (Some(ProcessAction::Rotate), None) => SourceAction::Rotate,

@@ -207,14 +207,16 @@ impl FileSource {
         }
     }
 
-    /// Whether the engine has read the live file to its end (sampled now). An engine that
-    /// holds none of the source's files open at this instant cannot be told: yes.
+    /// Whether the engine has read to the end of every file of the source it holds open
+    /// (sampled now). An engine that holds none open at this instant cannot be told: yes.
     pub fn read_to_end(&self, engine: EngineProcs) -> bool {
         let mut s = self.lock();
         s.engine = engine;
+        // Every file it has open, a rotated one too (a rotation right after the last write
+        // leaves the live file empty while the old one is being finished). One it closed is
+        // done with, read to the end or not: that is the engine's business, counted as lost.
         let open = s.sample();
-        let g = s.live_generation;
-        !open || s.read[g] >= s.written[g]
+        open.iter().all(|g| s.read[*g] >= s.written[*g])
     }
 
     /// What the source did so far.
@@ -275,19 +277,18 @@ impl Inner {
     }
 
     /// Reads where the engine is; a position beyond what a generation got is from an engine
-    /// that has not yet seen its file cut, and is passed over. Whether the engine holds any of
-    /// the source's files open.
-    fn sample(&mut self) -> bool {
+    /// that has not yet seen its file cut, and is passed over. The generations it holds open.
+    fn sample(&mut self) -> Vec<usize> {
         if self.engine.pid.is_none() && self.engine.group.is_none() {
-            return false;
+            return Vec::new();
         }
         let seen = read_positions(self.engine, self.dev);
-        let mut open = false;
+        let mut open = Vec::new();
         for (ino, pos) in seen {
             let Some(g) = self.generations.iter().rposition(|i| *i == ino) else {
                 continue;
             };
-            open = true;
+            open.push(g);
             if self.alive[g] && pos <= self.written[g] {
                 self.read[g] = self.read[g].max(pos);
             }
@@ -298,8 +299,16 @@ impl Inner {
     /// Appends bytes to the live file and fsyncs; returns where they start.
     fn append(&mut self, bytes: &[u8]) -> std::io::Result<u64> {
         let start = self.live_len;
-        self.live.write_all(bytes)?;
-        self.live.sync_data()?;
+        let done = self
+            .live
+            .write_all(bytes)
+            .and_then(|()| self.live.sync_data());
+        if let Err(e) = done {
+            // Some of it may be in the file: the offsets go on from what is there.
+            self.live_len = self.live.metadata().map_or(self.live_len, |m| m.len());
+            self.written[self.live_generation] = self.live_len;
+            return Err(e);
+        }
         self.live_len += bytes.len() as u64;
         self.written[self.live_generation] = self.live_len;
         Ok(start)
@@ -388,6 +397,8 @@ impl Inner {
     }
 
     fn rotate(&mut self, mode: RotateMode) -> std::io::Result<String> {
+        // Where the engine is, now: a rotation of `every` comes from a write, not the timeline.
+        self.sample();
         self.last_rotation = Instant::now();
         self.account.rotations += 1;
         let destroyed = self.shift()?;
@@ -431,6 +442,8 @@ impl Inner {
     fn truncate_live(&mut self, why: &str) -> std::io::Result<String> {
         let old = self.live_generation;
         self.live.set_len(0)?;
+        // The engine can read no more of what was there: its position now is its last.
+        self.sample();
         self.live.sync_all()?;
         let n = self.destroy(old, 0);
         let ino = self.generations[old];
@@ -445,6 +458,7 @@ impl Inner {
 
     fn delete_live(&mut self) -> std::io::Result<String> {
         let old = self.live_generation;
+        self.sample();
         std::fs::remove_file(self.live_path())?;
         let n = self.destroy(old, 0);
         self.new_live()?;

@@ -92,8 +92,13 @@ fn checkpoint(
     names.sort();
     let mut read = Checkpoint::default();
     let mut said = Vec::new();
+    let mut unreadable = 0;
     for name in &names {
-        let (inode, offset) = read_checkpoint(&folder.join(name), c)?;
+        // One half written or of another shape does not hide the others.
+        let Ok((inode, offset)) = read_checkpoint(&folder.join(name), c) else {
+            unreadable += 1;
+            continue;
+        };
         let inode = inode.or_else(|| {
             name.split(|ch: char| !ch.is_ascii_digit())
                 .filter_map(|n| n.parse::<u64>().ok())
@@ -113,6 +118,11 @@ fn checkpoint(
         ));
     }
     read.said = said.join(", ");
+    if unreadable > 0 {
+        read.said.push_str(&format!(
+            " ({unreadable} matching files unreadable, passed over)"
+        ));
+    }
     Ok(read)
 }
 
