@@ -15,7 +15,7 @@
 
 use std::process::Command;
 
-use crate::common::run::{have, have_rsyslogd};
+use crate::common::run::{have, have_rsyslogd, have_syslog_ng, seq_of};
 
 fn drill_example(name: &str) -> serde_json::Value {
     let out = tempfile::tempdir().unwrap();
@@ -258,14 +258,7 @@ fn the_rsyslog_omfwd_example_loses_records_and_cannot_split_them() {
 /// excuses it under at_most_once. Measured: 648 and 649 lost.
 #[test]
 fn the_syslog_ng_example_loses_records_around_the_half_open_link() {
-    let syslog_ng = have(
-        "syslog-ng",
-        &[
-            "/usr/sbin/syslog-ng",
-            "~/.cache/drill/syslog-ng/usr/sbin/syslog-ng",
-        ],
-    );
-    if !(syslog_ng && have_rsyslogd()) {
+    if !(have_syslog_ng() && have_rsyslogd()) {
         return;
     }
     let r = drill_example("syslog-ng-disk-buffer");
@@ -337,15 +330,7 @@ fn the_rsyslog_imfile_example_loses_its_memory_queue_and_the_rotated_files_rest(
     // What it lost was written between the refusal (5 s) and the rotation (12 s): at 50/s over
     // 4 keys, sequences per key from about 60 to 150.
     for id in r["missing_examples"].as_array().unwrap() {
-        let seq: u64 = id
-            .as_str()
-            .unwrap()
-            .rsplit('/')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!((40..=160).contains(&seq), "{id}");
+        assert!((40..=160).contains(&seq_of(id)), "{id}");
     }
 }
 
@@ -358,14 +343,7 @@ fn the_rsyslog_imfile_example_loses_its_memory_queue_and_the_rotated_files_rest(
 /// the kill).
 #[test]
 fn the_syslog_ng_file_example_loses_the_rotated_files_rest() {
-    let syslog_ng = have(
-        "syslog-ng",
-        &[
-            "/usr/sbin/syslog-ng",
-            "~/.cache/drill/syslog-ng/usr/sbin/syslog-ng",
-        ],
-    );
-    if !(syslog_ng && have_rsyslogd()) {
+    if !(have_syslog_ng() && have_rsyslogd()) {
         return;
     }
     let r = drill_example("syslog-ng-file");
@@ -377,14 +355,6 @@ fn the_syslog_ng_file_example_loses_the_rotated_files_rest() {
     // 9 s (a second behind) to 12 s at 50/s over 4 keys: sequences per key from about 112 to
     // 150.
     for id in r["missing_examples"].as_array().unwrap() {
-        let seq: u64 = id
-            .as_str()
-            .unwrap()
-            .rsplit('/')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        assert!((100..=160).contains(&seq), "{id}");
+        assert!((100..=160).contains(&seq_of(id)), "{id}");
     }
 }

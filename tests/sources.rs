@@ -4,7 +4,8 @@
 //! spec's field.
 
 use crate::common::run::{
-    Ran, catalogue_drill_fails_mutant, catalogue_drill_passes, drill, required, scenario, show,
+    Ran, catalogue_drill_fails_mutant, catalogue_drill_passes, drill, required, scenario, seq_of,
+    show,
 };
 
 /// Both runs at once: the correct engine and a mutant on the same drill.
@@ -54,16 +55,8 @@ fn a_rotation_while_the_engine_is_down_is_followed_by_inode() {
     // What it lost is what was written while it was down, before the rotation: ids past the
     // first 550 records and before the 950th.
     for id in broken.report["missing_examples"].as_array().unwrap() {
-        let seq: u64 = id
-            .as_str()
-            .unwrap()
-            .rsplit('/')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
         assert!(
-            (130..=240).contains(&seq),
+            (130..=240).contains(&seq_of(id)),
             "{id} (sequence per key of 4 keys)"
         );
     }

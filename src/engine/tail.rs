@@ -122,29 +122,15 @@ impl Tail {
             #[cfg(feature = "mutants")]
             if mutant::is(Mutant::SkipOnRotate) {
                 // Follows the name: whatever file is live now, at the old offset.
-                if let Ok(file) = File::open(&self.live) {
-                    let inode = file.metadata().map_err(|e| e.to_string())?.ino();
-                    self.open = Some(Open {
-                        file,
-                        inode,
-                        offset: c.offset,
-                    });
+                self.open = open_at(&self.live, c.offset)?;
+                if self.open.is_some() {
                     self.resume = None;
-                    return Ok(true);
                 }
-                return Ok(false);
+                return Ok(self.open.is_some());
             }
             match self.find(c.inode) {
                 Some(path) => {
-                    let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-                    let len = file.metadata().map_err(|e| e.to_string())?.len();
-                    // Cut shorter since (copytruncate): from its start.
-                    let offset = if len < c.offset { 0 } else { c.offset };
-                    self.open = Some(Open {
-                        file,
-                        inode: c.inode,
-                        offset,
-                    });
+                    self.open = open_at(&path, c.offset)?;
                     self.resume = None;
                     return Ok(true);
                 }
@@ -157,18 +143,8 @@ impl Tail {
         }
         // The oldest rotated file there is, else the live one.
         let first = self.rotated().pop().unwrap_or_else(|| self.live.clone());
-        match File::open(&first) {
-            Ok(file) => {
-                let inode = file.metadata().map_err(|e| e.to_string())?.ino();
-                self.open = Some(Open {
-                    file,
-                    inode,
-                    offset: 0,
-                });
-                Ok(true)
-            }
-            Err(_) => Ok(false),
-        }
+        self.open = open_at(&first, 0)?;
+        Ok(self.open.is_some())
     }
 
     /// Reads from where it is, stores the complete lines, then moves its checkpoint past
@@ -256,24 +232,19 @@ impl Tail {
         if mutant::is(Mutant::SkipOnRotate) {
             // Follows the name and keeps its offset: the new file's first bytes and the old
             // file's unread rest are skipped.
-            let offset = open.offset;
-            let file = File::open(&self.live).map_err(|e| e.to_string())?;
-            self.open = Some(Open {
-                file,
-                inode: live.ino(),
-                offset,
-            });
+            self.open = open_at(&self.live, open.offset)?;
             return Ok(true);
         }
         let next = self.successor(open.inode);
-        let file = File::open(&next).map_err(|e| format!("{}: {e}", next.display()))?;
-        let inode = file.metadata().map_err(|e| e.to_string())?.ino();
-        self.save(Checkpoint { inode, offset: 0 })?;
-        self.open = Some(Open {
-            file,
-            inode,
+        let Some(next) = open_at(&next, 0)? else {
+            // Gone between the look and the open: look again.
+            return Ok(false);
+        };
+        self.save(Checkpoint {
+            inode: next.inode,
             offset: 0,
-        });
+        })?;
+        self.open = Some(next);
         Ok(true)
     }
 
@@ -326,6 +297,25 @@ impl Tail {
         }
         Ok(())
     }
+}
+
+/// `path` opened at `offset`, or at its start when it is shorter than that (cut since, as by
+/// copytruncate); `Ok(None)` when there is no such file.
+fn open_at(path: &Path, offset: u64) -> Result<Option<Open>, String> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let offset = if meta.len() < offset { 0 } else { offset };
+    Ok(Some(Open {
+        file,
+        inode: meta.ino(),
+        offset,
+    }))
 }
 
 /// Whether the bytes of `file` from `from` to `to` hold a newline.

@@ -108,12 +108,7 @@ fn checkpoint_ahead(facts: &Facts, ledger: &Ledger) -> Option<super::CheckpointA
     if ledger.lost == 0 {
         return None;
     }
-    let arrived: std::collections::HashSet<&str> = facts
-        .received
-        .arrivals
-        .iter()
-        .filter_map(|a| a.id.as_deref())
-        .collect();
+    let arrived = arrived_ids(facts);
     let behind: Vec<&str> = facts
         .sent
         .accepted()
@@ -129,6 +124,16 @@ fn checkpoint_ahead(facts: &Facts, ledger: &Ledger) -> Option<super::CheckpointA
         checkpoint: c.said.clone(),
         examples: behind.iter().take(10).map(|s| s.to_string()).collect(),
     })
+}
+
+/// The harness ids found at the destination.
+fn arrived_ids(facts: &Facts) -> std::collections::HashSet<&str> {
+    facts
+        .received
+        .arrivals
+        .iter()
+        .filter_map(|a| a.id.as_deref())
+        .collect()
 }
 
 /// What the declared promise excuses in this drill (docs/src/design.md#5-verdict).
@@ -342,12 +347,7 @@ fn sent_unconfirmed_split(facts: &Facts) -> Option<(u64, u64)> {
         return None;
     }
     let keys = facts.sent_unconfirmed_keys.as_ref()?;
-    let arrived: std::collections::HashSet<&str> = facts
-        .received
-        .arrivals
-        .iter()
-        .filter_map(|a| a.id.as_deref())
-        .collect();
+    let arrived = arrived_ids(facts);
     let left = |id: &str| {
         facts
             .tapped

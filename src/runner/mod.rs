@@ -298,6 +298,9 @@ struct Timeline {
     sampler: tokio::task::JoinHandle<()>,
     /// What the user's ingest kind means for what counts as held, when it has no answer.
     ingest_meaning: Option<&'static str>,
+    /// The ingest counts a record held once a socket took it (`tcp_lines`): one taken just
+    /// before a crash may never have been read.
+    unanswered_socket: bool,
     faults: Vec<FaultRecord>,
     crashes: Vec<Duration>,
     power_cuts: Vec<Duration>,
@@ -331,6 +334,7 @@ async fn play_timeline(
             .map_err(RunError::Verifier)?,
     };
     let ingest_meaning = ingest.meaning();
+    let unanswered_socket = ingest.held_by_the_socket();
     let workload = tokio::spawn(workload::drive(
         plan.workload.clone(),
         run_id.to_string(),
@@ -373,6 +377,7 @@ async fn play_timeline(
         samples,
         sampler,
         ingest_meaning,
+        unanswered_socket,
         faults: drill.faults,
         crashes: drill.crashes,
         power_cuts: drill.power_cuts,
@@ -429,14 +434,9 @@ async fn finish(
     let engine_log = system.log_tail();
     let received = reader.finish(rig.running.addrs.clone()).await;
     let mut sent = take_sent(played.sent);
-    if let Some(meaning) = played.ingest_meaning {
-        notes.push(meaning.to_string());
-        // A record in a file drill wrote is held whatever the engine did; one in a socket's
-        // buffer when the engine died may never have been read.
-        let moved = match played.source {
-            Some(_) => 0,
-            None => unacknowledged_before_crashes(&mut sent, &played.crashes),
-        };
+    notes.extend(played.ingest_meaning.map(str::to_string));
+    if played.unanswered_socket {
+        let moved = unacknowledged_before_crashes(&mut sent, &played.crashes);
         if moved > 0 {
             notes.push(format!("{moved} records written to the engine's socket within a second of it being killed or stopped count as ingests with a lost answer (the protocol cannot tell whether the engine read them)"));
         }
@@ -449,11 +449,7 @@ async fn finish(
         notes.push(r.summary());
     }
     let running = &rig.running;
-    let versions = BTreeMap::from([
-        ("drill".to_string(), env!("DRILL_BUILD").to_string()),
-        ("broker".to_string(), running.version.clone()),
-        ("runtime".to_string(), running.runtime.to_string()),
-    ]);
+    let versions = versions(running);
     let idle_links = idle_links(&played.faults, rig);
     let tapped = rig.tapped(t0);
     let mut received = received;
@@ -535,6 +531,15 @@ fn account_notes(gives_account: bool, sees_attempts: bool) -> Vec<String> {
         notes.push("drill sees no attempts of a user's engine: an extra copy is within at_least_once when it carries the original's write key and its record was accepted before a fault ended (a link, broker or engine fault)".to_string());
     }
     notes
+}
+
+/// drill's build, the broker's version and the runtime it ran on, for the report.
+fn versions(running: &dest::Running) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("drill".to_string(), env!("DRILL_BUILD").to_string()),
+        ("broker".to_string(), running.version.clone()),
+        ("runtime".to_string(), running.runtime.to_string()),
+    ])
 }
 
 /// The workload's record of what it sent, once nothing else holds it.

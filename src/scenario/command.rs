@@ -392,41 +392,56 @@ fn write_key(
         .map_err(|m| fail(format!("{own}: {m}")))
 }
 
+impl IngestKind {
+    fn name(self) -> &'static str {
+        match self {
+            IngestKind::Http => "http",
+            IngestKind::Mqtt => "mqtt",
+            IngestKind::TcpLines => "tcp_lines",
+            IngestKind::Relp => "relp",
+            IngestKind::File => "file",
+        }
+    }
+
+    /// The fields of `system.ingest` this kind takes besides `kind`.
+    fn takes(self) -> &'static [&'static str] {
+        match self {
+            IngestKind::Http => &["path", "batch"],
+            IngestKind::Mqtt => &["topic", "qos"],
+            IngestKind::TcpLines | IngestKind::Relp => &[],
+            IngestKind::File => &["path", "format", "rotate", "checkpoint"],
+        }
+    }
+}
+
+/// `system.ingest`: a field its kind does not take is refused first, then each kind's own.
 pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
     let i = raw.value;
     let here = raw.referenced;
-    let not_for = |field: &str, kind: &str| {
-        at(
-            &here,
-            format!("field `system.ingest.{field}`: not used by `kind: {kind}`; remove it"),
-        )
-    };
     let kind = i.kind.value;
-    if kind != IngestKind::File {
-        for (field, set) in [
-            ("format", i.format.is_some()),
-            ("rotate", i.rotate.is_some()),
-            ("checkpoint", i.checkpoint.is_some()),
-        ] {
-            if set {
-                return Err(at(
-                    &here,
-                    format!("field `system.ingest.{field}`: only `kind: file` takes it; remove it"),
-                ));
-            }
-        }
+    let given = [
+        ("path", i.path.is_some()),
+        ("batch", i.batch.is_some()),
+        ("topic", i.topic.is_some()),
+        ("qos", i.qos.is_some()),
+        ("format", i.format.is_some()),
+        ("rotate", i.rotate.is_some()),
+        ("checkpoint", i.checkpoint.is_some()),
+    ];
+    if let Some((field, _)) = given
+        .iter()
+        .find(|(field, set)| *set && !kind.takes().contains(field))
+    {
+        return Err(at(
+            &here,
+            format!(
+                "field `system.ingest.{field}`: not used by `kind: {}`; remove it",
+                kind.name()
+            ),
+        ));
     }
     match kind {
         IngestKind::File => {
-            for (field, set) in [
-                ("batch", i.batch.is_some()),
-                ("topic", i.topic.is_some()),
-                ("qos", i.qos.is_some()),
-            ] {
-                if set {
-                    return Err(not_for(field, "file"));
-                }
-            }
             let raw = super::source::RawFile {
                 path: i.path,
                 format: i.format,
@@ -436,12 +451,6 @@ pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
             Ok(IngestSpec::File(super::source::file(raw, &here)?))
         }
         IngestKind::Http => {
-            if i.topic.is_some() {
-                return Err(not_for("topic", "http"));
-            }
-            if i.qos.is_some() {
-                return Err(not_for("qos", "http"));
-            }
             let path = i.path.unwrap_or_else(|| "/ingest".to_string());
             if !path.starts_with('/') {
                 return Err(at(
@@ -459,12 +468,6 @@ pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
             Ok(IngestSpec::Http { path, batch })
         }
         IngestKind::Mqtt => {
-            if i.path.is_some() {
-                return Err(not_for("path", "mqtt"));
-            }
-            if i.batch.is_some() {
-                return Err(not_for("batch", "mqtt"));
-            }
             let qos = i.qos.unwrap_or(1);
             if qos != 1 {
                 return Err(at(
@@ -486,23 +489,8 @@ pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
             }
             Ok(IngestSpec::Mqtt { topic, qos })
         }
-        IngestKind::TcpLines | IngestKind::Relp => {
-            let (name, spec) = match kind {
-                IngestKind::Relp => ("relp", IngestSpec::Relp),
-                _ => ("tcp_lines", IngestSpec::TcpLines),
-            };
-            for (field, set) in [
-                ("path", i.path.is_some()),
-                ("batch", i.batch.is_some()),
-                ("topic", i.topic.is_some()),
-                ("qos", i.qos.is_some()),
-            ] {
-                if set {
-                    return Err(not_for(field, name));
-                }
-            }
-            Ok(spec)
-        }
+        IngestKind::TcpLines => Ok(IngestSpec::TcpLines),
+        IngestKind::Relp => Ok(IngestSpec::Relp),
     }
 }
 

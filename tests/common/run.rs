@@ -173,6 +173,25 @@ pub fn have_rsyslogd() -> bool {
     )
 }
 
+/// syslog-ng (Debian's, unpacked by `ci/setup.sh`, or the machine's).
+pub fn have_syslog_ng() -> bool {
+    have(
+        "syslog-ng",
+        &[
+            "/usr/sbin/syslog-ng",
+            "~/.cache/drill/syslog-ng/usr/sbin/syslog-ng",
+        ],
+    )
+}
+
+/// The per-key sequence of a harness id (`<run>/k<key>/<seq>`), as reports list them.
+pub fn seq_of(id: &serde_json::Value) -> u64 {
+    id.as_str()
+        .and_then(|s| s.rsplit('/').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{id} is no harness id"))
+}
+
 /// Whether the local image `image` (`ci/images.sh` builds it) is there for the container
 /// runtime; under CI=true its absence fails the test instead of skipping it.
 pub fn have_local_image(image: &str) -> bool {
