@@ -33,6 +33,7 @@ async fn a_hundred_sigkills_lose_nothing_acknowledged() {
     let port = drill::process::free_port().unwrap();
     let config = EngineConfig {
         tail: None,
+        consume: None,
         listen: SocketAddr::from(([127, 0, 0, 1], port)),
         data_dir: dir.path().join("engine-data"),
         outputs: vec![OutputConfig::new("mqtt", "mqtt", broker.addr, "t/crash")],

@@ -76,6 +76,7 @@ async fn a_million_held_in_flat_memory_then_drained_whole() {
     link.apply_settled(Fault::Refuse, Direction::Both).await;
     let config = EngineConfig {
         tail: None,
+        consume: None,
         listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {

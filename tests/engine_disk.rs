@@ -29,6 +29,7 @@ async fn a_full_disk_refuses_ingest_evicts_nothing_and_recovers() {
     std::fs::write(&filler, vec![0u8; 1536 * 1024]).unwrap();
     let config = EngineConfig {
         tail: None,
+        consume: None,
         listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: disk.path().join("data"),
         // A destination that refuses every connection: ingest alone is under test.

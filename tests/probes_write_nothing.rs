@@ -30,6 +30,7 @@ fn bare(i: usize) -> String {
 async fn probes_during_an_outage(work: &Path, link: &Link, output: OutputConfig) -> usize {
     let config = EngineConfig {
         tail: None,
+        consume: None,
         listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {

@@ -129,6 +129,44 @@ fn a_checkpoint_moved_at_read_time_loses_the_batch_a_power_cut_takes() {
     assert!(broken.markdown.contains("## Checkpoint ahead of the store"));
 }
 
+/// The engine consumes a source topic; its link to the source is refused for 6 s and a power
+/// cut lands on its second record fdatasync while it drains the backlog. The correct engine
+/// moved its position only after the store and reads the cut burst again; `commit-on-poll`
+/// committed it at poll time and loses it, every record of it behind the committed offset.
+#[cfg(feature = "mutants")]
+#[test]
+fn a_commit_at_poll_time_loses_the_burst_a_power_cut_takes() {
+    if !required(
+        std::path::Path::new("/dev/fuse").exists() && nix::unistd::Uid::effective().is_root(),
+        "FUSE (/dev/fuse) and root",
+    ) {
+        return;
+    }
+    let (correct, broken) = correct_and_mutant("kafka-source-kill-mid-drain", "commit-on-poll");
+    assert_eq!(correct.number(&["ledger", "held"]), 3200);
+    assert_eq!(correct.number(&["ledger", "lost"]), 0);
+    assert_eq!(correct.number(&["ledger", "delivered"]), 3200);
+    assert!(correct.report["checkpoint_ahead"].is_null());
+    assert!(
+        correct.markdown.contains("committed offset 3200"),
+        "{}",
+        correct.markdown
+    );
+    let lost = broken.number(&["ledger", "lost"]);
+    // One burst of the drain: up to 500 records.
+    assert!(
+        (1..=500).contains(&lost),
+        "lost {lost}: {:#}",
+        broken.report
+    );
+    assert_eq!(
+        broken.number(&["checkpoint_ahead", "count"]),
+        lost,
+        "{:#}",
+        broken.report
+    );
+}
+
 /// `drill check` names the file, the line and the field of a bad source spec, and says what
 /// to write.
 #[test]
@@ -179,6 +217,26 @@ fn a_bad_source_spec_is_refused_with_its_file_line_and_field() {
         (
             "system:\n  ingest: { kind: file, rotate: { every: 99999999999999999MB } }\n",
             "a size of at least 256 bytes",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: kafka, topic: \"a b\" }\n",
+            "field `system.ingest.topic`: `a b` must be 1 to 200 of a-z A-Z 0-9 . _ -",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: kafka, rotate: { every: 10s } }\n",
+            "field `system.ingest.rotate`: not used by `kind: kafka`",
+            5,
+        ),
+        (
+            "system:\n  command: [cat, \"{ingest.topic}\"]\n  ingest: { kind: file }\n",
+            "field `system.command[1]`: `{ingest.topic}` is the source topic's",
+            5,
+        ),
+        (
+            "faults:\n  - { at: 2s, link: source, fault: refuse }\n",
+            "field `faults[0].link`: no link named `source`",
             5,
         ),
     ];

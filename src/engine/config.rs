@@ -32,6 +32,9 @@ pub struct EngineConfig {
     /// A log file to follow as an input besides the HTTP ingest (`super::tail`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tail: Option<super::tail::TailConfig>,
+    /// A topic to consume as an input besides the HTTP ingest (`super::consume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consume: Option<super::consume::ConsumeConfig>,
 }
 
 /// Free-space thresholds on the data directory's filesystem, and the record log's segment
@@ -330,6 +333,7 @@ mod tests {
     fn config(outputs: Vec<OutputConfig>) -> EngineConfig {
         EngineConfig {
             tail: None,
+            consume: None,
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: "/tmp/x".into(),
             outputs,

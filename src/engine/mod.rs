@@ -27,6 +27,7 @@
 //! lets an outage expire or spend anything.
 
 pub mod config;
+pub mod consume;
 pub mod failed;
 mod ingest;
 mod journal;
@@ -184,6 +185,14 @@ pub async fn run(
             cancel.clone(),
         )
     });
+    let consume = config.consume.clone().map(|c| {
+        consume::spawn(
+            c,
+            config.data_dir.clone(),
+            ingest_tx.clone(),
+            cancel.clone(),
+        )
+    });
     let ticker = release_every_second(ingest_tx, cancel.clone());
     let writer_watch = watch_writer(writer, cancel.clone());
     serve(&config, shared.clone(), cancel).await?;
@@ -191,7 +200,7 @@ pub async fn run(
         let _ = d.await;
     }
     let _ = ticker.await;
-    if let Some(t) = tail {
+    for t in tail.into_iter().chain(consume) {
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
     }
     drop(shared);

@@ -115,6 +115,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "skip-on-rotate",
         "file tail: follows the file by name and keeps its offset when the name points at a new file (and on start): the old file's unread rest and the new file's first bytes are skipped",
     ),
+    (
+        "commit-on-poll",
+        "Kafka-consumer input: commits the group's offset as soon as a poll returns, before the records are stored: a crash between the commit and the store loses them",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -211,11 +215,16 @@ pub enum Mutant {
     /// engine is down (`file-rotate-during-outage`): what it had not read of the old file and
     /// the new file's first bytes are lost.
     SkipOnRotate,
+    /// `Consumer::store` (`super::consume`). Caught by a power cut armed at the record log's
+    /// fdatasync while the consumer stores a burst (`kafka-source-kill-mid-drain`): the
+    /// records of the batch the cut took are behind a committed offset, lost ("checkpoint
+    /// ahead of the store").
+    CommitOnPoll,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 21] = [
+    pub const ALL: [Mutant; 22] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -237,6 +246,7 @@ impl Mutant {
         Mutant::SentWithoutWriting,
         Mutant::CheckpointBeforeStore,
         Mutant::SkipOnRotate,
+        Mutant::CommitOnPoll,
     ];
 
     fn index(self) -> usize {
@@ -264,7 +274,8 @@ impl Mutant {
             | Mutant::EvictOldestWhenFull
             | Mutant::SentWithoutWriting
             | Mutant::CheckpointBeforeStore
-            | Mutant::SkipOnRotate => &[Signature::Lost],
+            | Mutant::SkipOnRotate
+            | Mutant::CommitOnPoll => &[Signature::Lost],
             // Where drill is the destination (HTTP) or the link pairs statements with answers
             // (PostgreSQL), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
@@ -311,6 +322,7 @@ impl Mutant {
             Mutant::SentWithoutWriting => "syslog-udp-loss",
             Mutant::CheckpointBeforeStore => "file-power-cut",
             Mutant::SkipOnRotate => "file-rotate-during-outage",
+            Mutant::CommitOnPoll => "kafka-source-kill-mid-drain",
         }
     }
 

@@ -178,19 +178,7 @@ impl Tail {
             self.save(after)?;
         }
         if !lines.is_empty() {
-            let (reply, answer) = oneshot::channel();
-            let job = IngestJob {
-                body: bytes::Bytes::from(buf),
-                lines,
-                reply,
-            };
-            self.writer
-                .blocking_send(WriterJob::Ingest(job))
-                .map_err(|_| "the writer is gone".to_string())?;
-            answer
-                .blocking_recv()
-                .map_err(|_| "the writer is gone".to_string())?
-                .map_err(|e| format!("cannot store: {e}"))?;
+            store_blocking(&self.writer, buf, lines)?;
         }
         if !early {
             self.save(after)?;
@@ -283,20 +271,48 @@ impl Tail {
     /// Writes the checkpoint durably: a temporary file, synced, renamed over the old one,
     /// the folder synced.
     fn save(&self, c: Checkpoint) -> Result<(), String> {
-        let tmp = self.checkpoint_path.with_extension("json.tmp");
         let text = serde_json::to_vec(&c).map_err(|e| e.to_string())?;
-        let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
-        {
-            let mut f = File::create(&tmp).map_err(io)?;
-            std::io::Write::write_all(&mut f, &text).map_err(io)?;
-            f.sync_all().map_err(io)?;
-        }
-        std::fs::rename(&tmp, &self.checkpoint_path).map_err(io)?;
-        if let Some(dir) = self.checkpoint_path.parent() {
-            File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
-        }
-        Ok(())
+        write_durably(&self.checkpoint_path, &text)
     }
+}
+
+/// Replaces `path` with `bytes` so that a crash leaves the old or the new, never neither: a
+/// temporary file, synced, renamed, the folder synced.
+pub(super) fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    let io = |e: std::io::Error| format!("{}: {e}", tmp.display());
+    {
+        let mut f = File::create(&tmp).map_err(io)?;
+        std::io::Write::write_all(&mut f, bytes).map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io)?;
+    if let Some(dir) = path.parent() {
+        File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Hands `body`'s `lines` to the writer and waits until they are stored (synced).
+pub(super) fn store_blocking(
+    writer: &mpsc::Sender<WriterJob>,
+    body: Vec<u8>,
+    lines: Vec<Range<usize>>,
+) -> Result<(), String> {
+    let (reply, answer) = oneshot::channel();
+    let job = IngestJob {
+        body: bytes::Bytes::from(body),
+        lines,
+        reply,
+    };
+    writer
+        .blocking_send(WriterJob::Ingest(job))
+        .map_err(|_| "the writer is gone".to_string())?;
+    answer
+        .blocking_recv()
+        .map_err(|_| "the writer is gone".to_string())?
+        .map(drop)
+        .map_err(|e| format!("cannot store: {e}"))
 }
 
 /// `path` opened at `offset`, or at its start when it is shorter than that (cut since, as by
@@ -339,7 +355,7 @@ fn read_some(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// The non-blank lines of `buf` (which ends in a newline), without their newline.
-fn lines_of(buf: &[u8]) -> Vec<Range<usize>> {
+pub(super) fn lines_of(buf: &[u8]) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let mut at = 0;
     for line in buf.split_inclusive(|b| *b == b'\n') {

@@ -981,7 +981,7 @@ pub fn timeline(report: &crate::report::Report) -> String {
     let mut windows = Vec::new();
     let mut marks = Vec::new();
     for f in &report.faults {
-        if f.target.is_network() {
+        if f.target.is_network() || f.target.is_source_link() {
             windows.push(Window {
                 from_ms: f.at_ms,
                 until_ms: f.until_ms,

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::RunError;
 use crate::dest::ReadBack;
-use crate::source::FileSource;
+use crate::source::Source;
 use crate::sut::{Account, System};
 
 /// How long arrivals must have stopped before an engine without an account counts as drained.
@@ -22,21 +22,23 @@ pub async fn drain(
     reader: &dyn ReadBack,
     timeout: Duration,
     notes: &mut Vec<String>,
-    source: Option<&FileSource>,
+    source: Option<&Source>,
     cancel: &CancellationToken,
 ) -> Result<Option<Account>, RunError> {
     let deadline = Instant::now() + timeout;
     let mut last: Option<Account> = None;
-    // An engine that tails a file is idle only once it has read to the file's end, twice in a
-    // row (a line read and not yet stored leaves nothing waiting for a moment).
+    // An engine that reads from a source is idle only once it has read to its end (a file's,
+    // or committed a topic's), twice in a row (a line read and not yet stored leaves nothing
+    // waiting for a moment).
     let mut read_to_end = 0;
     if system.gives_account() {
         loop {
             if let Some(account) = system.account().await {
-                read_to_end = match source {
-                    Some(s) if !s.read_to_end(system.procs()) => 0,
-                    _ => read_to_end + 1,
+                let read = match source {
+                    Some(s) => s.read_to_end(system.procs()).await,
+                    None => true,
                 };
+                read_to_end = if read { read_to_end + 1 } else { 0 };
                 let idle = account.waiting == 0 && account.in_flight == 0 && read_to_end >= 2;
                 super::progress::message(format!(
                     "draining: {} waiting, {} in flight",

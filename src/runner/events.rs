@@ -35,8 +35,15 @@ pub enum FaultTarget {
 impl FaultTarget {
     /// A fault on the network path between the engine and its destination (a link or the
     /// proxy): the faults whose records a user's engine may have in flight.
+    /// The link `source` in front of a Kafka source is not on that path.
     pub fn is_network(&self) -> bool {
-        matches!(self, FaultTarget::Link(_) | FaultTarget::Proxy)
+        matches!(self, FaultTarget::Link(_) | FaultTarget::Proxy) && !self.is_source_link()
+    }
+
+    /// The link between the engine and a Kafka source it consumes (`link: source`): records
+    /// still reach the destination while it is cut, from what the engine holds.
+    pub fn is_source_link(&self) -> bool {
+        matches!(self, FaultTarget::Link(name) if name == crate::scenario::source::SOURCE_LINK)
     }
 
     /// A fault on the destination's side (network or broker): a user's engine, whose attempts

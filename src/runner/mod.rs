@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dest::{self, ReadBack, ReaderSpec, Runtime};
 use crate::powerfs::PowerFs;
 use crate::scenario::Plan;
-use crate::source::{FileSource, SourceFacts};
+use crate::source::{FileSource, KafkaSource, Source};
 use crate::sut::{Ingest, System};
 use crate::verify::Decoder;
 use crate::workload::{self, Ingested, Sent};
@@ -113,14 +113,15 @@ pub async fn run(
             return Err(e);
         }
     };
-    let source = match plan.file_source() {
-        Some(spec) => Some(
-            FileSource::create(&work, spec).map_err(|source| RunError::Io {
-                path: work.join(crate::scenario::source::SOURCE_DIR),
-                source,
-            })?,
-        ),
-        None => None,
+    let source = match open_source(plan, &mut rig, &work, &cancel).await {
+        Ok(s) => s,
+        Err(e) => {
+            rig.teardown().await;
+            if let Some(fs) = disk {
+                fs.unmount();
+            }
+            return Err(e);
+        }
     };
     let outcome = match system::start_system(plan, options, &rig, &work, &run_id).await {
         Ok(mut system) => {
@@ -147,6 +148,9 @@ pub async fn run(
         fs.unmount();
     }
     rig.teardown().await;
+    if let Some(s) = &source {
+        s.stop().await;
+    }
     outcome
 }
 
@@ -226,12 +230,42 @@ async fn start_reader(
     Ok(rig.running.reader(spec).await?)
 }
 
+/// The source the engine reads from, made before the engine starts: the file drill writes, or
+/// the Kafka topic (its broker, and the link `source` the rig keeps with its own).
+async fn open_source(
+    plan: &Plan,
+    rig: &mut Rig,
+    work: &Path,
+    cancel: &CancellationToken,
+) -> Result<Option<Source>, RunError> {
+    if let Some(spec) = plan.file_source() {
+        let file = FileSource::create(work, spec).map_err(|source| RunError::Io {
+            path: work.join(crate::scenario::source::SOURCE_DIR),
+            source,
+        })?;
+        return Ok(Some(Source::File(file)));
+    }
+    let Some(spec) = plan.kafka_source() else {
+        return Ok(None);
+    };
+    let (source, link) = KafkaSource::start(work, spec, cancel.child_token()).await?;
+    say(&format!("  {}", source.describe()));
+    say(&format!(
+        "  proxy link {}: {} -> {}",
+        link.name(),
+        link.listen_addr(),
+        link.upstream_addr()
+    ));
+    rig.source_link = Some(link);
+    Ok(Some(Source::Kafka(source)))
+}
+
 /// What the drill acts on besides the rig: the system under test, its data directory's
 /// filesystem when drill cuts its power, the file it tails when it tails one.
 struct Under<'a> {
     system: &'a mut System,
     disk: Option<&'a PowerFs>,
-    source: Option<&'a FileSource>,
+    source: Option<&'a Source>,
 }
 
 /// Everything after provisioning and start-up: reader, play, drain, read back, facts.
@@ -274,8 +308,8 @@ async fn drive(
     )
     .await?;
     let mut facts = finish(plan, rig, system, reader, played, clock, cancel).await;
-    if let (Ok(f), Some(source), Some(spec)) = (&mut facts, source, plan.file_source()) {
-        let gathered = SourceFacts::gather(source, spec, plan.command.is_none(), system.data_dir());
+    if let (Ok(f), Some(source)) = (&mut facts, source) {
+        let gathered = source.facts(plan, system.data_dir()).await;
         f.sent.destroyed = gathered.account.destroyed.iter().cloned().collect();
         f.source = Some(gathered);
     }
@@ -305,8 +339,8 @@ struct Timeline {
     crashes: Vec<Duration>,
     power_cuts: Vec<Duration>,
     notes: Vec<String>,
-    /// The file the engine tails, when it tails one.
-    source: Option<FileSource>,
+    /// The source the engine reads from, when it reads from one.
+    source: Option<Source>,
 }
 
 /// Plays the workload into the system and the fault timeline against it, side by side, with
@@ -322,13 +356,14 @@ async fn play_timeline(
     let Under {
         system,
         disk,
-        source: file_source,
+        source: read_from,
     } = under;
     let Clock { t0, seed, run_id } = clock;
     let sent = Arc::new(Mutex::new(Sent::default()));
     let workload_cancel = cancel.child_token();
-    let ingest = match file_source {
-        Some(s) => Ingest::File(s.clone()),
+    let ingest = match read_from {
+        Some(Source::File(s)) => Ingest::File(s.clone()),
+        Some(Source::Kafka(s)) => Ingest::Kafka(s.clone()),
         None => system
             .ingest(plan.command.as_ref().map(|c| &c.ingest), run_id)
             .map_err(RunError::Verifier)?,
@@ -358,7 +393,7 @@ async fn play_timeline(
     let steps = timeline::timeline(plan);
     progress::start(w.total_records());
     let mut drill = Drill::new(rig, system, disk, t0);
-    drill.source = file_source.cloned();
+    drill.source = read_from.and_then(Source::file).cloned();
     let played = play::play(&mut drill, &steps, workload, &sent, reader, cancel).await;
     if played.is_err() || cancel.is_cancelled() {
         progress::finish();
@@ -382,7 +417,7 @@ async fn play_timeline(
         crashes: drill.crashes,
         power_cuts: drill.power_cuts,
         notes: drill.notes,
-        source: file_source.cloned(),
+        source: read_from.cloned(),
     })
 }
 

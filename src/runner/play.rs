@@ -217,7 +217,7 @@ impl<'a> Drill<'a> {
             if let Err(e) = r.apply(spec).await {
                 no_target = Some(format!("the remote proxy did not take it: {e}"));
             }
-        } else if let Some(l) = self.rig.links.iter().find(|l| l.name() == name) {
+        } else if let Some(l) = self.rig.link_named(name) {
             if spec.fault.instantaneous() {
                 // A strand bites only the connections open at this instant (on a Kafka-aware
                 // link, on any of its broker links).
@@ -350,6 +350,7 @@ impl<'a> Drill<'a> {
             .rig
             .links
             .iter()
+            .chain(self.rig.source_link.as_ref())
             .filter(|l| name == "proxy" || l.name() == name)
         {
             // The end of one fault leaves the others on the link in force; the end of a proxy
@@ -370,7 +371,7 @@ impl<'a> Drill<'a> {
             }
             l.listening()?;
         }
-        if self.rig.remote.is_none() && !self.rig.links.iter().any(|l| l.name() == name) {
+        if self.rig.remote.is_none() && self.rig.link_named(name).is_none() {
             self.rig
                 .link
                 .apply_member(name, FaultSpec::new(Fault::Heal, Direction::Both))

@@ -38,6 +38,9 @@ pub struct Rig {
     pub remote: Option<Arc<RemoteLink>>,
     /// Stops the remote link's keeper (its own: stopping drill's links cancels theirs).
     remote_cancel: CancellationToken,
+    /// The link in front of a Kafka source's broker (`source`), when the engine consumes one:
+    /// link faults name it like the destination's, nothing else about the destination applies.
+    pub source_link: Option<Link>,
 }
 
 impl Rig {
@@ -127,6 +130,7 @@ impl Rig {
             link_cancel,
             remote: None,
             remote_cancel: cancel.child_token(),
+            source_link: None,
         };
         if let Some((name, at)) = plan.remote_links.iter().next()
             && let Err(e) = rig.serve_remotely(name, at).await
@@ -163,6 +167,14 @@ impl Rig {
         remote.keep(self.remote_cancel.clone());
         self.remote = Some(remote);
         Ok(())
+    }
+
+    /// The link called `name`: one of the destination's, or the source's.
+    pub fn link_named(&self, name: &str) -> Option<&Link> {
+        self.links
+            .iter()
+            .chain(self.source_link.as_ref())
+            .find(|l| l.name() == name)
     }
 
     /// Where the engine forwards to: the remote link's listen address, or drill's first link.
@@ -270,7 +282,7 @@ impl Rig {
             r.close().await;
         }
         self.remote_cancel.cancel();
-        for l in &self.links {
+        for l in self.links.iter().chain(self.source_link.as_ref()) {
             l.shutdown().await;
         }
         if let Some(said) = self.running.stop().await {

@@ -88,6 +88,14 @@ fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfi
         tail: e.tail.as_ref().map(|f| crate::engine::tail::TailConfig {
             path: work.join(crate::scenario::source::SOURCE_DIR).join(&f.name),
         }),
+        consume: e.consume.as_ref().and_then(|k| {
+            let link = rig.source_link.as_ref()?;
+            Some(crate::engine::consume::ConsumeConfig {
+                bootstrap: link.listen_addr().to_string(),
+                topic: k.topic.clone(),
+                group: k.group.clone(),
+            })
+        }),
     }
 }
 
@@ -121,6 +129,10 @@ async fn command_engine(
     if let Some(f) = plan.file_source() {
         let live = work.join(crate::scenario::source::SOURCE_DIR).join(&f.name);
         values.insert("ingest.path".to_string(), live.display().to_string());
+    }
+    if let Some(k) = plan.kafka_source() {
+        values.insert("ingest.topic".to_string(), k.topic.clone());
+        values.insert("ingest.group".to_string(), k.group.clone());
     }
     let log_path = work.parent().unwrap_or(work).join("engine.log");
     let _ = std::fs::remove_file(&log_path);
@@ -190,6 +202,7 @@ fn drill_values(plan: &Plan, rig: &Rig, run_id: &str) -> BTreeMap<String, String
     for (name, a) in rig
         .links
         .iter()
+        .chain(rig.source_link.as_ref())
         .map(|l| (l.name().to_string(), l.listen_addr()))
         .chain(remote)
     {

@@ -3,7 +3,9 @@
 //! stats, where it puts its write key, and the promise it declares.
 //!
 //! This module owns the placeholder language of argv, `env` values and template files:
-//! `{ingest}` `{ingest.host}` `{ingest.port}` `{ingest.path}` (a file source's live file) `{link.NAME}` `{link.NAME.host}`
+//! `{ingest}` `{ingest.host}` `{ingest.port}` `{ingest.path}` (a file source's live file)
+//! `{ingest.topic}` `{ingest.group}` (a Kafka source's topic and the engine's group, reached at
+//! `{link.source}`) `{link.NAME}` `{link.NAME.host}`
 //! `{link.NAME.port}` `{topic}` `{data_dir}` `{work_dir}` `{scenario_dir}` `{port.NAME}` `{run}`,
 //! and with `destination.tls` `{tls.ca_file}` (mutual TLS: `{tls.client_cert_file}`,
 //! `{tls.client_key_file}`); `{{` and `}}` stand for a literal brace. An unknown placeholder is an invalid
@@ -34,6 +36,10 @@ pub(super) struct RawIngest {
     topic: Option<String>,
     #[serde(default)]
     qos: Option<u8>,
+    /// `kind: kafka`: the consumer group the engine consumes the source topic in (default
+    /// `drill-engine`).
+    #[serde(default)]
+    group: Option<String>,
     /// `kind: file`: `json` (the default, and the only one).
     #[serde(default)]
     format: Option<String>,
@@ -56,6 +62,9 @@ enum IngestKind {
     Relp,
     /// drill appends each record as one line to a file the engine tails.
     File,
+    /// drill produces each record into a topic on a Kafka-protocol broker it starts; the
+    /// engine consumes it in a consumer group.
+    Kafka,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -175,6 +184,10 @@ pub enum IngestSpec {
     /// drill appends each record as one JSON line to a file in `{work_dir}/source/` and
     /// fsyncs it: written = held. The engine tails the file.
     File(super::source::FileSpec),
+    /// drill produces each record into a source topic on a Kafka-protocol broker it starts
+    /// (the broker's acknowledgement = held); the engine consumes it in a consumer group,
+    /// through the link `source`.
+    Kafka(super::source::KafkaSourceSpec),
 }
 
 impl IngestSpec {
@@ -185,6 +198,7 @@ impl IngestSpec {
             IngestSpec::TcpLines => "tcp_lines",
             IngestSpec::Relp => "relp",
             IngestSpec::File(_) => "file",
+            IngestSpec::Kafka(_) => "kafka",
         }
     }
 }
@@ -232,10 +246,16 @@ pub(super) fn validate(
         }
         Some(i) => ingest(i)?,
     };
+    let kafka = matches!(ingest, IngestSpec::Kafka(_));
+    let mut link_names = destination.link_names();
+    if kafka {
+        link_names.push(crate::scenario::source::SOURCE_LINK.to_string());
+    }
     let links = &Known {
-        links: destination.link_names(),
+        links: link_names,
         tls: destination.tls.as_ref().map(|t| t.client_certificates()),
         file: matches!(ingest, IngestSpec::File(_)),
+        kafka,
     };
     let mut ports = BTreeSet::new();
     if raw.command.is_empty() {
@@ -400,6 +420,7 @@ impl IngestKind {
             IngestKind::TcpLines => "tcp_lines",
             IngestKind::Relp => "relp",
             IngestKind::File => "file",
+            IngestKind::Kafka => "kafka",
         }
     }
 
@@ -410,6 +431,7 @@ impl IngestKind {
             IngestKind::Mqtt => &["topic", "qos"],
             IngestKind::TcpLines | IngestKind::Relp => &[],
             IngestKind::File => &["path", "format", "rotate", "checkpoint"],
+            IngestKind::Kafka => &["topic", "group"],
         }
     }
 }
@@ -427,6 +449,7 @@ pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
         ("format", i.format.is_some()),
         ("rotate", i.rotate.is_some()),
         ("checkpoint", i.checkpoint.is_some()),
+        ("group", i.group.is_some()),
     ];
     if let Some((field, _)) = given
         .iter()
@@ -491,6 +514,9 @@ pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
         }
         IngestKind::TcpLines => Ok(IngestSpec::TcpLines),
         IngestKind::Relp => Ok(IngestSpec::Relp),
+        IngestKind::Kafka => Ok(IngestSpec::Kafka(super::source::kafka(
+            i.topic, i.group, &here,
+        )?)),
     }
 }
 
@@ -603,6 +629,8 @@ struct Known {
     tls: Option<bool>,
     /// The engine tails a file drill writes (`{ingest.path}` has a value).
     file: bool,
+    /// The engine consumes a source topic (`{ingest.topic}`, `{ingest.group}` have values).
+    kafka: bool,
 }
 
 /// Checks every placeholder in `text` is known; collects `{port.NAME}` names.
@@ -618,6 +646,14 @@ fn check_placeholders(
             return Err(
                 "`{ingest.path}` is the file drill writes for `ingest: { kind: file }`; this engine's ingest is another kind".to_string(),
             );
+        }
+        if matches!(name, "ingest.topic" | "ingest.group") {
+            if !known.kafka {
+                return Err(format!(
+                    "`{{{name}}}` is the source topic's (or its group's) of `ingest: {{ kind: kafka }}`; this engine's ingest is another kind"
+                ));
+            }
+            continue;
         }
         if FIXED.contains(&name) {
             continue;
@@ -664,7 +700,7 @@ fn check_placeholders(
             ));
         }
         return Err(format!(
-            "unknown placeholder `{{{name}}}`; known: {{ingest}} {{ingest.host}} {{ingest.port}} {{ingest.path}} {{link.NAME}} {{link.NAME.host}} {{link.NAME.port}} {{topic}} {{data_dir}} {{work_dir}} {{scenario_dir}} {{port.NAME}} {{run}} {{tls.ca_file}} {{tls.client_cert_file}} {{tls.client_key_file}} (write `{{{{` for a literal brace)"
+            "unknown placeholder `{{{name}}}`; known: {{ingest}} {{ingest.host}} {{ingest.port}} {{ingest.path}} {{ingest.topic}} {{ingest.group}} {{link.NAME}} {{link.NAME.host}} {{link.NAME.port}} {{topic}} {{data_dir}} {{work_dir}} {{scenario_dir}} {{port.NAME}} {{run}} {{tls.ca_file}} {{tls.client_cert_file}} {{tls.client_key_file}} (write `{{{{` for a literal brace)"
         ));
     }
     Ok(())
@@ -712,6 +748,7 @@ mod tests {
     fn links() -> Known {
         Known {
             file: false,
+            kafka: false,
             links: vec!["mqtt".to_string()],
             tls: None,
         }

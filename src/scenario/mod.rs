@@ -148,6 +148,9 @@ pub struct EngineSpec {
     /// `system.ingest: { kind: file }` with the built-in engine: it tails the file instead of
     /// taking records over HTTP.
     pub tail: Option<source::FileSpec>,
+    /// `system.ingest: { kind: kafka }` with the built-in engine: it consumes the source topic
+    /// instead of taking records over HTTP.
+    pub consume: Option<source::KafkaSourceSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -209,6 +212,15 @@ impl Plan {
     pub fn plays_for(&self) -> Duration {
         let last_fault = self.faults.iter().map(|f| f.at).max().unwrap_or_default();
         self.workload.duration.max(last_fault)
+    }
+
+    /// The topic drill produces the records into, when the engine consumes one.
+    pub fn kafka_source(&self) -> Option<&source::KafkaSourceSpec> {
+        match self.command.as_ref().map(|c| &c.ingest) {
+            Some(IngestSpec::Kafka(k)) => Some(k),
+            Some(_) => None,
+            None => self.engine.consume.as_ref(),
+        }
     }
 
     /// The file drill writes the records to, when the engine tails one.

@@ -1,6 +1,12 @@
-//! `system.ingest: { kind: file, ... }`: a log file drill appends the records to and the engine
-//! tails — its name below `{work_dir}/source/`, how drill rotates it (`rotate:`), and where the
-//! engine keeps its checkpoint (`checkpoint:`). The file itself is drill's `source` module's.
+//! Sources the engine reads from, as the scenario names them:
+//!
+//! - `system.ingest: { kind: file, ... }`: a log file drill appends the records to and the
+//!   engine tails — its name below `{work_dir}/source/`, how drill rotates it (`rotate:`), and
+//!   where the engine keeps its checkpoint (`checkpoint:`);
+//! - `system.ingest: { kind: kafka, topic, group }`: a topic on a Kafka-protocol broker drill
+//!   starts, which drill produces the records into and the engine consumes in a consumer group.
+//!
+//! The sources themselves are drill's `source` module's.
 
 use std::time::Duration;
 
@@ -13,6 +19,10 @@ use serde_saphyr::Location;
 
 /// The folder below the drill's work folder that holds the source file and its rotations.
 pub const SOURCE_DIR: &str = "source";
+
+/// The link in front of a Kafka source's broker: the engine consumes through it, and link
+/// faults name it (`link: source`).
+pub const SOURCE_LINK: &str = "source";
 
 /// `rotate:` as written.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -119,6 +129,36 @@ impl FileSpec {
             inode: Some("/inode".to_string()),
         }
     }
+}
+
+/// A validated Kafka source: the topic drill produces into and the group the engine consumes
+/// it in (its committed offsets are the engine's checkpoint).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaSourceSpec {
+    pub topic: String,
+    pub group: String,
+}
+
+/// Validates a Kafka source; `here` is `system.ingest`'s place.
+pub(super) fn kafka(
+    topic: Option<String>,
+    group: Option<String>,
+    here: &Location,
+) -> Result<KafkaSourceSpec, Located> {
+    let topic = topic.unwrap_or_else(|| "drill-source".to_string());
+    let group = group.unwrap_or_else(|| "drill-engine".to_string());
+    for (field, name) in [("topic", &topic), ("group", &group)] {
+        let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if name.is_empty() || name.len() > 200 || !name.chars().all(legal) {
+            return Err(at(
+                here,
+                format!(
+                    "field `system.ingest.{field}`: `{name}` must be 1 to 200 of a-z A-Z 0-9 . _ - (a Kafka name), e.g. {field}: drill-source"
+                ),
+            ));
+        }
+    }
+    Ok(KafkaSourceSpec { topic, group })
 }
 
 /// The fields of `system.ingest` a file source reads.

@@ -61,12 +61,18 @@ pub(super) fn validate(mut raw: RawScenario, text: &str, source: &Path) -> Resul
             command.as_ref().map(|c| &c.ingest),
             Some(crate::scenario::IngestSpec::File(_))
         );
+    let source_link = engine.consume.is_some()
+        || matches!(
+            command.as_ref().map(|c| &c.ingest),
+            Some(crate::scenario::IngestSpec::Kafka(_))
+        );
     let faults = faults(
         &raw.faults,
         &destination,
         Engines {
             command: command.is_some(),
             file_source,
+            source_link,
         },
         workload.duration,
     )?;
@@ -181,11 +187,12 @@ fn system(
             let where_ = i.referenced;
             match command::ingest(i)? {
                 crate::scenario::IngestSpec::File(f) => engine.tail = Some(f),
+                crate::scenario::IngestSpec::Kafka(k) => engine.consume = Some(k),
                 other => {
                     return Err(at(
                         &where_,
                         format!(
-                            "field `system.ingest`: `kind: {}` goes with `system.command` (a user's engine); the built-in engine takes records over HTTP, or tails a file (`kind: file`)",
+                            "field `system.ingest`: `kind: {}` goes with `system.command` (a user's engine); the built-in engine takes records over HTTP, tails a file (`kind: file`) or consumes a topic (`kind: kafka`)",
                             other.name()
                         ),
                     ));
@@ -285,6 +292,7 @@ fn builtin(raw: RawBuiltin, destination: &Spec) -> EngineSpec {
                 )
             }),
         tail: None,
+        consume: None,
     }
 }
 
@@ -419,7 +427,9 @@ fn faults(
                     destination.link_name()
                 )));
             }
-            (Some(link), None) => faults.extend(link_fault(&entry, link, destination)?),
+            (Some(link), None) => {
+                faults.extend(link_fault(&entry, link, destination, engines.source_link)?)
+            }
             (None, Some(target)) if target == "destination" => {
                 faults.push(destination_fault(&entry, destination, workload_ends)?);
             }
@@ -451,6 +461,8 @@ struct Engines {
     command: bool,
     /// It tails a file drill writes (`system.ingest: { kind: file }`).
     file_source: bool,
+    /// It consumes a source topic through the link `source` (`system.ingest: { kind: kafka }`).
+    source_link: bool,
 }
 
 /// `target: source`: `rotate`, `truncate`, `delete` or `stall` (with `for`) the file the engine
@@ -546,9 +558,11 @@ fn link_fault(
     entry: &FaultEntry,
     link: &str,
     destination: &Spec,
+    source_link: bool,
 ) -> Result<Vec<ScheduledFault>, Located> {
     let f = entry.raw;
-    if !destination.imp.names_a_link(link) {
+    let the_source = source_link && link == crate::scenario::source::SOURCE_LINK;
+    if !destination.imp.names_a_link(link) && !the_source {
         return Err(entry.field(
             "link",
             format!(
@@ -1538,6 +1552,7 @@ mod tests {
             super::Engines {
                 command: false,
                 file_source: false,
+                source_link: false,
             },
             Duration::from_secs(60),
         )

@@ -1,13 +1,62 @@
-//! Sources the engine reads from, which drill writes: a log file it tails ([`file`]). drill
-//! writes each record there itself, and a record counts as held once written (and synced);
-//! where the engine is in them is read from `/proc` ([`position`]).
+//! Sources the engine reads from, which drill writes: a log file it tails ([`file`]) or a
+//! Kafka topic it consumes ([`kafka`]). drill writes each record there itself, and a record
+//! counts as held once written and synced (a file) or acknowledged by the broker (a topic);
+//! where the engine is in a file is read from `/proc` ([`position`]), in a topic from its
+//! group's committed offset.
 
 pub mod file;
+pub mod kafka;
 pub mod position;
 
 pub use crate::scenario::source::SourceAction;
 pub use file::{FileSource, SourceAccount};
+pub use kafka::KafkaSource;
 pub use position::EngineProcs;
+
+/// The source a drill writes the records to, when the engine reads from one.
+#[derive(Clone)]
+pub enum Source {
+    File(FileSource),
+    Kafka(KafkaSource),
+}
+
+impl Source {
+    /// The file, when the source is one (source faults act on it).
+    pub fn file(&self) -> Option<&FileSource> {
+        match self {
+            Source::File(f) => Some(f),
+            Source::Kafka(_) => None,
+        }
+    }
+
+    /// Whether the engine has read everything drill wrote: to the end of every file it holds
+    /// open, or its group committed to the topic's end.
+    pub async fn read_to_end(&self, procs: EngineProcs) -> bool {
+        match self {
+            Source::File(f) => f.read_to_end(procs),
+            Source::Kafka(k) => k.read_to_end().await,
+        }
+    }
+
+    /// What the source knows after the drain; `builtin` says whether drill's own engine (which
+    /// keeps its checkpoint where drill knows) read it.
+    pub async fn facts(&self, plan: &crate::scenario::Plan, data_dir: &Path) -> SourceFacts {
+        match (self, plan.file_source()) {
+            (Source::File(f), Some(spec)) => {
+                SourceFacts::gather(f, spec, plan.command.is_none(), data_dir)
+            }
+            (Source::Kafka(k), _) => SourceFacts::gather_kafka(k).await,
+            (Source::File(_), None) => SourceFacts::default(),
+        }
+    }
+
+    /// Stops what the source started (a Kafka source's broker).
+    pub async fn stop(&self) {
+        if let Source::Kafka(k) = self {
+            k.stop().await;
+        }
+    }
+}
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -51,6 +100,24 @@ impl SourceFacts {
                 Ok(read) => facts.checkpoint = Some(read),
                 Err(why) => facts.checkpoint_unread = Some(why),
             }
+        }
+        facts
+    }
+}
+
+impl SourceFacts {
+    /// A Kafka source's checkpoint: the group's committed offset.
+    pub async fn gather_kafka(source: &KafkaSource) -> Self {
+        let mut facts = SourceFacts::default();
+        match source.committed().await {
+            Ok(Some(at)) => {
+                facts.checkpoint = Some(Checkpoint {
+                    said: format!("committed offset {at}"),
+                    passed: source.passed_by(at),
+                });
+            }
+            Ok(None) => facts.checkpoint_unread = Some("the group never committed".to_string()),
+            Err(why) => facts.checkpoint_unread = Some(why),
         }
         facts
     }

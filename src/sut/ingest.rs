@@ -16,6 +16,8 @@
 //!   held, another code means not accepted, a session lost before the answer means unknown.
 //! - [`Ingest::File`]: each record as one JSON line appended to a file the engine tails
 //!   (`crate::source::FileSource`); written and synced means held.
+//! - [`Ingest::Kafka`]: each record produced into a source topic the engine consumes
+//!   (`crate::source::KafkaSource`); the broker's acknowledgement means held.
 //!
 //! Nothing here retries a record whose answer was unknown: that would hide what a drill counts.
 
@@ -59,6 +61,7 @@ pub enum Ingest {
         session: Option<relp::Session>,
     },
     File(crate::source::FileSource),
+    Kafka(crate::source::KafkaSource),
 }
 
 impl Ingest {
@@ -85,9 +88,10 @@ impl Ingest {
                 addr,
                 session: None,
             },
-            IngestSpec::File(_) => {
+            IngestSpec::File(_) | IngestSpec::Kafka(_) => {
                 return Err(
-                    "a file source is made by the runner before the engine starts".to_string(),
+                    "a source the engine reads from is made by the runner before the engine starts"
+                        .to_string(),
                 );
             }
         })
@@ -102,6 +106,9 @@ impl Ingest {
             Ingest::File(_) => Some(
                 "ingest `file`: `held` counts records drill wrote to the source file and synced; the engine reads them when it will, and a record in a file drill removed or cut before the engine read it is destroyed by the source fault, not lost",
             ),
+            Ingest::Kafka(_) => Some(
+                "ingest `kafka`: `held` counts records the source topic's broker acknowledged; the engine consumes them when it will, and its group's committed offset is its checkpoint",
+            ),
             _ => None,
         }
     }
@@ -114,9 +121,11 @@ impl Ingest {
 
     /// Hands `records` to the engine; one answer per record, in order.
     async fn send_batch(&mut self, records: &[Record]) -> Vec<IngestAnswer> {
-        if let Ingest::File(source) = self {
-            // It writes its own lines, each with its newline.
-            return source.write(records).await;
+        match self {
+            // Each writes its own lines (or messages).
+            Ingest::File(source) => return source.write(records).await,
+            Ingest::Kafka(source) => return source.write(records).await,
+            _ => {}
         }
         let lines: Vec<String> = records
             .iter()
@@ -141,6 +150,7 @@ impl Ingest {
             Ingest::Relp { addr, session } => send_relp(*addr, session, &lines).await,
             // Handled above, before the lines were made.
             Ingest::File(source) => source.write(records).await,
+            Ingest::Kafka(source) => source.write(records).await,
         }
     }
 }
