@@ -34,6 +34,7 @@ async fn a_hundred_sigkills_lose_nothing_acknowledged() {
     let config = EngineConfig {
         tail: None,
         consume: None,
+        outbox: None,
         listen: SocketAddr::from(([127, 0, 0, 1], port)),
         data_dir: dir.path().join("engine-data"),
         outputs: vec![OutputConfig::new("mqtt", "mqtt", broker.addr, "t/crash")],

@@ -30,6 +30,7 @@ async fn a_full_disk_refuses_ingest_evicts_nothing_and_recovers() {
     let config = EngineConfig {
         tail: None,
         consume: None,
+        outbox: None,
         listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: disk.path().join("data"),
         // A destination that refuses every connection: ingest alone is under test.

@@ -44,6 +44,7 @@ async fn failed_journal_writes_on_a_full_disk_are_counted_and_said() {
     let config = EngineConfig {
         tail: None,
         consume: None,
+        outbox: None,
         listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: disk.join("data"),
         outputs: vec![OutputConfig::new(

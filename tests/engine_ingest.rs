@@ -13,6 +13,7 @@ async fn bad_batches_are_refused_whole_with_the_line_or_the_limit() {
     let config = EngineConfig {
         tail: None,
         consume: None,
+        outbox: None,
         listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: dir.path().join("data"),
         // A destination that refuses every connection: ingest alone is under test.

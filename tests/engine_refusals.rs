@@ -96,6 +96,7 @@ async fn ten_counted_refusals_then_failed_then_one_copy_on_replay() {
     let config = EngineConfig {
         tail: None,
         consume: None,
+        outbox: None,
         listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {

@@ -237,7 +237,7 @@ fn the_rsyslog_omkafka_example_connects_through_the_rewrite_and_loses_what_it_he
 /// Two kcat (Debian's 1.7, librdkafka 2.0.2) joined by a pipe: a consumer in a group on the
 /// source topic, a producer into drill's destination. Its consumer commits what it has
 /// printed, every second; what the producer still held in memory when the SIGKILL came was
-/// committed already, and lost. Measured: 115 lost in 3 runs of 3, every one under
+/// committed already, and lost. Measured: 115 lost in 2 runs of 2, every one under
 /// "checkpoint ahead of the store", the group at the topic's end (offset 2000).
 #[test]
 fn the_kcat_pipe_example_loses_what_its_consumer_committed_and_its_producer_held() {

@@ -33,6 +33,7 @@ async fn engine_to(link: &Link, work: &Path) -> EngineProcess {
     let config = EngineConfig {
         tail: None,
         consume: None,
+        outbox: None,
         listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {

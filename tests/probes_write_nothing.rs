@@ -31,6 +31,7 @@ async fn probes_during_an_outage(work: &Path, link: &Link, output: OutputConfig)
     let config = EngineConfig {
         tail: None,
         consume: None,
+        outbox: None,
         listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
         data_dir: work.join("engine-data"),
         outputs: vec![OutputConfig {

@@ -167,6 +167,46 @@ fn a_commit_at_poll_time_loses_the_burst_a_power_cut_takes() {
     );
 }
 
+/// The engine polls an outbox table; its link to the database is refused for 6 s and a power
+/// cut lands on its second record fdatasync while it drains the pile of unmarked rows. The
+/// correct engine marks rows only once stored and polls the cut burst again; `mark-on-poll`
+/// marked it at poll time and loses it, every record of it behind the marks.
+#[cfg(feature = "mutants")]
+#[test]
+fn an_outbox_marked_at_poll_time_loses_the_burst_a_power_cut_takes() {
+    if !required(
+        std::path::Path::new("/dev/fuse").exists() && nix::unistd::Uid::effective().is_root(),
+        "FUSE (/dev/fuse) and root",
+    ) {
+        return;
+    }
+    let (correct, broken) = correct_and_mutant("outbox-kill-mid-drain", "mark-on-poll");
+    assert_eq!(correct.number(&["ledger", "held"]), 3200);
+    assert_eq!(correct.number(&["ledger", "lost"]), 0);
+    assert_eq!(correct.number(&["ledger", "delivered"]), 3200);
+    assert!(correct.report["checkpoint_ahead"].is_null());
+    assert!(
+        correct
+            .markdown
+            .contains("3200 rows marked or deleted, 0 left"),
+        "{}",
+        correct.markdown
+    );
+    let lost = broken.number(&["ledger", "lost"]);
+    // One burst of the drain: up to 500 rows.
+    assert!(
+        (1..=500).contains(&lost),
+        "lost {lost}: {:#}",
+        broken.report
+    );
+    assert_eq!(
+        broken.number(&["checkpoint_ahead", "count"]),
+        lost,
+        "{:#}",
+        broken.report
+    );
+}
+
 /// `drill check` names the file, the line and the field of a bad source spec, and says what
 /// to write.
 #[test]
@@ -232,6 +272,16 @@ fn a_bad_source_spec_is_refused_with_its_file_line_and_field() {
         (
             "system:\n  command: [cat, \"{ingest.topic}\"]\n  ingest: { kind: file }\n",
             "field `system.command[1]`: `{ingest.topic}` is the source topic's",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: postgres_outbox, table: \"Out-Box\" }\n",
+            "field `system.ingest.table`: `Out-Box` must be a plain SQL name",
+            5,
+        ),
+        (
+            "system:\n  command: [cat, \"{ingest.dsn}\"]\n  ingest: { kind: kafka }\n",
+            "field `system.command[1]`: `{ingest.dsn}` is the outbox's",
             5,
         ),
         (

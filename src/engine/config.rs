@@ -35,6 +35,9 @@ pub struct EngineConfig {
     /// A topic to consume as an input besides the HTTP ingest (`super::consume`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consume: Option<super::consume::ConsumeConfig>,
+    /// An outbox table to poll as an input besides the HTTP ingest (`super::outbox`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outbox: Option<super::outbox::OutboxConfig>,
 }
 
 /// Free-space thresholds on the data directory's filesystem, and the record log's segment
@@ -334,6 +337,7 @@ mod tests {
         EngineConfig {
             tail: None,
             consume: None,
+            outbox: None,
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: "/tmp/x".into(),
             outputs,

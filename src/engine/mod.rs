@@ -34,6 +34,7 @@ mod journal;
 pub mod log;
 #[cfg(feature = "mutants")]
 pub mod mutant;
+pub mod outbox;
 pub mod output;
 pub mod seqset;
 pub mod session;
@@ -193,6 +194,14 @@ pub async fn run(
             cancel.clone(),
         )
     });
+    let outbox = config.outbox.clone().map(|o| {
+        outbox::spawn(
+            o,
+            config.data_dir.clone(),
+            ingest_tx.clone(),
+            cancel.clone(),
+        )
+    });
     let ticker = release_every_second(ingest_tx, cancel.clone());
     let writer_watch = watch_writer(writer, cancel.clone());
     serve(&config, shared.clone(), cancel).await?;
@@ -202,6 +211,9 @@ pub async fn run(
     let _ = ticker.await;
     for t in tail.into_iter().chain(consume) {
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
+    }
+    if let Some(o) = outbox {
+        let _ = o.await;
     }
     drop(shared);
     let panicked = writer_watch.await.unwrap_or(true);

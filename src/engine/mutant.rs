@@ -119,6 +119,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "commit-on-poll",
         "Kafka-consumer input: commits the group's offset as soon as a poll returns, before the records are stored: a crash between the commit and the store loses them",
     ),
+    (
+        "mark-on-poll",
+        "outbox input: marks the rows it polled as sent before it stores them: a crash between the mark and the store loses them",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -220,11 +224,15 @@ pub enum Mutant {
     /// records of the batch the cut took are behind a committed offset, lost ("checkpoint
     /// ahead of the store").
     CommitOnPoll,
+    /// `Session::run` (`super::outbox`). Caught by a power cut armed at the record log's
+    /// fdatasync while the input stores a burst (`outbox-kill-mid-drain`): the rows of the
+    /// burst the cut took are marked, lost ("checkpoint ahead of the store").
+    MarkOnPoll,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 22] = [
+    pub const ALL: [Mutant; 23] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -247,6 +255,7 @@ impl Mutant {
         Mutant::CheckpointBeforeStore,
         Mutant::SkipOnRotate,
         Mutant::CommitOnPoll,
+        Mutant::MarkOnPoll,
     ];
 
     fn index(self) -> usize {
@@ -275,7 +284,8 @@ impl Mutant {
             | Mutant::SentWithoutWriting
             | Mutant::CheckpointBeforeStore
             | Mutant::SkipOnRotate
-            | Mutant::CommitOnPoll => &[Signature::Lost],
+            | Mutant::CommitOnPoll
+            | Mutant::MarkOnPoll => &[Signature::Lost],
             // Where drill is the destination (HTTP) or the link pairs statements with answers
             // (PostgreSQL), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
@@ -323,6 +333,7 @@ impl Mutant {
             Mutant::CheckpointBeforeStore => "file-power-cut",
             Mutant::SkipOnRotate => "file-rotate-during-outage",
             Mutant::CommitOnPoll => "kafka-source-kill-mid-drain",
+            Mutant::MarkOnPoll => "outbox-kill-mid-drain",
         }
     }
 

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::dest::{self, ReadBack, ReaderSpec, Runtime};
 use crate::powerfs::PowerFs;
 use crate::scenario::Plan;
-use crate::source::{FileSource, KafkaSource, Source};
+use crate::source::{FileSource, KafkaSource, OutboxSource, Source};
 use crate::sut::{Ingest, System};
 use crate::verify::Decoder;
 use crate::workload::{self, Ingested, Sent};
@@ -230,8 +230,9 @@ async fn start_reader(
     Ok(rig.running.reader(spec).await?)
 }
 
-/// The source the engine reads from, made before the engine starts: the file drill writes, or
-/// the Kafka topic (its broker, and the link `source` the rig keeps with its own).
+/// The source the engine reads from, made before the engine starts: the file drill writes, the
+/// Kafka topic or the outbox table (its server, and the link `source` the rig keeps with its
+/// own).
 async fn open_source(
     plan: &Plan,
     rig: &mut Rig,
@@ -245,11 +246,17 @@ async fn open_source(
         })?;
         return Ok(Some(Source::File(file)));
     }
-    let Some(spec) = plan.kafka_source() else {
+    let (source, link) = if let Some(spec) = plan.kafka_source() {
+        let (s, link) = KafkaSource::start(work, spec, cancel.child_token()).await?;
+        say(&format!("  {}", s.describe()));
+        (Source::Kafka(s), link)
+    } else if let Some(spec) = plan.outbox_source() {
+        let (s, link) = OutboxSource::start(spec, cancel.child_token()).await?;
+        say(&format!("  {}", s.describe()));
+        (Source::Outbox(s), link)
+    } else {
         return Ok(None);
     };
-    let (source, link) = KafkaSource::start(work, spec, cancel.child_token()).await?;
-    say(&format!("  {}", source.describe()));
     say(&format!(
         "  proxy link {}: {} -> {}",
         link.name(),
@@ -257,7 +264,7 @@ async fn open_source(
         link.upstream_addr()
     ));
     rig.source_link = Some(link);
-    Ok(Some(Source::Kafka(source)))
+    Ok(Some(source))
 }
 
 /// What the drill acts on besides the rig: the system under test, its data directory's
@@ -364,6 +371,7 @@ async fn play_timeline(
     let ingest = match read_from {
         Some(Source::File(s)) => Ingest::File(s.clone()),
         Some(Source::Kafka(s)) => Ingest::Kafka(s.clone()),
+        Some(Source::Outbox(s)) => Ingest::Outbox(s.clone()),
         None => system
             .ingest(plan.command.as_ref().map(|c| &c.ingest), run_id)
             .map_err(RunError::Verifier)?,

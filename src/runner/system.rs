@@ -88,6 +88,13 @@ fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfi
         tail: e.tail.as_ref().map(|f| crate::engine::tail::TailConfig {
             path: work.join(crate::scenario::source::SOURCE_DIR).join(&f.name),
         }),
+        outbox: e.outbox.as_ref().and_then(|o| {
+            let link = rig.source_link.as_ref()?;
+            Some(crate::engine::outbox::OutboxConfig {
+                addr: link.listen_addr(),
+                table: o.table.clone(),
+            })
+        }),
         consume: e.consume.as_ref().and_then(|k| {
             let link = rig.source_link.as_ref()?;
             Some(crate::engine::consume::ConsumeConfig {
@@ -133,6 +140,13 @@ async fn command_engine(
     if let Some(k) = plan.kafka_source() {
         values.insert("ingest.topic".to_string(), k.topic.clone());
         values.insert("ingest.group".to_string(), k.group.clone());
+    }
+    if let (Some(o), Some(link)) = (plan.outbox_source(), &rig.source_link) {
+        values.insert("ingest.table".to_string(), o.table.clone());
+        values.insert(
+            "ingest.dsn".to_string(),
+            crate::source::OutboxSource::dsn(link.listen_addr()),
+        );
     }
     let log_path = work.parent().unwrap_or(work).join("engine.log");
     let _ = std::fs::remove_file(&log_path);

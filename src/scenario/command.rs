@@ -5,7 +5,8 @@
 //! This module owns the placeholder language of argv, `env` values and template files:
 //! `{ingest}` `{ingest.host}` `{ingest.port}` `{ingest.path}` (a file source's live file)
 //! `{ingest.topic}` `{ingest.group}` (a Kafka source's topic and the engine's group, reached at
-//! `{link.source}`) `{link.NAME}` `{link.NAME.host}`
+//! `{link.source}`) `{ingest.table}` `{ingest.dsn}` (an outbox table and a connection string to
+//! its database through `{link.source}`) `{link.NAME}` `{link.NAME.host}`
 //! `{link.NAME.port}` `{topic}` `{data_dir}` `{work_dir}` `{scenario_dir}` `{port.NAME}` `{run}`,
 //! and with `destination.tls` `{tls.ca_file}` (mutual TLS: `{tls.client_cert_file}`,
 //! `{tls.client_key_file}`); `{{` and `}}` stand for a literal brace. An unknown placeholder is an invalid
@@ -36,6 +37,9 @@ pub(super) struct RawIngest {
     topic: Option<String>,
     #[serde(default)]
     qos: Option<u8>,
+    /// `kind: postgres_outbox`: the outbox table (default `drill_outbox`).
+    #[serde(default)]
+    table: Option<String>,
     /// `kind: kafka`: the consumer group the engine consumes the source topic in (default
     /// `drill-engine`).
     #[serde(default)]
@@ -65,6 +69,9 @@ enum IngestKind {
     /// drill produces each record into a topic on a Kafka-protocol broker it starts; the
     /// engine consumes it in a consumer group.
     Kafka,
+    /// drill inserts each record as a row of an outbox table in a PostgreSQL it starts; the
+    /// engine polls it and marks what it took.
+    PostgresOutbox,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -188,6 +195,9 @@ pub enum IngestSpec {
     /// (the broker's acknowledgement = held); the engine consumes it in a consumer group,
     /// through the link `source`.
     Kafka(super::source::KafkaSourceSpec),
+    /// drill inserts each record as a row of an outbox table (its commit = held); the engine
+    /// polls it through the link `source` and marks (`sent_at`) or deletes what it took.
+    PostgresOutbox(super::source::OutboxSpec),
 }
 
 impl IngestSpec {
@@ -199,6 +209,7 @@ impl IngestSpec {
             IngestSpec::Relp => "relp",
             IngestSpec::File(_) => "file",
             IngestSpec::Kafka(_) => "kafka",
+            IngestSpec::PostgresOutbox(_) => "postgres_outbox",
         }
     }
 }
@@ -247,8 +258,9 @@ pub(super) fn validate(
         Some(i) => ingest(i)?,
     };
     let kafka = matches!(ingest, IngestSpec::Kafka(_));
+    let outbox = matches!(ingest, IngestSpec::PostgresOutbox(_));
     let mut link_names = destination.link_names();
-    if kafka {
+    if kafka || outbox {
         link_names.push(crate::scenario::source::SOURCE_LINK.to_string());
     }
     let links = &Known {
@@ -256,6 +268,7 @@ pub(super) fn validate(
         tls: destination.tls.as_ref().map(|t| t.client_certificates()),
         file: matches!(ingest, IngestSpec::File(_)),
         kafka,
+        outbox,
     };
     let mut ports = BTreeSet::new();
     if raw.command.is_empty() {
@@ -421,6 +434,7 @@ impl IngestKind {
             IngestKind::Relp => "relp",
             IngestKind::File => "file",
             IngestKind::Kafka => "kafka",
+            IngestKind::PostgresOutbox => "postgres_outbox",
         }
     }
 
@@ -432,6 +446,7 @@ impl IngestKind {
             IngestKind::TcpLines | IngestKind::Relp => &[],
             IngestKind::File => &["path", "format", "rotate", "checkpoint"],
             IngestKind::Kafka => &["topic", "group"],
+            IngestKind::PostgresOutbox => &["table"],
         }
     }
 }
@@ -450,6 +465,7 @@ pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
         ("rotate", i.rotate.is_some()),
         ("checkpoint", i.checkpoint.is_some()),
         ("group", i.group.is_some()),
+        ("table", i.table.is_some()),
     ];
     if let Some((field, _)) = given
         .iter()
@@ -516,6 +532,9 @@ pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
         IngestKind::Relp => Ok(IngestSpec::Relp),
         IngestKind::Kafka => Ok(IngestSpec::Kafka(super::source::kafka(
             i.topic, i.group, &here,
+        )?)),
+        IngestKind::PostgresOutbox => Ok(IngestSpec::PostgresOutbox(super::source::outbox(
+            i.table, &here,
         )?)),
     }
 }
@@ -631,6 +650,8 @@ struct Known {
     file: bool,
     /// The engine consumes a source topic (`{ingest.topic}`, `{ingest.group}` have values).
     kafka: bool,
+    /// The engine polls an outbox table (`{ingest.table}`, `{ingest.dsn}` have values).
+    outbox: bool,
 }
 
 /// Checks every placeholder in `text` is known; collects `{port.NAME}` names.
@@ -651,6 +672,14 @@ fn check_placeholders(
             if !known.kafka {
                 return Err(format!(
                     "`{{{name}}}` is the source topic's (or its group's) of `ingest: {{ kind: kafka }}`; this engine's ingest is another kind"
+                ));
+            }
+            continue;
+        }
+        if matches!(name, "ingest.table" | "ingest.dsn") {
+            if !known.outbox {
+                return Err(format!(
+                    "`{{{name}}}` is the outbox's of `ingest: {{ kind: postgres_outbox }}`; this engine's ingest is another kind"
                 ));
             }
             continue;
@@ -700,7 +729,7 @@ fn check_placeholders(
             ));
         }
         return Err(format!(
-            "unknown placeholder `{{{name}}}`; known: {{ingest}} {{ingest.host}} {{ingest.port}} {{ingest.path}} {{ingest.topic}} {{ingest.group}} {{link.NAME}} {{link.NAME.host}} {{link.NAME.port}} {{topic}} {{data_dir}} {{work_dir}} {{scenario_dir}} {{port.NAME}} {{run}} {{tls.ca_file}} {{tls.client_cert_file}} {{tls.client_key_file}} (write `{{{{` for a literal brace)"
+            "unknown placeholder `{{{name}}}`; known: {{ingest}} {{ingest.host}} {{ingest.port}} {{ingest.path}} {{ingest.topic}} {{ingest.group}} {{ingest.table}} {{ingest.dsn}} {{link.NAME}} {{link.NAME.host}} {{link.NAME.port}} {{topic}} {{data_dir}} {{work_dir}} {{scenario_dir}} {{port.NAME}} {{run}} {{tls.ca_file}} {{tls.client_cert_file}} {{tls.client_key_file}} (write `{{{{` for a literal brace)"
         ));
     }
     Ok(())
@@ -749,6 +778,7 @@ mod tests {
         Known {
             file: false,
             kafka: false,
+            outbox: false,
             links: vec!["mqtt".to_string()],
             tls: None,
         }

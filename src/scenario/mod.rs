@@ -151,6 +151,9 @@ pub struct EngineSpec {
     /// `system.ingest: { kind: kafka }` with the built-in engine: it consumes the source topic
     /// instead of taking records over HTTP.
     pub consume: Option<source::KafkaSourceSpec>,
+    /// `system.ingest: { kind: postgres_outbox }` with the built-in engine: it polls the outbox
+    /// table instead of taking records over HTTP.
+    pub outbox: Option<source::OutboxSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -220,6 +223,15 @@ impl Plan {
             Some(IngestSpec::Kafka(k)) => Some(k),
             Some(_) => None,
             None => self.engine.consume.as_ref(),
+        }
+    }
+
+    /// The outbox table drill inserts the records into, when the engine polls one.
+    pub fn outbox_source(&self) -> Option<&source::OutboxSpec> {
+        match self.command.as_ref().map(|c| &c.ingest) {
+            Some(IngestSpec::PostgresOutbox(o)) => Some(o),
+            Some(_) => None,
+            None => self.engine.outbox.as_ref(),
         }
     }
 

@@ -4,7 +4,9 @@
 //!   engine tails — its name below `{work_dir}/source/`, how drill rotates it (`rotate:`), and
 //!   where the engine keeps its checkpoint (`checkpoint:`);
 //! - `system.ingest: { kind: kafka, topic, group }`: a topic on a Kafka-protocol broker drill
-//!   starts, which drill produces the records into and the engine consumes in a consumer group.
+//!   starts, which drill produces the records into and the engine consumes in a consumer group;
+//! - `system.ingest: { kind: postgres_outbox, table }`: an outbox table in a PostgreSQL drill
+//!   starts, which drill inserts the records into and the engine polls, marking what it took.
 //!
 //! The sources themselves are drill's `source` module's.
 
@@ -159,6 +161,34 @@ pub(super) fn kafka(
         }
     }
     Ok(KafkaSourceSpec { topic, group })
+}
+
+/// A validated outbox source: the table drill inserts the records into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxSpec {
+    pub table: String,
+}
+
+/// Validates an outbox source; `here` is `system.ingest`'s place.
+pub(super) fn outbox(table: Option<String>, here: &Location) -> Result<OutboxSpec, Located> {
+    let table = table.unwrap_or_else(|| "drill_outbox".to_string());
+    let plain = table
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && table
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && table.len() <= 63;
+    if !plain {
+        return Err(at(
+            here,
+            format!(
+                "field `system.ingest.table`: `{table}` must be a plain SQL name (a-z, 0-9, _, not starting with a digit, at most 63), e.g. table: outbox"
+            ),
+        ));
+    }
+    Ok(OutboxSpec { table })
 }
 
 /// The fields of `system.ingest` a file source reads.

@@ -62,9 +62,13 @@ pub(super) fn validate(mut raw: RawScenario, text: &str, source: &Path) -> Resul
             Some(crate::scenario::IngestSpec::File(_))
         );
     let source_link = engine.consume.is_some()
+        || engine.outbox.is_some()
         || matches!(
             command.as_ref().map(|c| &c.ingest),
-            Some(crate::scenario::IngestSpec::Kafka(_))
+            Some(
+                crate::scenario::IngestSpec::Kafka(_)
+                    | crate::scenario::IngestSpec::PostgresOutbox(_)
+            )
         );
     let faults = faults(
         &raw.faults,
@@ -188,11 +192,12 @@ fn system(
             match command::ingest(i)? {
                 crate::scenario::IngestSpec::File(f) => engine.tail = Some(f),
                 crate::scenario::IngestSpec::Kafka(k) => engine.consume = Some(k),
+                crate::scenario::IngestSpec::PostgresOutbox(o) => engine.outbox = Some(o),
                 other => {
                     return Err(at(
                         &where_,
                         format!(
-                            "field `system.ingest`: `kind: {}` goes with `system.command` (a user's engine); the built-in engine takes records over HTTP, tails a file (`kind: file`) or consumes a topic (`kind: kafka`)",
+                            "field `system.ingest`: `kind: {}` goes with `system.command` (a user's engine); the built-in engine takes records over HTTP, tails a file (`kind: file`), consumes a topic (`kind: kafka`) or polls an outbox (`kind: postgres_outbox`)",
                             other.name()
                         ),
                     ));
@@ -293,6 +298,7 @@ fn builtin(raw: RawBuiltin, destination: &Spec) -> EngineSpec {
             }),
         tail: None,
         consume: None,
+        outbox: None,
     }
 }
 
@@ -461,7 +467,8 @@ struct Engines {
     command: bool,
     /// It tails a file drill writes (`system.ingest: { kind: file }`).
     file_source: bool,
-    /// It consumes a source topic through the link `source` (`system.ingest: { kind: kafka }`).
+    /// It reads its source through the link `source` (`system.ingest: { kind: kafka }` or
+    /// `{ kind: postgres_outbox }`).
     source_link: bool,
 }
 

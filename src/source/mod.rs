@@ -6,11 +6,13 @@
 
 pub mod file;
 pub mod kafka;
+pub mod outbox;
 pub mod position;
 
 pub use crate::scenario::source::SourceAction;
 pub use file::{FileSource, SourceAccount};
 pub use kafka::KafkaSource;
+pub use outbox::OutboxSource;
 pub use position::EngineProcs;
 
 /// The source a drill writes the records to, when the engine reads from one.
@@ -18,6 +20,7 @@ pub use position::EngineProcs;
 pub enum Source {
     File(FileSource),
     Kafka(KafkaSource),
+    Outbox(OutboxSource),
 }
 
 impl Source {
@@ -25,7 +28,7 @@ impl Source {
     pub fn file(&self) -> Option<&FileSource> {
         match self {
             Source::File(f) => Some(f),
-            Source::Kafka(_) => None,
+            Source::Kafka(_) | Source::Outbox(_) => None,
         }
     }
 
@@ -35,6 +38,7 @@ impl Source {
         match self {
             Source::File(f) => f.read_to_end(procs),
             Source::Kafka(k) => k.read_to_end().await,
+            Source::Outbox(o) => o.read_to_end().await,
         }
     }
 
@@ -46,14 +50,17 @@ impl Source {
                 SourceFacts::gather(f, spec, plan.command.is_none(), data_dir)
             }
             (Source::Kafka(k), _) => SourceFacts::gather_kafka(k).await,
+            (Source::Outbox(o), _) => SourceFacts::gather_outbox(o).await,
             (Source::File(_), None) => SourceFacts::default(),
         }
     }
 
-    /// Stops what the source started (a Kafka source's broker).
+    /// Stops what the source started (a Kafka source's broker, an outbox's server).
     pub async fn stop(&self) {
-        if let Source::Kafka(k) = self {
-            k.stop().await;
+        match self {
+            Source::Kafka(k) => k.stop().await,
+            Source::Outbox(o) => o.stop().await,
+            Source::File(_) => {}
         }
     }
 }
@@ -117,6 +124,23 @@ impl SourceFacts {
                 });
             }
             Ok(None) => facts.checkpoint_unread = Some("the group never committed".to_string()),
+            Err(why) => facts.checkpoint_unread = Some(why),
+        }
+        facts
+    }
+}
+
+impl SourceFacts {
+    /// An outbox's checkpoint: the rows the engine marked or deleted.
+    pub async fn gather_outbox(source: &OutboxSource) -> Self {
+        let mut facts = SourceFacts::default();
+        match source.passed().await {
+            Ok((passed, left)) => {
+                facts.checkpoint = Some(Checkpoint {
+                    said: format!("{} rows marked or deleted, {left} left", passed.len()),
+                    passed,
+                });
+            }
             Err(why) => facts.checkpoint_unread = Some(why),
         }
         facts

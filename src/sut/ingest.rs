@@ -18,6 +18,8 @@
 //!   (`crate::source::FileSource`); written and synced means held.
 //! - [`Ingest::Kafka`]: each record produced into a source topic the engine consumes
 //!   (`crate::source::KafkaSource`); the broker's acknowledgement means held.
+//! - [`Ingest::Outbox`]: each record inserted as a row of an outbox table the engine polls
+//!   (`crate::source::OutboxSource`); the transaction's commit means held.
 //!
 //! Nothing here retries a record whose answer was unknown: that would hide what a drill counts.
 
@@ -62,6 +64,7 @@ pub enum Ingest {
     },
     File(crate::source::FileSource),
     Kafka(crate::source::KafkaSource),
+    Outbox(crate::source::OutboxSource),
 }
 
 impl Ingest {
@@ -88,7 +91,7 @@ impl Ingest {
                 addr,
                 session: None,
             },
-            IngestSpec::File(_) | IngestSpec::Kafka(_) => {
+            IngestSpec::File(_) | IngestSpec::Kafka(_) | IngestSpec::PostgresOutbox(_) => {
                 return Err(
                     "a source the engine reads from is made by the runner before the engine starts"
                         .to_string(),
@@ -105,6 +108,9 @@ impl Ingest {
             ),
             Ingest::File(_) => Some(
                 "ingest `file`: `held` counts records drill wrote to the source file and synced; the engine reads them when it will, and a record in a file drill removed or cut before the engine read it is destroyed by the source fault, not lost",
+            ),
+            Ingest::Outbox(_) => Some(
+                "ingest `postgres_outbox`: `held` counts rows drill inserted into the outbox table and committed; the engine polls them when it will, and the rows it marked or deleted are its checkpoint",
             ),
             Ingest::Kafka(_) => Some(
                 "ingest `kafka`: `held` counts records the source topic's broker acknowledged; the engine consumes them when it will, and its group's committed offset is its checkpoint",
@@ -125,6 +131,7 @@ impl Ingest {
             // Each writes its own lines (or messages).
             Ingest::File(source) => return source.write(records).await,
             Ingest::Kafka(source) => return source.write(records).await,
+            Ingest::Outbox(source) => return source.write(records).await,
             _ => {}
         }
         let lines: Vec<String> = records
@@ -151,6 +158,7 @@ impl Ingest {
             // Handled above, before the lines were made.
             Ingest::File(source) => source.write(records).await,
             Ingest::Kafka(source) => source.write(records).await,
+            Ingest::Outbox(source) => source.write(records).await,
         }
     }
 }
