@@ -210,6 +210,18 @@ fn vocabulary(plan: &Plan, broker_container: bool) -> Vec<Choice> {
         Some("for"),
         "destination answer",
     );
+    // The link to a source the engine pulls from (a Kafka topic, an outbox table).
+    if plan.kafka_source().is_some() || plan.outbox_source().is_some() {
+        let l = format!("link: {}", crate::scenario::source::SOURCE_LINK);
+        for (fault, family) in [
+            ("refuse", "source link refuse"),
+            ("reset", "source link reset"),
+            ("hang", "source link hang"),
+            ("swallow, direction: both", "source link swallow"),
+        ] {
+            add(format!("{l}, fault: {fault}"), Some("for"), family);
+        }
+    }
     // A file the engine tails (the validator drops them elsewhere).
     for action in ["rotate", "truncate", "delete"] {
         add(
@@ -411,6 +423,24 @@ drain_timeout: 60s
             "source stall",
         ] {
             assert!(with_source.contains(f), "{f} missing from {with_source}");
+        }
+        assert!(
+            !families.iter().any(|f| f.starts_with("source link")),
+            "{families:?}"
+        );
+        // An engine that consumes a topic takes faults on its link to the source.
+        let consuming = BASE.replace(
+            "workload:",
+            "system: { ingest: { kind: kafka } }\nworkload:",
+        );
+        let b = Base::from_text(Path::new("base.yaml"), &consuming).unwrap();
+        let with_link = b.menu().families().join(", ");
+        for f in [
+            "source link refuse",
+            "source link hang",
+            "source link swallow",
+        ] {
+            assert!(with_link.contains(f), "{f} missing from {with_link}");
         }
         assert!(!families.contains(&"destination answer"), "{families:?}");
         assert!(!families.contains(&"link bad_certificate"), "{families:?}");

@@ -83,6 +83,10 @@ pub struct SeriesPoint {
     pub delivered: u64,
     /// The engine's backlog as it reported it (`None`: no account, or no answer).
     pub waiting: Option<u64>,
+    /// Records the source held that the engine had not read or passed (`None`: no source the
+    /// engine pulls from, or no answer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unread: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]

@@ -121,6 +121,7 @@ pub fn series(samples: &[Sample], received: &Received) -> Vec<SeriesPoint> {
             accepted: s.accepted,
             delivered: per_second.get(&(s.at_ms / 1000)).copied().unwrap_or(0),
             waiting: s.waiting,
+            unread: s.unread,
         })
         .collect()
 }
@@ -248,11 +249,13 @@ mod tests {
                 at_ms: 0,
                 accepted: 1,
                 waiting: Some(1),
+                unread: None,
             },
             Sample {
                 at_ms: 1000,
                 accepted: 3,
                 waiting: None,
+                unread: None,
             },
         ];
         let mut r = received(&[100, 1100, 1900]);

@@ -21,6 +21,9 @@ pub struct Sample {
     /// Records the engine reported as waiting (its backlog), or `None` when it did not answer;
     /// `None` leaves a gap in the backlog line.
     pub waiting: Option<u64>,
+    /// Records the source the engine pulls from held unread (or not passed), on the right
+    /// axis with the backlog; `None` leaves a gap (no source: no line).
+    pub unread: Option<u64>,
 }
 
 /// A fault in force during part of the drill, drawn as a shaded band.
@@ -111,6 +114,8 @@ const COLOUR_AXIS: &str = "#868e96";
 const COLOUR_DELIVERED: &str = "#1971c2";
 /// The backlog series, its axis and its title: orange.
 const COLOUR_BACKLOG: &str = "#e8590c";
+/// What the source held unread: dashed, beside the backlog on the right axis.
+const COLOUR_UNREAD: &str = "#7048e8";
 /// Fault bands (translucent) and the bars under their labels: grey.
 const COLOUR_FAULT: &str = "#adb5bd";
 /// Fault labels: dark grey.
@@ -198,7 +203,8 @@ impl<'c, 'a> Frame<'c, 'a> {
         let left = nice_axis(rate_max);
         let waiting: Vec<f64> = samples
             .iter()
-            .filter_map(|s| s.waiting)
+            .flat_map(|s| [s.waiting, s.unread])
+            .flatten()
             .map(|w| w as f64)
             .collect();
         let right =
@@ -353,14 +359,29 @@ fn delivered_series(svg: &mut String, f: &Frame<'_, '_>) {
     }
 }
 
-/// The backlog on the right axis: a line broken wherever the engine did not report, a lone
-/// report between gaps drawn as a dot (a zero-length segment with round caps).
+/// The backlog on the right axis, and beside it what the source held unread.
 fn backlog_series(svg: &mut String, f: &Frame<'_, '_>) {
+    right_series(svg, f, |s| s.waiting, "backlog", COLOUR_BACKLOG, "none");
+    if f.samples.iter().any(|s| s.unread.is_some()) {
+        right_series(svg, f, |s| s.unread, "unread", COLOUR_UNREAD, "5 3");
+    }
+}
+
+/// One series on the right axis: a line broken wherever it was not reported, a lone report
+/// between gaps drawn as a dot (a zero-length segment with round caps).
+fn right_series(
+    svg: &mut String,
+    f: &Frame<'_, '_>,
+    value: impl Fn(&Sample) -> Option<u64>,
+    class: &str,
+    colour: &str,
+    dash: &str,
+) {
     let Some(scale) = &f.right else { return };
     let mut d = String::new();
     let mut run = 0usize;
     for s in &f.samples {
-        match s.waiting {
+        match value(s) {
             Some(w) => {
                 let cmd = if run == 0 { "M" } else { "L" };
                 let _ = write!(d, "{cmd}{} {} ", n(f.x(s.at_ms)), n(f.y(scale, w as f64)));
@@ -377,14 +398,20 @@ fn backlog_series(svg: &mut String, f: &Frame<'_, '_>) {
     if run == 1 {
         d.push_str("h0 ");
     }
+    let dash = match dash {
+        "none" => String::new(),
+        d => format!("stroke-dasharray=\"{d}\" "),
+    };
     let _ = writeln!(
         svg,
         concat!(
-            "<path class=\"backlog\" d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" ",
-            "stroke-linejoin=\"round\" stroke-linecap=\"round\"/>",
+            "<path class=\"{}\" d=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\" ",
+            "{}stroke-linejoin=\"round\" stroke-linecap=\"round\"/>",
         ),
+        class,
         d.trim_end(),
-        COLOUR_BACKLOG,
+        colour,
+        dash,
     );
 }
 
@@ -893,6 +920,12 @@ fn legend(svg: &mut String, f: &Frame<'_, '_>) {
     } else {
         items.push((Swatch::None, "backlog: not reported"));
     }
+    if f.samples.iter().any(|s| s.unread.is_some()) {
+        items.push((
+            Swatch::Line(COLOUR_UNREAD, "5 3"),
+            "unread at the source (right axis)",
+        ));
+    }
     if !chart.windows.is_empty() {
         items.push((Swatch::Band, "fault in force"));
     }
@@ -976,6 +1009,7 @@ pub fn timeline(report: &crate::report::Report) -> String {
             at_ms: p.at_ms,
             delivered_per_s: p.delivered as f64,
             waiting: p.waiting,
+            unread: p.unread,
         })
         .collect();
     let mut windows = Vec::new();
@@ -1132,6 +1166,7 @@ mod tests {
                 at_ms: t * 1000,
                 delivered_per_s: delivered as f64,
                 waiting: if engine_down { None } else { Some(backlog) },
+                unread: None,
             });
         }
         Data {
@@ -1403,6 +1438,7 @@ mod tests {
                 at_ms: t * 1000,
                 delivered_per_s: 1.0,
                 waiting: (t == 2).then_some(7),
+                unread: None,
             })
             .collect();
         let svg = render(&data.chart());
@@ -1412,6 +1448,39 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(d.starts_with('M') && d.ends_with("h0"), "{d}");
+    }
+
+    #[test]
+    fn what_the_source_held_unread_is_a_dashed_line_beside_the_backlog() {
+        let data = example();
+        let svg_without = render(&data.chart());
+        let doc_without = parse(&svg_without);
+        assert!(by_class(&doc_without, "unread").is_empty());
+        assert!(
+            !texts(&doc_without)
+                .iter()
+                .any(|t| t.starts_with("unread at the source"))
+        );
+        let mut data = empty(5_000);
+        data.samples = (0..=5)
+            .map(|t| Sample {
+                at_ms: t * 1000,
+                delivered_per_s: 1.0,
+                waiting: Some(1),
+                unread: Some(100 * t),
+            })
+            .collect();
+        let svg = render(&data.chart());
+        let doc = parse(&svg);
+        let unread = by_class(&doc, "unread");
+        assert_eq!(unread.len(), 1, "{svg}");
+        assert_eq!(unread[0].attribute("stroke-dasharray"), Some("5 3"));
+        assert_eq!(unread[0].attribute("d").unwrap().matches('L').count(), 5);
+        assert!(
+            texts(&doc)
+                .iter()
+                .any(|t| t.starts_with("unread at the source"))
+        );
     }
 
     #[test]
@@ -1432,16 +1501,19 @@ mod tests {
                     at_ms: 5_000,
                     delivered_per_s: rate,
                     waiting: Some(u64::MAX),
+                    unread: None,
                 },
                 Sample {
                     at_ms: 1_000,
                     delivered_per_s: 3.0,
                     waiting: Some(i as u64),
+                    unread: None,
                 },
                 Sample {
                     at_ms: u64::MAX,
                     delivered_per_s: 1.0,
                     waiting: None,
+                    unread: None,
                 },
             ];
             data.windows = vec![
@@ -1478,6 +1550,7 @@ mod tests {
                 at_ms: 0,
                 delivered_per_s: 42.0,
                 waiting: Some(3),
+                unread: None,
             }];
             let svg = render(&data.chart());
             let doc = parse(&svg);

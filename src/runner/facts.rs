@@ -25,6 +25,9 @@ pub struct Sample {
     pub accepted: u64,
     /// The engine's backlog as it reported it (`None`: no account, or no answer in time).
     pub waiting: Option<u64>,
+    /// Records the source the engine pulls from holds that the engine has not read (a file)
+    /// or not passed (a topic's committed offset, an outbox's marks); `None` without a source.
+    pub unread: Option<u64>,
 }
 
 /// What one drill observed; the verdict is computed from this alone.

@@ -396,8 +396,14 @@ async fn play_timeline(
         w.keys
     ));
     let samples = Arc::new(Mutex::new(Vec::new()));
-    let source = system.account_source();
-    let sampler = tokio::spawn(sample(source, sent.clone(), t0, samples.clone()));
+    let account = system.account_source();
+    let sampler = tokio::spawn(sample(
+        account,
+        read_from.cloned(),
+        sent.clone(),
+        t0,
+        samples.clone(),
+    ));
     let steps = timeline::timeline(plan);
     progress::start(w.total_records());
     let mut drill = Drill::new(rig, system, disk, t0);
@@ -624,6 +630,7 @@ fn unacknowledged_before_crashes(sent: &mut Sent, crashes: &[Duration]) -> u64 {
 /// Runs beside the timeline, so a slow or frozen engine never delays a fault.
 async fn sample(
     source: crate::sut::AccountSource,
+    read_from: Option<Source>,
     sent: Arc<Mutex<Sent>>,
     t0: Instant,
     into: Arc<Mutex<Vec<Sample>>>,
@@ -640,6 +647,13 @@ async fn sample(
             .ok()
             .flatten()
             .map(|a| a.waiting);
+        let unread = match &read_from {
+            Some(s) => tokio::time::timeout(Duration::from_millis(900), s.unread())
+                .await
+                .ok()
+                .flatten(),
+            None => None,
+        };
         let accepted = sent
             .lock()
             .map(|s| s.accepted().count() as u64)
@@ -649,6 +663,7 @@ async fn sample(
                 at_ms,
                 accepted,
                 waiting,
+                unread,
             });
         }
     }

@@ -33,6 +33,8 @@ pub(super) struct RawIngest {
     path: Option<String>,
     #[serde(default)]
     batch: Option<usize>,
+    /// `kind: mqtt`: the topic drill publishes to on the engine's listener; `kind: kafka`: the
+    /// source topic drill produces into (default `drill-source`).
     #[serde(default)]
     topic: Option<String>,
     #[serde(default)]

@@ -47,13 +47,25 @@ pub(super) fn validate(mut raw: RawScenario, text: &str, source: &Path) -> Resul
         None => command::scenario_dir(source),
     };
     let (engine, command) = system(raw.system, &destination, &dir, &anchor)?;
-    if let (Some(c), Some((Some(agent), _))) = (&command, &raw_agent)
-        && matches!(c.ingest, crate::scenario::IngestSpec::File(_))
-    {
-        return Err(at(
-            &agent.referenced,
-            "field `system.agent`: a file source is written on drill's host; an engine on an agent's host cannot tail it (run the engine here, or feed it over the network)".to_string(),
-        ));
+    if let (Some(c), Some((Some(agent), _))) = (&command, &raw_agent) {
+        let why = match c.ingest {
+            crate::scenario::IngestSpec::File(_) => Some(
+                "a file source is written on drill's host; an engine on an agent's host cannot tail it",
+            ),
+            crate::scenario::IngestSpec::Kafka(_)
+            | crate::scenario::IngestSpec::PostgresOutbox(_) => Some(
+                "a source drill starts is reached through the link `source`, which listens on drill's host only",
+            ),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(at(
+                &agent.referenced,
+                format!(
+                    "field `system.agent`: {why} (run the engine here, or feed it over the network)"
+                ),
+            ));
+        }
     }
     let workload = workload(raw.workload, &destination, &anchor)?;
     let file_source = engine.tail.is_some()

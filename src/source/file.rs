@@ -219,6 +219,15 @@ impl FileSource {
         open.iter().all(|g| s.read[*g] >= s.written[*g])
     }
 
+    /// Lines of the files still there that end beyond where the engine was last seen in them.
+    pub fn unread_records(&self) -> u64 {
+        let s = self.lock();
+        (0..s.generations.len())
+            .filter(|g| s.alive[*g])
+            .map(|g| s.unread(g) as u64)
+            .sum()
+    }
+
     /// What the source did so far.
     pub fn account(&self) -> SourceAccount {
         self.lock().account.clone()

@@ -48,6 +48,9 @@ struct Inner {
     addr: SocketAddr,
     broker: tokio::sync::Mutex<Option<LocalKafka>>,
     producer: FutureProducer,
+    /// A client in the group's name (never joining it) that reads its committed offset and the
+    /// topic's end; kept warm, as the chart asks every second.
+    looker: Arc<BaseConsumer>,
     /// Each record's offset in the topic's one partition.
     offsets: Mutex<BTreeMap<i64, String>>,
     version: String,
@@ -86,8 +89,15 @@ impl KafkaSource {
             .set("message.timeout.ms", PRODUCE_LIMIT.as_millis().to_string())
             .create()
             .map_err(|e| DestError::Missing(format!("a Kafka producer for the source: {e}")))?;
+        let looker: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", broker.addr.to_string())
+            .set("group.id", &spec.group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(|e| DestError::Missing(format!("a Kafka client for the source: {e}")))?;
         let source = KafkaSource {
             inner: Arc::new(Inner {
+                looker: Arc::new(looker),
                 spec: spec.clone(),
                 addr: broker.addr,
                 version: broker.version.clone(),
@@ -139,21 +149,15 @@ impl KafkaSource {
 
     /// The group's committed offset in the partition (`None`: nothing committed yet).
     pub async fn committed(&self) -> Result<Option<i64>, String> {
-        let (addr, topic, group) = (
-            self.inner.addr,
+        let (looker, topic, group) = (
+            self.inner.looker.clone(),
             self.inner.spec.topic.clone(),
             self.inner.spec.group.clone(),
         );
         tokio::task::spawn_blocking(move || {
-            let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-                .set("bootstrap.servers", addr.to_string())
-                .set("group.id", &group)
-                .set("enable.auto.commit", "false")
-                .create()
-                .map_err(|e| e.to_string())?;
             let mut asked = TopicPartitionList::new();
             asked.add_partition(&topic, 0);
-            let got = consumer
+            let got = looker
                 .committed_offsets(asked, LOOK_LIMIT)
                 .map_err(|e| format!("the group `{group}`'s committed offsets: {e}"))?;
             Ok(got
@@ -169,13 +173,9 @@ impl KafkaSource {
 
     /// Where the topic ends: the offset the next record gets.
     async fn end(&self) -> Result<i64, String> {
-        let (addr, topic) = (self.inner.addr, self.inner.spec.topic.clone());
+        let (looker, topic) = (self.inner.looker.clone(), self.inner.spec.topic.clone());
         tokio::task::spawn_blocking(move || {
-            let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-                .set("bootstrap.servers", addr.to_string())
-                .create()
-                .map_err(|e| e.to_string())?;
-            consumer
+            looker
                 .fetch_watermarks(&topic, 0, LOOK_LIMIT)
                 .map(|(_, high)| high)
                 .map_err(|e| e.to_string())
@@ -192,6 +192,13 @@ impl KafkaSource {
             (Ok(None), Ok(0)) => true,
             _ => false,
         }
+    }
+
+    /// Records at or past the group's committed offset (all of them before its first commit).
+    pub async fn unread(&self) -> Option<u64> {
+        let end = self.end().await.ok()?;
+        let at = self.committed().await.ok()?.unwrap_or(0);
+        Some(end.saturating_sub(at).max(0) as u64)
     }
 
     /// The records a committed offset `at` has passed: those at lower offsets.

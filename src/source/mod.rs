@@ -42,6 +42,16 @@ impl Source {
         }
     }
 
+    /// Records the source holds that the engine has not read (a file, by its last seen read
+    /// positions) or not passed (a topic's committed offset, an outbox's marks), for the chart.
+    pub async fn unread(&self) -> Option<u64> {
+        match self {
+            Source::File(f) => Some(f.unread_records()),
+            Source::Kafka(k) => k.unread().await,
+            Source::Outbox(o) => o.unread().await,
+        }
+    }
+
     /// What the source knows after the drain; `builtin` says whether drill's own engine (which
     /// keeps its checkpoint where drill knows) read it.
     pub async fn facts(&self, plan: &crate::scenario::Plan, data_dir: &Path) -> SourceFacts {

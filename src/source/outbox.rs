@@ -142,6 +142,11 @@ impl OutboxSource {
         Ok(rows.iter().map(|r| r.get::<_, i64>(0)).collect())
     }
 
+    /// Rows not yet marked (nor deleted).
+    pub async fn unread(&self) -> Option<u64> {
+        self.unmarked().await.ok().map(|left| left.len() as u64)
+    }
+
     /// Whether the engine has marked (or deleted) every row drill inserted.
     pub async fn read_to_end(&self) -> bool {
         self.unmarked().await.is_ok_and(|left| left.is_empty())
