@@ -285,6 +285,16 @@ fn a_bad_source_spec_is_refused_with_its_file_line_and_field() {
             5,
         ),
         (
+            "system:\n  ingest: { kind: kafka, topic: \"..\" }\n",
+            "field `system.ingest.topic`: `..` must be 1 to 200",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: kafka }\nfaults:\n  - { at: 2s, link: source, fault: bad_certificate }\n",
+            "the link `source` to drill's source carries plain text",
+            7,
+        ),
+        (
             "faults:\n  - { at: 2s, link: source, fault: refuse }\n",
             "field `faults[0].link`: no link named `source`",
             5,

@@ -155,17 +155,15 @@ impl Input {
             self.commit(next)?;
         }
         if let Err(e) = store_blocking(&self.writer, burst.body, burst.lines) {
-            // Not stored: read them again.
-            let _ = self.consumer.seek(
-                &self.topic,
-                0,
-                Offset::Offset(first),
-                Duration::from_secs(5),
-            );
+            // Not stored: read them again. The partition is taken anew at the burst's first
+            // offset (a local step, unlike a seek, which can time out and leave the consumer
+            // past what it never stored).
+            self.take_at(first)?;
             return Err(e);
         }
         if !early {
             self.save(next)?;
+            self.stored = Some(next);
             self.commit(next)?;
         }
         self.stored = Some(next);
@@ -198,6 +196,16 @@ impl Input {
         }
         burst.lines = super::tail::lines_of(&burst.body);
         burst
+    }
+
+    /// Takes the partition again, fetching from `offset`.
+    fn take_at(&self, offset: i64) -> Result<(), String> {
+        let mut at = TopicPartitionList::new();
+        at.add_partition_offset(&self.topic, 0, Offset::Offset(offset))
+            .map_err(|e| e.to_string())?;
+        self.consumer
+            .assign(&at)
+            .map_err(|e| format!("cannot take {} again at {offset}: {e}", self.topic))
     }
 
     fn save(&self, next: i64) -> Result<(), String> {

@@ -219,7 +219,7 @@ pub enum Mutant {
     /// engine is down (`file-rotate-during-outage`): what it had not read of the old file and
     /// the new file's first bytes are lost.
     SkipOnRotate,
-    /// `Consumer::store` (`super::consume`). Caught by a power cut armed at the record log's
+    /// `Input::step` (`super::consume`). Caught by a power cut armed at the record log's
     /// fdatasync while the consumer stores a burst (`kafka-source-kill-mid-drain`): the
     /// records of the batch the cut took are behind a committed offset, lost ("checkpoint
     /// ahead of the store").

@@ -6,9 +6,10 @@
 //! synced by the writer first, then the ids are written to `outbox-stored.json` in the data
 //! folder (durably), then marked; the file is emptied once the mark is committed. On start, and
 //! after a mark the source link lost, the ids in the file are marked before anything is polled,
-//! and rows stored but not yet marked are never stored twice. It never resumes "after the
-//! highest id": a row with a smaller id can commit after a larger one was read, and would be
-//! skipped.
+//! so a row whose ids were written down is never stored twice; a stop waits for the burst in
+//! hand to be written down. Only a crash between the store and that write leaves rows stored
+//! and unmarked: they come again (copies, never a loss). It never resumes "after the highest
+//! id": a row with a smaller id can commit after a larger one was read, and would be skipped.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -43,7 +44,8 @@ const IDLE: Duration = Duration::from_millis(100);
 /// How long one statement may take before the connection is given up.
 const STATEMENT_LIMIT: Duration = Duration::from_secs(10);
 
-/// Starts the input on the engine's runtime; it ends when `cancel` fires.
+/// Starts the input on the engine's runtime; it ends when `cancel` fires, at a safe point: a
+/// burst taken is stored and its ids written down before it looks at `cancel` again.
 pub(super) fn spawn(
     config: OutboxConfig,
     data_dir: PathBuf,
@@ -57,10 +59,10 @@ pub(super) fn spawn(
                 config: &config,
                 stored_path: &stored_path,
                 writer: &writer,
+                cancel: &cancel,
             };
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                why = session.run() => eprintln!("drill engine: outbox: {why}"),
+            if let Some(why) = session.run().await {
+                eprintln!("drill engine: outbox: {why}");
             }
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -74,39 +76,49 @@ struct Session<'a> {
     config: &'a OutboxConfig,
     stored_path: &'a Path,
     writer: &'a mpsc::Sender<WriterJob>,
+    cancel: &'a CancellationToken,
 }
 
 impl Session<'_> {
     /// One connection: marks what an earlier one stored, then polls, stores and marks until a
-    /// statement fails; returns why.
-    async fn run(&self) -> String {
+    /// statement fails (returns why) or `cancel` fires (returns `None`).
+    async fn run(&self) -> Option<String> {
         let login = crate::dest::postgres::Login::drill();
-        let (client, _connection) =
-            match crate::dest::postgres::broker::connect_owned(self.config.addr, &login).await {
+        let connecting = crate::dest::postgres::broker::connect_owned(self.config.addr, &login);
+        let (client, _connection) = tokio::select! {
+            _ = self.cancel.cancelled() => return None,
+            c = connecting => match c {
                 Ok(c) => c,
-                Err(e) => return format!("connect: {e}"),
-            };
+                Err(e) => return Some(format!("connect: {e}")),
+            },
+        };
         let table = &self.config.table;
         let poll = format!(
-            "SELECT id, payload FROM {table} WHERE sent_at IS NULL ORDER BY id LIMIT {BURST}"
+            "SELECT id, payload FROM \"{table}\" WHERE sent_at IS NULL ORDER BY id LIMIT {BURST}"
         );
-        let mark = format!("UPDATE {table} SET sent_at = clock_timestamp() WHERE id = ANY($1)");
+        let mark = format!("UPDATE \"{table}\" SET sent_at = clock_timestamp() WHERE id = ANY($1)");
         loop {
-            let pending = read_stored(self.stored_path);
+            let pending = read_stored(self.stored_path.to_path_buf()).await;
             if !pending.is_empty() {
                 if let Err(e) = limited(client.execute(&mark, &[&pending])).await {
-                    return format!("mark: {e}");
+                    return Some(format!("mark: {e}"));
                 }
-                if let Err(e) = write_durably(self.stored_path, b"[]") {
-                    return e;
+                if let Err(e) = save(self.stored_path, b"[]".to_vec()).await {
+                    return Some(e);
                 }
+            }
+            if self.cancel.is_cancelled() {
+                return None;
             }
             let rows = match limited(client.query(&poll, &[])).await {
                 Ok(rows) => rows,
-                Err(e) => return format!("poll: {e}"),
+                Err(e) => return Some(format!("poll: {e}")),
             };
             if rows.is_empty() {
-                tokio::time::sleep(IDLE).await;
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return None,
+                    _ = tokio::time::sleep(IDLE) => {}
+                }
                 continue;
             }
             let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
@@ -119,18 +131,18 @@ impl Session<'_> {
             if mutant::is(Mutant::MarkOnPoll) {
                 // Marks the rows at poll time, before they are stored.
                 if let Err(e) = limited(client.execute(&mark, &[&ids])).await {
-                    return format!("mark: {e}");
+                    return Some(format!("mark: {e}"));
                 }
             }
             if let Err(e) = self.store(body).await {
                 // Not stored, not marked: polled again.
-                tokio::time::sleep(Duration::from_millis(200)).await;
                 eprintln!("drill engine: outbox: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
             let text = serde_json::to_vec(&ids).unwrap_or_default();
-            if let Err(e) = write_durably(self.stored_path, &text) {
-                return e;
+            if let Err(e) = save(self.stored_path, text).await {
+                return Some(e);
             }
         }
     }
@@ -155,12 +167,24 @@ impl Session<'_> {
     }
 }
 
-/// The ids in the stored-not-marked file (none when there is no file).
-fn read_stored(path: &Path) -> Vec<i64> {
-    std::fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+/// The ids in the stored-not-marked file (none when there is no file), read off the runtime.
+async fn read_stored(path: PathBuf) -> Vec<i64> {
+    tokio::task::spawn_blocking(move || {
+        std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    })
+    .await
+    .unwrap_or_default()
+}
+
+/// The stored-not-marked file replaced durably, off the runtime (it fsyncs).
+async fn save(path: &Path, bytes: Vec<u8>) -> Result<(), String> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || write_durably(&path, &bytes))
+        .await
+        .map_err(|e| e.to_string())?
 }
 
 /// `statement`, given up after [`STATEMENT_LIMIT`].

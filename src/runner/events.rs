@@ -40,8 +40,9 @@ impl FaultTarget {
         matches!(self, FaultTarget::Link(_) | FaultTarget::Proxy) && !self.is_source_link()
     }
 
-    /// The link between the engine and a Kafka source it consumes (`link: source`): records
-    /// still reach the destination while it is cut, from what the engine holds.
+    /// The link between the engine and a source drill starts (a Kafka topic, an outbox table:
+    /// `link: source`): records still reach the destination while it is cut, from what the
+    /// engine holds.
     pub fn is_source_link(&self) -> bool {
         matches!(self, FaultTarget::Link(name) if name == crate::scenario::source::SOURCE_LINK)
     }

@@ -350,7 +350,8 @@ impl<'a> Drill<'a> {
             .rig
             .links
             .iter()
-            .chain(self.rig.source_link.as_ref())
+            // A proxy restart never took the source link down: its heal leaves it be.
+            .chain(self.rig.source_link.as_ref().filter(|_| name != "proxy"))
             .filter(|l| name == "proxy" || l.name() == name)
         {
             // The end of one fault leaves the others on the link in force; the end of a proxy

@@ -38,7 +38,8 @@ pub struct Rig {
     pub remote: Option<Arc<RemoteLink>>,
     /// Stops the remote link's keeper (its own: stopping drill's links cancels theirs).
     remote_cancel: CancellationToken,
-    /// The link in front of a Kafka source's broker (`source`), when the engine consumes one:
+    /// The link in front of the server of a source drill starts (`source`: a Kafka source's
+    /// broker, an outbox's PostgreSQL), when the engine reads from one:
     /// link faults name it like the destination's, nothing else about the destination applies.
     pub source_link: Option<Link>,
 }

@@ -22,8 +22,9 @@ use serde_saphyr::Location;
 /// The folder below the drill's work folder that holds the source file and its rotations.
 pub const SOURCE_DIR: &str = "source";
 
-/// The link in front of a Kafka source's broker: the engine consumes through it, and link
-/// faults name it (`link: source`).
+/// The link in front of the server of a source drill starts (a Kafka source's broker, an
+/// outbox's PostgreSQL): the engine reads its source through it, and link faults name it
+/// (`link: source`).
 pub const SOURCE_LINK: &str = "source";
 
 /// `rotate:` as written.
@@ -151,7 +152,12 @@ pub(super) fn kafka(
     let group = group.unwrap_or_else(|| "drill-engine".to_string());
     for (field, name) in [("topic", &topic), ("group", &group)] {
         let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-        if name.is_empty() || name.len() > 200 || !name.chars().all(legal) {
+        if name.is_empty()
+            || name.len() > 200
+            || !name.chars().all(legal)
+            || name == "."
+            || name == ".."
+        {
             return Err(at(
                 here,
                 format!(

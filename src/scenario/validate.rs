@@ -600,7 +600,8 @@ fn link_fault(
         .into_iter()
         .filter(|(name, _)| *name != "node");
     refuse_fields(entry, process, "only process faults (`target:`) take it")?;
-    let datagrams = destination.imp.datagram_links();
+    // The source link carries a byte stream in plain text, whatever the destination's do.
+    let datagrams = !the_source && destination.imp.datagram_links();
     let fault = f.fault.ok_or_else(|| {
         entry.field(
             "fault",
@@ -612,6 +613,12 @@ fn link_fault(
         )
     })?;
     fits_the_link(fault, datagrams, link).map_err(|m| entry.field("fault", m))?;
+    if the_source && fault == Fault::BadCertificate {
+        return Err(entry.field(
+            "fault",
+            "`bad_certificate` needs a link that speaks TLS; the link `source` to drill's source carries plain text".to_string(),
+        ));
+    }
     fits_the_tls(fault, destination).map_err(|m| entry.field("fault", m))?;
     if f.certificate == Some(super::raw::CertificateChoice::Expired)
         && !matches!(destination.tls, Some(crate::dest::TlsSpec::Minted { .. }))

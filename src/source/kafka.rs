@@ -36,6 +36,46 @@ const PRODUCE_LIMIT: Duration = Duration::from_secs(10);
 /// How long one look at the group's offsets or the topic's end may take.
 const LOOK_LIMIT: Duration = Duration::from_secs(5);
 
+/// Whether a failed produce means the record is not in the topic: the broker said no to it, or
+/// it never left drill. Any other failure (a timeout, a lost connection) is unknown.
+fn refused(code: rdkafka::types::RDKafkaErrorCode) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::QueueFull
+            | C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            | C::InvalidRecord
+            | C::UnknownTopicOrPartition
+            | C::UnknownTopic
+            | C::UnknownPartition
+    )
+}
+
+/// drill's producer (each record its own batch) and the client that reads the group's
+/// committed offset and the topic's end.
+fn clients(
+    addr: SocketAddr,
+    spec: &KafkaSourceSpec,
+) -> Result<(FutureProducer, BaseConsumer), DestError> {
+    let producer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", addr.to_string())
+        .set("batch.num.messages", "1")
+        .set("linger.ms", "0")
+        .set("acks", "all")
+        .set("enable.idempotence", "false")
+        .set("message.timeout.ms", PRODUCE_LIMIT.as_millis().to_string())
+        .create()
+        .map_err(|e| DestError::Missing(format!("a Kafka producer for the source: {e}")))?;
+    let looker = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", addr.to_string())
+        .set("group.id", &spec.group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| DestError::Missing(format!("a Kafka client for the source: {e}")))?;
+    Ok((producer, looker))
+}
+
 /// The source topic, its broker and what drill produced into it. Cheap to clone.
 #[derive(Clone)]
 pub struct KafkaSource {
@@ -80,21 +120,15 @@ impl KafkaSource {
             link.shutdown().await;
             return Err(e.into());
         }
-        let producer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", broker.addr.to_string())
-            .set("batch.num.messages", "1")
-            .set("linger.ms", "0")
-            .set("acks", "all")
-            .set("enable.idempotence", "false")
-            .set("message.timeout.ms", PRODUCE_LIMIT.as_millis().to_string())
-            .create()
-            .map_err(|e| DestError::Missing(format!("a Kafka producer for the source: {e}")))?;
-        let looker: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", broker.addr.to_string())
-            .set("group.id", &spec.group)
-            .set("enable.auto.commit", "false")
-            .create()
-            .map_err(|e| DestError::Missing(format!("a Kafka client for the source: {e}")))?;
+        let clients = clients(broker.addr, spec);
+        let (producer, looker) = match clients {
+            Ok(c) => c,
+            Err(e) => {
+                broker.stop().await;
+                link.shutdown().await;
+                return Err(e);
+            }
+        };
         let source = KafkaSource {
             inner: Arc::new(Inner {
                 looker: Arc::new(looker),
@@ -131,9 +165,10 @@ impl KafkaSource {
                     self.lock().insert(delivery.offset, r.id.clone());
                     IngestAnswer::Accepted(None)
                 }
-                Err((rdkafka::error::KafkaError::MessageProduction(code), _)) => {
+                Err((rdkafka::error::KafkaError::MessageProduction(code), _)) if refused(code) => {
                     IngestAnswer::NotAccepted(format!("the source broker refused it: {code}"))
                 }
+                // A timeout or a lost connection: the broker may have appended it.
                 Err(_) => IngestAnswer::Unknown,
             }
         });

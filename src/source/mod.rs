@@ -1,8 +1,9 @@
-//! Sources the engine reads from, which drill writes: a log file it tails ([`file`]) or a
-//! Kafka topic it consumes ([`kafka`]). drill writes each record there itself, and a record
-//! counts as held once written and synced (a file) or acknowledged by the broker (a topic);
-//! where the engine is in a file is read from `/proc` ([`position`]), in a topic from its
-//! group's committed offset.
+//! Sources the engine reads from, which drill writes: a log file it tails ([`file`]), a Kafka
+//! topic it consumes ([`kafka`]) or an outbox table it polls ([`outbox`]). drill writes each
+//! record there itself, and a record counts as held once written and synced (a file),
+//! acknowledged by the broker (a topic) or committed (a row); where the engine is in a file is
+//! read from `/proc` ([`position`]), in a topic from its group's committed offset, in an outbox
+//! from the rows it marked.
 
 pub mod file;
 pub mod kafka;
@@ -33,7 +34,7 @@ impl Source {
     }
 
     /// Whether the engine has read everything drill wrote: to the end of every file it holds
-    /// open, or its group committed to the topic's end.
+    /// open, its group committed to the topic's end, or no row is left unmarked.
     pub async fn read_to_end(&self, procs: EngineProcs) -> bool {
         match self {
             Source::File(f) => f.read_to_end(procs),
@@ -52,8 +53,8 @@ impl Source {
         }
     }
 
-    /// What the source knows after the drain; `builtin` says whether drill's own engine (which
-    /// keeps its checkpoint where drill knows) read it.
+    /// What the source knows after the drain: its account and the engine's checkpoint (a file
+    /// source's is read where the scenario says, or where drill's own engine keeps it).
     pub async fn facts(&self, plan: &crate::scenario::Plan, data_dir: &Path) -> SourceFacts {
         match (self, plan.file_source()) {
             (Source::File(f), Some(spec)) => {

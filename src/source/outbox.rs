@@ -22,6 +22,9 @@ use crate::proxy::Link;
 use crate::scenario::source::{OutboxSpec, SOURCE_LINK};
 use crate::workload::{IngestAnswer, Record};
 
+/// How long one look at the unmarked rows may take.
+const LOOK_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The outbox table, its server and what drill inserted. Cheap to clone.
 #[derive(Clone)]
 pub struct OutboxSource {
@@ -52,8 +55,9 @@ impl OutboxSource {
         let client = connect(addr, &Login::drill()).await.map_err(fail)?;
         client
             .batch_execute(&format!(
-                "CREATE TABLE {} (id bigserial PRIMARY KEY, payload text NOT NULL, sent_at timestamptz)",
-                spec.table
+                "CREATE TABLE \"{t}\" (id bigserial PRIMARY KEY, payload text NOT NULL, sent_at timestamptz);
+                 CREATE INDEX \"{t}_unmarked\" ON \"{t}\" (id) WHERE sent_at IS NULL",
+                t = spec.table
             ))
             .await
             .map_err(|e| fail(e.to_string()))?;
@@ -99,7 +103,7 @@ impl OutboxSource {
             ));
         };
         let insert = format!(
-            "INSERT INTO {} (payload) VALUES ($1) RETURNING id",
+            "INSERT INTO \"{}\" (payload) VALUES ($1) RETURNING id",
             self.inner.table
         );
         let tx = match client.transaction().await {
@@ -132,12 +136,13 @@ impl OutboxSource {
     async fn unmarked(&self) -> Result<BTreeSet<i64>, String> {
         let guard = self.inner.client.lock().await;
         let client = guard.as_ref().ok_or("the outbox is closed")?;
-        let rows = client
-            .query(
-                &format!("SELECT id FROM {} WHERE sent_at IS NULL", self.inner.table),
-                &[],
-            )
+        let query = format!(
+            "SELECT id FROM \"{}\" WHERE sent_at IS NULL",
+            self.inner.table
+        );
+        let rows = tokio::time::timeout(LOOK_LIMIT, client.query(&query, &[]))
             .await
+            .map_err(|_| format!("the outbox: no answer within {LOOK_LIMIT:?}"))?
             .map_err(|e| format!("the outbox: {e}"))?;
         Ok(rows.iter().map(|r| r.get::<_, i64>(0)).collect())
     }
