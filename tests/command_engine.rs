@@ -308,10 +308,13 @@ fn ci_drills_with_a_link_cut(engine: &str, drain: &str) -> Vec<(String, String)>
         let cut = ["refuse", "reset", "swallow", "hang", "strand"]
             .iter()
             .any(|f| text.contains(&format!("fault: {f}")));
-        // A drill whose engine tails a file (`kind: file`) needs an engine that does: this
-        // forwarder takes HTTP.
-        let tails_a_file = text.contains("kind: file");
-        if !(ci && mqtt && cut) || tails_a_file {
+        // A drill whose engine pulls from a source (tails a file, consumes a topic, polls an
+        // outbox: `link: source` may be cut) needs an engine that does: this forwarder takes
+        // HTTP.
+        let pulls = ["file", "kafka", "postgres_outbox"]
+            .iter()
+            .any(|k| text.contains(&format!("ingest: {{ kind: {k}")));
+        if !(ci && mqtt && cut) || pulls {
             continue;
         }
         // Its own system and drain timeout go; everything else stays as the catalogue has it.

@@ -1,7 +1,7 @@
-//! A file the engine tails (`system.ingest: { kind: file }`): the catalogue's file drills pass
-//! the correct engine and fail its tail mutants with the count the fault makes, records drill's
-//! own fault destroyed are a ledger line of their own, and `drill check` points at a bad source
-//! spec's field.
+//! Sources the engine pulls from (`system.ingest: { kind: file | kafka | postgres_outbox }`):
+//! the catalogue's source drills pass the correct engine and fail its input mutants with the
+//! count the fault makes, records drill's own fault destroyed are a ledger line of their own,
+//! and `drill check` points at a bad source spec's field.
 
 use crate::common::run::{
     Ran, catalogue_drill_fails_mutant, catalogue_drill_passes, drill, required, scenario, seq_of,
