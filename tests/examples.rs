@@ -396,8 +396,9 @@ fn the_syslog_ng_file_example_loses_the_rotated_files_rest() {
     let lost = l["lost"].as_u64().unwrap();
     assert!((80..=180).contains(&lost), "{l}");
     // 9 s (a second behind) to 12 s at 50/s over 4 keys: sequences per key from about 112 to
-    // 150.
+    // 150; under CI's load it was once several seconds behind (from sequence 44, 158 lost), so
+    // only the end is bounded: nothing written after the rotation is lost.
     for id in r["missing_examples"].as_array().unwrap() {
-        assert!((100..=160).contains(&seq_of(id)), "{id}");
+        assert!(seq_of(id) <= 160, "{id}");
     }
 }
