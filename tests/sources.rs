@@ -129,6 +129,85 @@ fn a_checkpoint_moved_at_read_time_loses_the_batch_a_power_cut_takes() {
     assert!(broken.markdown.contains("## Checkpoint ahead of the store"));
 }
 
+/// `file-power-cut` with drill's own engine driven as a user's engine, its checkpoint read
+/// from its stats endpoint (`checkpoint: { from: stats }`) instead of its checkpoint file: the
+/// correct engine's stats checkpoint passes nothing lost; `checkpoint-before-store`'s passes
+/// every record the cut took, read once the drain is over, before drill stops the engine.
+#[cfg(feature = "mutants")]
+#[test]
+fn a_checkpoint_read_from_the_engines_stats_finds_what_ran_ahead() {
+    if !required(
+        std::path::Path::new("/dev/fuse").exists() && nix::unistd::Uid::effective().is_root(),
+        "FUSE (/dev/fuse) and root",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let text = |name: &str, mutant: &str| {
+        let drill = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/file-power-cut.yaml"),
+        )
+        .unwrap();
+        let system = format!(
+            r#"system:
+  command: [drill, engine, --config, "{{work_dir}}/engine.yaml"]
+  files: {{ engine.yaml: "{}/builtin-engine-tail.yaml.tmpl" }}
+{mutant}  ingest:
+    kind: file
+    path: app.log
+    checkpoint: {{ from: stats, offset: /tail/offset, inode: /tail/inode }}
+  ready: {{ http: /stats, port: api }}
+  stats: {{ path: /stats, port: api }}
+  write_key: {{ mqtt_user_property: write-key }}
+  promise: at_least_once
+"#,
+            crate::common::run::fixtures()
+        );
+        let drill = drill
+            .replace("name: file-power-cut", &format!("name: {name}"))
+            .replace("system:\n  ingest: { kind: file, path: app.log }\n", &system);
+        assert!(drill.contains("from: stats"), "{drill}");
+        scenario(dir.path(), name, &drill)
+    };
+    let correct = text("stats-correct", "");
+    let broken = text(
+        "stats-broken",
+        "  env: { DRILL_MUTANT: checkpoint-before-store }\n",
+    );
+    let (correct, broken) = std::thread::scope(|s| {
+        let c = s.spawn(|| crate::common::run::run_drill(&correct, "stats-correct", &[]));
+        let b = s.spawn(|| crate::common::run::run_drill(&broken, "stats-broken", &[]));
+        (c.join().unwrap(), b.join().unwrap())
+    });
+    let from_stats = |ran: &Ran| {
+        ran.report["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("(from the engine's stats)"))
+    };
+    assert_eq!(correct.number(&["ledger", "lost"]), 0, "{:#}", correct.report);
+    assert!(correct.report["checkpoint_ahead"].is_null());
+    assert!(from_stats(&correct), "{:#}", correct.report["notes"]);
+    let lost = broken.number(&["ledger", "lost"]);
+    assert!((1..=40).contains(&lost), "lost {lost}: {:#}", broken.report);
+    assert_eq!(
+        broken.number(&["checkpoint_ahead", "count"]),
+        lost,
+        "{:#}",
+        broken.report
+    );
+    assert!(from_stats(&broken), "{:#}", broken.report["notes"]);
+    assert!(
+        broken.report["checkpoint_ahead"]["checkpoint"]
+            .as_str()
+            .unwrap()
+            .ends_with("(from the engine's stats)"),
+        "{:#}",
+        broken.report["checkpoint_ahead"]
+    );
+}
+
 /// The engine consumes a source topic; its link to the source is refused for 6 s and a power
 /// cut lands on its second record fdatasync while it drains the backlog. The correct engine
 /// moved its position only after the store and reads the cut burst again; `commit-on-poll`
@@ -248,6 +327,21 @@ fn a_bad_source_spec_is_refused_with_its_file_line_and_field() {
             "system:\n  ingest: { kind: file, checkpoint: { file: /etc/x, offset: /o } }\n",
             "field `system.ingest.checkpoint.file`: `/etc/x` must be a path inside the engine's data folder",
             5,
+        ),
+        (
+            "system:\n  ingest: { kind: file, checkpoint: { from: stats, file: x.json, offset: /o } }\n",
+            "field `system.ingest.checkpoint.file`: `x.json` with `from: stats`",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: file, checkpoint: { offset: /o } }\n",
+            "field `system.ingest.checkpoint.file`: missing; name the engine's checkpoint file",
+            5,
+        ),
+        (
+            "system:\n  command: [cat, \"{ingest.path}\"]\n  ingest: { kind: file, checkpoint: { from: stats, offset: /o } }\n",
+            "field `system.ingest.checkpoint.from`: `stats` reads the engine's stats endpoint, and `system.stats` names none",
+            6,
         ),
         (
             "system:\n  command: [cat, \"{ingest.path}\"]\n  ingest: { kind: http }\n",

@@ -128,6 +128,8 @@ struct Shared {
     ingest: mpsc::Sender<WriterJob>,
     /// Each output's worker, for replays.
     to_outputs: Mutex<Vec<mpsc::UnboundedSender<ToOutput>>>,
+    /// The file-tail input's checkpoint as last saved (`/stats.tail`), when it tails a file.
+    tail_at: tail::Published,
 }
 
 /// What the writer thread and the outputs share about the log.
@@ -174,6 +176,7 @@ pub async fn run(
         outputs: Mutex::new(Vec::new()),
         ingest: ingest_tx.clone(),
         to_outputs: Mutex::new(Vec::new()),
+        tail_at: tail::Published::default(),
     });
     let (to_outputs, drivers) = start_outputs(&config, sinks, &log, &recovery, &shared, &cancel)?;
     // The writer thread: group commit, and deleting the segments every output is past.
@@ -183,6 +186,7 @@ pub async fn run(
             t,
             config.data_dir.clone(),
             ingest_tx.clone(),
+            shared.tail_at.clone(),
             cancel.clone(),
         )
     });

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::Shared;
 use super::ingest::disk_free;
 use super::output::{AttemptCounts, Output};
+use super::tail::Checkpoint;
 
 /// What one output reports in `/stats`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -68,6 +69,10 @@ pub struct Stats {
     #[serde(default)]
     pub errors: u64,
     pub outputs: Vec<OutputStats>,
+    /// The file-tail input's checkpoint as last saved durably (inode and offset), when the
+    /// engine tails a file: what `checkpoint: { from: stats }` reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<Checkpoint>,
 }
 
 pub(super) async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
@@ -98,6 +103,7 @@ pub(super) async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
         segments: shared.log_state.segments.load(Ordering::SeqCst),
         errors: shared.errors.load(Ordering::SeqCst),
         outputs,
+        tail: shared.tail_at.get(),
     })
 }
 

@@ -17,6 +17,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -43,6 +44,23 @@ pub struct Checkpoint {
     pub offset: u64,
 }
 
+/// The checkpoint as last saved, shared with `/stats` (which only reads it).
+#[derive(Debug, Clone, Default)]
+pub struct Published(Arc<Mutex<Option<Checkpoint>>>);
+
+impl Published {
+    fn set(&self, c: Checkpoint) {
+        if let Ok(mut at) = self.0.lock() {
+            *at = Some(c);
+        }
+    }
+
+    /// The checkpoint last saved, or the one resumed from.
+    pub fn get(&self) -> Option<Checkpoint> {
+        self.0.lock().ok().and_then(|at| *at)
+    }
+}
+
 /// The checkpoint file in the data folder.
 pub const CHECKPOINT_FILE: &str = "tail-checkpoint.json";
 
@@ -56,10 +74,15 @@ pub(super) fn spawn(
     config: TailConfig,
     data_dir: PathBuf,
     writer: mpsc::Sender<WriterJob>,
+    published: Published,
     cancel: CancellationToken,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut tail = Tail::new(config.path, &data_dir, writer);
+        tail.published = published;
+        if let Some(c) = tail.resume {
+            tail.published.set(c);
+        }
         while !cancel.is_cancelled() {
             match tail.step() {
                 Ok(true) => {}
@@ -80,6 +103,8 @@ struct Tail {
     open: Option<Open>,
     /// Read at start: where to resume.
     resume: Option<Checkpoint>,
+    /// Where `/stats` reads the checkpoint.
+    published: Published,
 }
 
 struct Open {
@@ -100,6 +125,7 @@ impl Tail {
             writer,
             open: None,
             resume,
+            published: Published::default(),
         }
     }
 
@@ -272,7 +298,9 @@ impl Tail {
     /// the folder synced.
     fn save(&self, c: Checkpoint) -> Result<(), String> {
         let text = serde_json::to_vec(&c).map_err(|e| e.to_string())?;
-        write_durably(&self.checkpoint_path, &text)
+        write_durably(&self.checkpoint_path, &text)?;
+        self.published.set(c);
+        Ok(())
     }
 }
 

@@ -314,12 +314,7 @@ async fn drive(
         cancel,
     )
     .await?;
-    let mut facts = finish(plan, rig, system, reader, played, clock, cancel).await;
-    if let (Ok(f), Some(source)) = (&mut facts, source) {
-        let gathered = source.facts(plan, system.data_dir()).await;
-        f.sent.destroyed = gathered.account.destroyed.iter().cloned().collect();
-        f.source = Some(gathered);
-    }
+    let facts = finish(plan, rig, system, reader, played, clock, cancel).await;
     reader_cancel.cancel();
     facts
 }
@@ -479,6 +474,7 @@ async fn finish(
     let journal = system.journal();
     let gives_account = system.gives_account();
     notes.extend(account_notes(gives_account, system.sees_attempts()));
+    let checkpoint_stats = checkpoint_stats(plan, system).await;
     system.stop(Duration::from_secs(10)).await;
     let engine_log = system.log_tail();
     let received = reader.finish(rig.running.addrs.clone()).await;
@@ -501,6 +497,13 @@ async fn finish(
     let versions = versions(running);
     let idle_links = idle_links(&played.faults, rig);
     let tapped = rig.tapped(t0);
+    let source = match &played.source {
+        Some(s) => Some(s.facts(plan, system.data_dir(), checkpoint_stats).await),
+        None => None,
+    };
+    if let Some(s) = &source {
+        sent.destroyed = s.account.destroyed.iter().cloned().collect();
+    }
     let mut received = received;
     if received.overlapping_keys.is_none() {
         received.overlapping_keys = tapped_overlaps(tapped.as_ref(), &sent);
@@ -534,9 +537,22 @@ async fn finish(
         versions,
         notes,
         end_ms,
-        source: None,
+        source,
         duration_ms: ms(t0.elapsed()),
     })
+}
+
+/// The engine's stats as they are once the drain is over, where the file source's checkpoint
+/// is read from them (`checkpoint: { from: stats }`): read before drill stops the engine.
+async fn checkpoint_stats(
+    plan: &Plan,
+    system: &System,
+) -> Option<Result<serde_json::Value, String>> {
+    let spec = plan.file_source()?.checkpoint.as_ref()?;
+    if !spec.from_stats() {
+        return None;
+    }
+    Some(system.account_source().json().await)
 }
 
 /// What the report must say of a system that gives no account or whose attempts drill cannot

@@ -257,8 +257,12 @@ pub(super) fn validate(
                 "field `system.ingest`: missing; say how drill feeds the engine, e.g. ingest: { kind: http, path: /ingest }".to_string(),
             ));
         }
-        Some(i) => ingest(i)?,
+        Some(i) => {
+            let here = i.referenced;
+            (ingest(i)?, here)
+        }
     };
+    let (ingest, ingest_at) = ingest;
     let kafka = matches!(ingest, IngestSpec::Kafka(_));
     let outbox = matches!(ingest, IngestSpec::PostgresOutbox(_));
     let mut link_names = destination.link_names();
@@ -298,6 +302,15 @@ pub(super) fn validate(
         None => None,
         Some(s) => Some(stats(s, &ports)?),
     };
+    if let IngestSpec::File(f) = &ingest
+        && f.checkpoint.as_ref().is_some_and(|c| c.from_stats())
+        && stats.is_none()
+    {
+        return Err(at(
+            &ingest_at,
+            "field `system.ingest.checkpoint.from`: `stats` reads the engine's stats endpoint, and `system.stats` names none; add stats: { path: /stats } (with the engine's field names) or read a checkpoint file".to_string(),
+        ));
+    }
     let write_key = match raw.write_key {
         None => None,
         Some(w) => Some(write_key(w, destination)?),

@@ -48,8 +48,14 @@ pub(super) struct RawRotate {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawCheckpoint {
     /// The checkpoint file, relative to `{data_dir}`; with `*` in its name, one file per source
-    /// file (rsyslog's `imfile-state:*`), each passing only its own file's records.
-    file: String,
+    /// file (rsyslog's `imfile-state:*`), each passing only its own file's records. Not with
+    /// `from: stats`.
+    #[serde(default)]
+    file: Option<String>,
+    /// `file` (the default) or `stats`: the engine's stats endpoint (`system.stats`, or drill's
+    /// own engine's `/stats`), read once the drain is over, before drill stops the engine.
+    #[serde(default)]
+    from: Option<CheckpointFrom>,
     /// Only `json`.
     #[serde(default)]
     format: Option<String>,
@@ -59,6 +65,14 @@ pub(super) struct RawCheckpoint {
     /// taken to be in the live file).
     #[serde(default)]
     inode: Option<String>,
+}
+
+/// Where the engine keeps its checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointFrom {
+    File,
+    Stats,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
@@ -85,10 +99,25 @@ pub struct Rotate {
 /// Where the engine's checkpoint is and how to read it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointSpec {
-    /// Relative to `{data_dir}`.
-    pub file: String,
+    pub at: CheckpointAt,
     pub offset: String,
     pub inode: Option<String>,
+}
+
+/// Where the checkpoint is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointAt {
+    /// A file (or, with `*`, files) relative to `{data_dir}`.
+    File(String),
+    /// The engine's stats endpoint, read once the drain is over.
+    Stats,
+}
+
+impl CheckpointSpec {
+    /// Whether the checkpoint is read from the engine's stats endpoint.
+    pub fn from_stats(&self) -> bool {
+        self.at == CheckpointAt::Stats
+    }
 }
 
 /// What a source fault does.
@@ -127,7 +156,7 @@ impl FileSpec {
     /// The checkpoint drill's own engine keeps (`tail-checkpoint.json` in its data folder).
     pub fn builtin_checkpoint() -> CheckpointSpec {
         CheckpointSpec {
-            file: "tail-checkpoint.json".to_string(),
+            at: CheckpointAt::File("tail-checkpoint.json".to_string()),
             offset: "/offset".to_string(),
             inode: Some("/inode".to_string()),
         }
@@ -295,27 +324,24 @@ fn checkpoint(raw: Spanned<RawCheckpoint>) -> Result<CheckpointSpec, Located> {
     {
         return Err(field("format", format!("`{f}`; only `json` is read")));
     }
-    if c.file.is_empty() || c.file.starts_with('/') || c.file.split('/').any(|p| p == "..") {
-        return Err(field(
-            "file",
-            format!(
-                "`{}` must be a path inside the engine's data folder ({{data_dir}}), e.g. file: positions.json",
-                c.file
-            ),
-        ));
-    }
-    if c.file
-        .rsplit_once('/')
-        .is_some_and(|(dir, _)| dir.contains('*'))
-    {
-        return Err(field(
-            "file",
-            format!(
-                "`{}`: a `*` may stand only in the file's name, not in its folders",
-                c.file
-            ),
-        ));
-    }
+    let place = match (c.from, c.file) {
+        (Some(CheckpointFrom::Stats), Some(file)) => {
+            return Err(field(
+                "file",
+                format!(
+                    "`{file}` with `from: stats`: the checkpoint is read from the engine's stats endpoint; drop `file` or `from`"
+                ),
+            ));
+        }
+        (Some(CheckpointFrom::Stats), None) => CheckpointAt::Stats,
+        (_, None) => {
+            return Err(field(
+                "file",
+                "missing; name the engine's checkpoint file inside {data_dir} (file: positions.json), or read it from the engine's stats (from: stats)".to_string(),
+            ));
+        }
+        (_, Some(file)) => CheckpointAt::File(checkpoint_file(file).map_err(|m| field("file", m))?),
+    };
     for (name, pointer) in [("offset", Some(&c.offset)), ("inode", c.inode.as_ref())] {
         if let Some(p) = pointer
             && !p.starts_with('/')
@@ -327,10 +353,25 @@ fn checkpoint(raw: Spanned<RawCheckpoint>) -> Result<CheckpointSpec, Located> {
         }
     }
     Ok(CheckpointSpec {
-        file: c.file,
+        at: place,
         offset: c.offset,
         inode: c.inode,
     })
+}
+
+/// A checkpoint file's name: inside `{data_dir}`, a `*` only in the file's own name.
+fn checkpoint_file(file: String) -> Result<String, String> {
+    if file.is_empty() || file.starts_with('/') || file.split('/').any(|p| p == "..") {
+        return Err(format!(
+            "`{file}` must be a path inside the engine's data folder ({{data_dir}}), e.g. file: positions.json"
+        ));
+    }
+    if file.rsplit_once('/').is_some_and(|(dir, _)| dir.contains('*')) {
+        return Err(format!(
+            "`{file}`: a `*` may stand only in the file's name, not in its folders"
+        ));
+    }
+    Ok(file)
 }
 
 #[cfg(test)]

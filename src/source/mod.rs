@@ -54,11 +54,17 @@ impl Source {
     }
 
     /// What the source knows after the drain: its account and the engine's checkpoint (a file
-    /// source's is read where the scenario says, or where drill's own engine keeps it).
-    pub async fn facts(&self, plan: &crate::scenario::Plan, data_dir: &Path) -> SourceFacts {
+    /// source's is read where the scenario says, or where drill's own engine keeps it;
+    /// `stats` is what the engine's stats endpoint said once the drain was over).
+    pub async fn facts(
+        &self,
+        plan: &crate::scenario::Plan,
+        data_dir: &Path,
+        stats: Option<Result<serde_json::Value, String>>,
+    ) -> SourceFacts {
         match (self, plan.file_source()) {
             (Source::File(f), Some(spec)) => {
-                SourceFacts::gather(f, spec, plan.command.is_none(), data_dir)
+                SourceFacts::gather(f, spec, plan.command.is_none(), data_dir, stats)
             }
             (Source::Kafka(k), _) => SourceFacts::gather_kafka(k).await,
             (Source::Outbox(o), _) => SourceFacts::gather_outbox(o).await,
@@ -79,7 +85,7 @@ impl Source {
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use crate::scenario::source::{CheckpointSpec, FileSpec};
+use crate::scenario::source::{CheckpointAt, CheckpointSpec, FileSpec};
 
 /// What the file source tells the verdict.
 #[derive(Debug, Clone, Default)]
@@ -102,8 +108,15 @@ pub struct Checkpoint {
 }
 
 impl SourceFacts {
-    /// The source's account, and the engine's checkpoint read from `data_dir`.
-    pub fn gather(source: &FileSource, spec: &FileSpec, builtin: bool, data_dir: &Path) -> Self {
+    /// The source's account, and the engine's checkpoint read from `data_dir` (or from
+    /// `stats`, the engine's stats as read once the drain was over, where the spec says so).
+    pub fn gather(
+        source: &FileSource,
+        spec: &FileSpec,
+        builtin: bool,
+        data_dir: &Path,
+        stats: Option<Result<serde_json::Value, String>>,
+    ) -> Self {
         let where_ = match (&spec.checkpoint, builtin) {
             (Some(c), _) => Some(c.clone()),
             (None, true) => Some(FileSpec::builtin_checkpoint()),
@@ -114,7 +127,15 @@ impl SourceFacts {
             ..SourceFacts::default()
         };
         if let Some(c) = where_ {
-            match checkpoint(source, &c, data_dir) {
+            let read = match (&c.at, stats) {
+                (CheckpointAt::Stats, Some(Ok(v))) => stats_checkpoint(source, &c, &v),
+                (CheckpointAt::Stats, Some(Err(why))) => Err(why),
+                (CheckpointAt::Stats, None) => {
+                    Err("the engine's stats were not read after the drain".to_string())
+                }
+                (CheckpointAt::File(file), _) => checkpoint(source, file, &c, data_dir),
+            };
+            match read {
                 Ok(read) => facts.checkpoint = Some(read),
                 Err(why) => facts.checkpoint_unread = Some(why),
             }
@@ -158,32 +179,52 @@ impl SourceFacts {
     }
 }
 
+/// The checkpoint in the engine's stats (inode and offset, by the spec's pointers): every
+/// record of an earlier file and of its own up to the offset passed.
+fn stats_checkpoint(
+    source: &FileSource,
+    c: &CheckpointSpec,
+    stats: &serde_json::Value,
+) -> Result<Checkpoint, String> {
+    let (inode, offset) = pointers(stats, c, "in the engine's stats")?;
+    passed_at(source, inode, offset).map(|mut read| {
+        read.said.push_str(" (from the engine's stats)");
+        read
+    })
+}
+
+/// What a checkpoint at `offset` in the file with `inode` (the live file without one) passed.
+fn passed_at(source: &FileSource, inode: Option<u64>, offset: u64) -> Result<Checkpoint, String> {
+    let passed = source.passed_by(inode, offset).ok_or_else(|| {
+        format!(
+            "the engine's checkpoint names inode {} at offset {offset}, a file drill never wrote",
+            inode.unwrap_or_default()
+        )
+    })?;
+    let said = match inode {
+        Some(ino) => format!("inode {ino} offset {offset}"),
+        None => format!("offset {offset} in the live file"),
+    };
+    Ok(Checkpoint { said, passed })
+}
+
 /// One checkpoint file (inode and offset: every record of an earlier file and of its own up to
 /// the offset passed), or, where `file` is a pattern with `*`, one file per source file (each
 /// passes only its own file's records up to its offset; the inode from its JSON, or the first
 /// number in its name that is an inode drill wrote: rsyslog's `imfile-state:<inode>:<hash>`).
 fn checkpoint(
     source: &FileSource,
+    file: &str,
     c: &CheckpointSpec,
     data_dir: &Path,
 ) -> Result<Checkpoint, String> {
-    if !c.file.contains('*') {
-        let (inode, offset) = read_checkpoint(&data_dir.join(&c.file), c)?;
-        let passed = source.passed_by(inode, offset).ok_or_else(|| {
-            format!(
-                "the engine's checkpoint names inode {} at offset {offset}, a file drill never wrote",
-                inode.unwrap_or_default()
-            )
-        })?;
-        let said = match inode {
-            Some(ino) => format!("inode {ino} offset {offset}"),
-            None => format!("offset {offset} in the live file"),
-        };
-        return Ok(Checkpoint { said, passed });
+    if !file.contains('*') {
+        let (inode, offset) = read_checkpoint(&data_dir.join(file), c)?;
+        return passed_at(source, inode, offset);
     }
-    let (folder, pattern) = match c.file.rsplit_once('/') {
+    let (folder, pattern) = match file.rsplit_once('/') {
         Some((f, p)) => (data_dir.join(f), p.to_string()),
-        None => (data_dir.to_path_buf(), c.file.clone()),
+        None => (data_dir.to_path_buf(), file.to_string()),
     };
     let mut names: Vec<String> = std::fs::read_dir(&folder)
         .map_err(|e| format!("the engine's checkpoints {}: {e}", folder.display()))?
@@ -246,20 +287,23 @@ pub fn read_checkpoint(path: &Path, spec: &CheckpointSpec) -> Result<(Option<u64
         .map_err(|e| format!("the engine's checkpoint {}: {e}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| format!("the engine's checkpoint {}: not JSON: {e}", path.display()))?;
+    pointers(&v, spec, &path.display().to_string())
+}
+
+/// `(inode, offset)` at the spec's pointers in `v`; `where_` names it in an error.
+fn pointers(
+    v: &serde_json::Value,
+    spec: &CheckpointSpec,
+    where_: &str,
+) -> Result<(Option<u64>, u64), String> {
     let number = |pointer: &str| -> Result<u64, String> {
-        let at = v.pointer(pointer).ok_or_else(|| {
-            format!(
-                "the engine's checkpoint {} has nothing at {pointer}",
-                path.display()
-            )
-        })?;
+        let at = v
+            .pointer(pointer)
+            .ok_or_else(|| format!("the engine's checkpoint {where_} has nothing at {pointer}"))?;
         at.as_u64()
             .or_else(|| at.as_str().and_then(|s| s.parse().ok()))
             .ok_or_else(|| {
-                format!(
-                    "the engine's checkpoint {}: {pointer} is {at}, not a number",
-                    path.display()
-                )
+                format!("the engine's checkpoint {where_}: {pointer} is {at}, not a number")
             })
     };
     let offset = number(&spec.offset)?;
@@ -290,7 +334,7 @@ mod tests {
             name: "app.log".to_string(),
             rotate: None,
             checkpoint: Some(CheckpointSpec {
-                file: "imfile-state:*".to_string(),
+                at: CheckpointAt::File("imfile-state:*".to_string()),
                 offset: "/curr_offs".to_string(),
                 inode: None,
             }),
@@ -330,7 +374,7 @@ mod tests {
             "{\"curr_offs\": 100000}",
         )
         .unwrap();
-        let facts = SourceFacts::gather(&src, &spec, false, data.path());
+        let facts = SourceFacts::gather(&src, &spec, false, data.path(), None);
         let c = facts
             .checkpoint
             .unwrap_or_else(|| panic!("{:?}", facts.checkpoint_unread));

@@ -65,6 +65,26 @@ impl AccountSource {
         }
     }
 
+    /// The stats as the endpoint gives them (for what a scenario reads from them beyond the
+    /// account: a checkpoint).
+    pub async fn json(&self) -> Result<serde_json::Value, String> {
+        let url = match self {
+            AccountSource::None => return Err("the engine gives no stats".to_string()),
+            AccountSource::Builtin { url } | AccountSource::Command { url, .. } => url,
+        };
+        let answer = reqwest::Client::new()
+            .get(url)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| format!("the engine's stats {url}: {e}"))?;
+        answer
+            .json()
+            .await
+            .map_err(|e| format!("the engine's stats {url}: not JSON: {e}"))
+    }
+
     /// The account now, or `None` when there is none or it did not answer within 2 s.
     pub async fn fetch(&self, http: &reqwest::Client) -> Option<Account> {
         let get = |url: &str| http.get(url).timeout(Duration::from_secs(2)).send();
