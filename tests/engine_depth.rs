@@ -146,10 +146,7 @@ async fn a_million_held_in_flat_memory_then_drained_whole() {
         drill::dest::nats::read::read_stream(broker.addr, STREAM, Duration::from_secs(480), None)
             .await
             .unwrap();
-    println!(
-        "read back in {:.1} s",
-        read_started.elapsed().as_secs_f64()
-    );
+    println!("read back in {:.1} s", read_started.elapsed().as_secs_f64());
     assert!(got.verifier_fault.is_none(), "{:?}", got.verifier_fault);
     let mut ids = HashSet::with_capacity(RECORDS as usize);
     for a in &got.arrivals {

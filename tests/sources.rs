@@ -62,6 +62,43 @@ fn a_rotation_while_the_engine_is_down_is_followed_by_inode() {
     }
 }
 
+/// A glob (`app-*.log`), a new numbered file every 2 s, the engine stopped from 6 s to 12 s:
+/// the correct engine finishes the file its checkpoint is in, then each later one by name;
+/// `skip-on-rotate` jumps to the newest at its old offset and loses the ~6 s between, every
+/// record of it behind its checkpoint.
+#[cfg(feature = "mutants")]
+#[test]
+fn a_glob_is_followed_file_by_file_through_an_outage() {
+    let (correct, broken) = correct_and_mutant("file-glob-rotate", "skip-on-rotate");
+    assert_eq!(correct.number(&["ledger", "held"]), 2000);
+    assert_eq!(correct.number(&["ledger", "lost"]), 0);
+    assert_eq!(correct.number(&["ledger", "delivered"]), 2000);
+    let rotations = correct
+        .markdown
+        .matches("source: rotated (create): app-0000")
+        .count();
+    assert!((8..=10).contains(&rotations), "{}", correct.markdown);
+    assert!(
+        correct
+            .markdown
+            .contains("app-000002.log begun after app-000001.log"),
+        "{}",
+        correct.markdown
+    );
+    let lost = broken.number(&["ledger", "lost"]);
+    assert!(
+        (450..=750).contains(&lost),
+        "lost {lost}: {:#}",
+        broken.report
+    );
+    assert_eq!(
+        broken.number(&["checkpoint_ahead", "count"]),
+        lost,
+        "{:#}",
+        broken.report
+    );
+}
+
 /// The engine is stopped from 6 s to 10 s and the file cut to zero at 8 s: what it had not
 /// read is destroyed by the source fault, never lost; it notices the cut on its restart and
 /// reads the file again from the start. A line written in two write() calls a second apart
@@ -165,7 +202,10 @@ fn a_checkpoint_read_from_the_engines_stats_finds_what_ran_ahead() {
         );
         let drill = drill
             .replace("name: file-power-cut", &format!("name: {name}"))
-            .replace("system:\n  ingest: { kind: file, path: app.log }\n", &system);
+            .replace(
+                "system:\n  ingest: { kind: file, path: app.log }\n",
+                &system,
+            );
         assert!(drill.contains("from: stats"), "{drill}");
         scenario(dir.path(), name, &drill)
     };
@@ -186,7 +226,12 @@ fn a_checkpoint_read_from_the_engines_stats_finds_what_ran_ahead() {
             .iter()
             .any(|n| n.as_str().unwrap().contains("(from the engine's stats)"))
     };
-    assert_eq!(correct.number(&["ledger", "lost"]), 0, "{:#}", correct.report);
+    assert_eq!(
+        correct.number(&["ledger", "lost"]),
+        0,
+        "{:#}",
+        correct.report
+    );
     assert!(correct.report["checkpoint_ahead"].is_null());
     assert!(from_stats(&correct), "{:#}", correct.report["notes"]);
     let lost = broken.number(&["ledger", "lost"]);
@@ -301,6 +346,21 @@ fn a_bad_source_spec_is_refused_with_its_file_line_and_field() {
         (
             "system:\n  ingest: { kind: file, path: logs/app.log }\n",
             "field `system.ingest.path`: `logs/app.log` must be a plain file name",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: file, path: \"a*b*.log\" }\n",
+            "field `system.ingest.path`: `a*b*.log` must be a plain file name",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: file, path: \"a-*.log\", rotate: { every: 1s, mode: rename } }\n",
+            "field `system.ingest.rotate.mode`: `rename` with a `*` in `system.ingest.path`",
+            5,
+        ),
+        (
+            "system:\n  ingest: { kind: file, rotate: { every: 1s, mode: create } }\n",
+            "field `system.ingest.rotate.mode`: `create` begins each file under a new name",
             5,
         ),
         (

@@ -5,7 +5,10 @@
 //! `rename` rotation, or a delete and a new file), it finishes the one it has open before it
 //! moves to the next newer one (`NAME.k-1`, …, `NAME`). A file cut shorter than where it is
 //! (`copytruncate`, a truncation) is read again from its start. A line without its newline yet
-//! waits for the rest. Its checkpoint (`tail-checkpoint.json` in the data folder: inode and
+//! waits for the rest. A path with a `*` in its file name (`app-*.log`) is a glob: the files
+//! matching it are read one after the other in the order of their names (numbered and dated
+//! logs sort that way), each finished before the next; a new file is taken up from its start.
+//! Its checkpoint (`tail-checkpoint.json` in the data folder: inode and
 //! offset) moves only after the writer has synced the lines it covers to the record log
 //! (docs/src/design.md#rule-1-1: a checkpoint may pass a record only once the record is safe),
 //! written to a temporary file, synced, renamed and the folder synced. After a crash it
@@ -33,7 +36,8 @@ use super::mutant::{self, Mutant};
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TailConfig {
-    /// The live file (rotated files are `NAME.1`, `NAME.2`, … beside it).
+    /// The live file (rotated files are `NAME.1`, `NAME.2`, … beside it), or a glob with one
+    /// `*` in the file name (`/var/log/app-*.log`).
     pub path: PathBuf,
 }
 
@@ -98,6 +102,8 @@ pub(super) fn spawn(
 
 struct Tail {
     live: PathBuf,
+    /// Where `live` is a glob: its folder and the name's text before and after the `*`.
+    glob: Option<Glob>,
     checkpoint_path: PathBuf,
     writer: mpsc::Sender<WriterJob>,
     open: Option<Open>,
@@ -109,8 +115,49 @@ struct Tail {
 
 struct Open {
     file: File,
+    /// Its name when opened (a glob's files are read in name order).
+    name: String,
     inode: u64,
     offset: u64,
+}
+
+/// A glob's folder and the name's text around its `*`.
+struct Glob {
+    dir: PathBuf,
+    head: String,
+    tail: String,
+}
+
+impl Glob {
+    fn of(path: &Path) -> Option<Glob> {
+        let name = path.file_name()?.to_str()?;
+        let (head, tail) = name.split_once('*')?;
+        Some(Glob {
+            dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            head: head.to_string(),
+            tail: tail.to_string(),
+        })
+    }
+
+    /// The files matching, in name order, with their inodes.
+    fn files(&self) -> Vec<(String, u64)> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut files: Vec<(String, u64)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let fits = name.len() >= self.head.len() + self.tail.len()
+                    && name.starts_with(&self.head)
+                    && name.ends_with(&self.tail);
+                let meta = e.metadata().ok()?;
+                (fits && meta.is_file()).then(|| (name, meta.ino()))
+            })
+            .collect();
+        files.sort();
+        files
+    }
 }
 
 impl Tail {
@@ -120,6 +167,7 @@ impl Tail {
             .ok()
             .and_then(|b| serde_json::from_slice::<Checkpoint>(&b).ok());
         Tail {
+            glob: Glob::of(&live),
             live,
             checkpoint_path,
             writer,
@@ -148,7 +196,7 @@ impl Tail {
             #[cfg(feature = "mutants")]
             if mutant::is(Mutant::SkipOnRotate) {
                 // Follows the name: whatever file is live now, at the old offset.
-                self.open = open_at(&self.live, c.offset)?;
+                self.open = open_at(&self.newest(), c.offset)?;
                 if self.open.is_some() {
                     self.resume = None;
                 }
@@ -167,8 +215,14 @@ impl Tail {
             }
             self.resume = None;
         }
-        // The oldest rotated file there is, else the live one.
-        let first = self.rotated().pop().unwrap_or_else(|| self.live.clone());
+        // The oldest rotated file there is, else the live one; a glob's first by name.
+        let first = match &self.glob {
+            Some(g) => match g.files().first() {
+                Some((name, _)) => g.dir.join(name),
+                None => return Ok(false),
+            },
+            None => self.rotated().pop().unwrap_or_else(|| self.live.clone()),
+        };
         self.open = open_at(&first, 0)?;
         Ok(self.open.is_some())
     }
@@ -216,8 +270,8 @@ impl Tail {
     }
 
     /// At the end of the open file with nothing new: a file cut shorter is read again from
-    /// its start; a file the name no longer points at is done, and the next newer one is
-    /// opened.
+    /// its start; a file the name no longer points at (of a glob: one a later file follows) is
+    /// done, and the next newer one is opened.
     fn follow(&mut self) -> Result<bool, String> {
         let Some(open) = self.open.as_ref() else {
             return Ok(false);
@@ -231,14 +285,13 @@ impl Tail {
             }
             return Ok(true);
         }
-        let Ok(live) = std::fs::metadata(&self.live) else {
+        let Some(next) = self.next_file(open) else {
             return Ok(false);
         };
-        if live.ino() == open.inode {
-            return Ok(false);
-        }
-        // The name moved on; lines appended to this file between the last read and the rename
-        // are read first (a half line at its end never gets its newline: left behind).
+        // The name moved on; lines appended to this file before it did are read first (a half
+        // line at its end never gets its newline: left behind). Its length is looked at again
+        // now: a line written just before the rotation may have come after the look above.
+        let len = open.file.metadata().map_err(|e| e.to_string())?.len();
         if len > open.offset && has_a_line(&open.file, open.offset, len)? {
             return Ok(true);
         }
@@ -246,10 +299,9 @@ impl Tail {
         if mutant::is(Mutant::SkipOnRotate) {
             // Follows the name and keeps its offset: the new file's first bytes and the old
             // file's unread rest are skipped.
-            self.open = open_at(&self.live, open.offset)?;
+            self.open = open_at(&self.newest(), open.offset)?;
             return Ok(true);
         }
-        let next = self.successor(open.inode);
         let Some(next) = open_at(&next, 0)? else {
             // Gone between the look and the open: look again.
             return Ok(false);
@@ -260,6 +312,31 @@ impl Tail {
         })?;
         self.open = Some(next);
         Ok(true)
+    }
+
+    /// The file to read once the open one is done, when there is one: the file rotated in
+    /// after it (the live name no longer its inode), or a glob's next file by name (the same
+    /// name made again first).
+    fn next_file(&self, open: &Open) -> Option<PathBuf> {
+        let Some(g) = &self.glob else {
+            let live = std::fs::metadata(&self.live).ok()?;
+            return (live.ino() != open.inode).then(|| self.successor(open.inode));
+        };
+        g.files()
+            .into_iter()
+            .find(|(name, ino)| *name > open.name || (*name == open.name && *ino != open.inode))
+            .map(|(name, _)| g.dir.join(name))
+    }
+
+    /// The live file, or a glob's last by name.
+    fn newest(&self) -> PathBuf {
+        match &self.glob {
+            Some(g) => g
+                .files()
+                .pop()
+                .map_or_else(|| self.live.clone(), |(name, _)| g.dir.join(name)),
+            None => self.live.clone(),
+        }
     }
 
     /// The rotated files beside the live one, newest first (`NAME.1`, `NAME.2`, …).
@@ -274,8 +351,13 @@ impl Tail {
             .collect()
     }
 
-    /// The live file or a rotated one with this inode.
+    /// The live file or a rotated one with this inode (a glob's file).
     fn find(&self, inode: u64) -> Option<PathBuf> {
+        if let Some(g) = &self.glob {
+            let files = g.files();
+            let (name, _) = files.iter().find(|(_, ino)| *ino == inode)?;
+            return Some(g.dir.join(name));
+        }
         std::iter::once(self.live.clone())
             .chain(self.rotated())
             .find(|p| std::fs::metadata(p).is_ok_and(|m| m.ino() == inode))
@@ -357,6 +439,10 @@ fn open_at(path: &Path, offset: u64) -> Result<Option<Open>, String> {
     let offset = if meta.len() < offset { 0 } else { offset };
     Ok(Some(Open {
         file,
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         inode: meta.ino(),
         offset,
     }))
@@ -486,7 +572,58 @@ mod tests {
         let got: Vec<String> = stored.try_iter().collect();
         // Resumed in the new file at the old offset (10): `cccc` and `d`..`h` skipped.
         assert_eq!(got, ["aaaa", "bbbb", "i", "j"]);
+        // A glob's next file begun while it was down: the same.
+        let dir = tempfile::tempdir().unwrap();
+        let glob = dir.path().join("app-*.log");
+        let mut t = Tail::new(glob.clone(), dir.path(), tx.clone());
+        append(&dir.path().join("app-1.log"), "aaaa\nbbbb\n");
+        run_until_idle(&mut t);
+        drop(t);
+        append(&dir.path().join("app-1.log"), "cccc\n");
+        append(&dir.path().join("app-2.log"), "d\ne\nf\ng\nh\ni\nj\n");
+        let mut again = Tail::new(glob, dir.path(), tx.clone());
+        run_until_idle(&mut again);
+        let got: Vec<String> = stored.try_iter().collect();
+        assert_eq!(got, ["aaaa", "bbbb", "i", "j"]);
         mutant::set_for_this_thread(None);
+    }
+
+    /// A glob's files, one after the other by name, each finished first; files that do not
+    /// match are left alone; a restart resumes in the checkpoint's file though older ones
+    /// were deleted meanwhile, and a name made again is read from its start.
+    #[test]
+    fn a_glob_is_read_file_by_file_in_name_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |n: u32| dir.path().join(format!("app-{n:06}.log"));
+        let (tx, stored) = writer();
+        let mut t = Tail::new(dir.path().join("app-*.log"), dir.path(), tx.clone());
+        run_until_idle(&mut t);
+        append(&file(1), "a\nb\n");
+        append(&dir.path().join("app-000001.log.gz"), "no\n");
+        append(&dir.path().join("other.log"), "no\n");
+        run_until_idle(&mut t);
+        append(&file(1), "c\nhal");
+        append(&file(2), "d\n");
+        run_until_idle(&mut t);
+        assert_eq!(stored.try_iter().collect::<Vec<_>>(), ["a", "b", "c", "d"]);
+        let c: Checkpoint =
+            serde_json::from_slice(&std::fs::read(dir.path().join(CHECKPOINT_FILE)).unwrap())
+                .unwrap();
+        assert_eq!(c.inode, std::fs::metadata(file(2)).unwrap().ino());
+        assert_eq!(c.offset, 2);
+        assert_eq!(t.published.get(), Some(c), "/stats says what the file says");
+        drop(t);
+        append(&file(2), "e\n");
+        append(&file(3), "f\n");
+        std::fs::remove_file(file(1)).unwrap();
+        let mut again = Tail::new(dir.path().join("app-*.log"), dir.path(), tx);
+        run_until_idle(&mut again);
+        assert_eq!(stored.try_iter().collect::<Vec<_>>(), ["e", "f"]);
+        // The live file deleted and made again under its name: the new one from its start.
+        std::fs::remove_file(file(3)).unwrap();
+        append(&file(3), "g\n");
+        run_until_idle(&mut again);
+        assert_eq!(stored.try_iter().collect::<Vec<_>>(), ["g"]);
     }
 
     /// Lines appended and the file renamed between a read and the look at the name: read

@@ -33,9 +33,10 @@ pub const SOURCE_LINK: &str = "source";
 pub(super) struct RawRotate {
     /// `10s` (time) or `64KB` / `1MB` (size of the live file).
     every: String,
-    /// `rename` (default: the live file becomes `NAME.1`, a new one is created) or
+    /// `rename` (default: the live file becomes `NAME.1`, a new one is created),
     /// `copytruncate` (copied to `NAME.1`, then cut to zero length; drill writes nothing
-    /// between).
+    /// between), or `create` (the only one, and the default, for a `path` with a `*`: the next
+    /// file is begun under the next number, the old one keeps its name).
     #[serde(default)]
     mode: Option<RotateMode>,
     /// Rotated files kept (`NAME.1` … `NAME.keep`); an older one is deleted. Default 5.
@@ -80,6 +81,7 @@ pub enum CheckpointFrom {
 pub enum RotateMode {
     Rename,
     Copytruncate,
+    Create,
 }
 
 /// When drill rotates the live file.
@@ -240,15 +242,17 @@ pub(super) fn file(raw: RawFile, here: &Location) -> Result<FileSpec, Located> {
     if name.is_empty()
         || name.contains('/')
         || name.starts_with('.')
-        || name.contains(['*', '?', '['])
+        || name.contains(['?', '['])
+        || name.matches('*').count() > 1
     {
         return Err(at(
             here,
             format!(
-                "field `system.ingest.path`: `{name}` must be a plain file name (drill writes it into {{work_dir}}/{SOURCE_DIR}/, and rotates it to NAME.1, NAME.2, ...), e.g. path: app.log"
+                "field `system.ingest.path`: `{name}` must be a plain file name (drill writes it into {{work_dir}}/{SOURCE_DIR}/, and rotates it to NAME.1, NAME.2, ...), e.g. path: app.log, or a name with one `*` (app-*.log: drill numbers its files 000001, 000002, ... in place of the `*`)"
             ),
         ));
     }
+    let glob = name.contains('*');
     if let Some(f) = raw.format.as_deref()
         && f != "json"
     {
@@ -259,7 +263,7 @@ pub(super) fn file(raw: RawFile, here: &Location) -> Result<FileSpec, Located> {
             ),
         ));
     }
-    let rotate = raw.rotate.map(rotate).transpose()?;
+    let rotate = raw.rotate.map(|r| rotate(r, glob)).transpose()?;
     let checkpoint = raw.checkpoint.map(checkpoint).transpose()?;
     Ok(FileSpec {
         name,
@@ -268,9 +272,33 @@ pub(super) fn file(raw: RawFile, here: &Location) -> Result<FileSpec, Located> {
     })
 }
 
-fn rotate(raw: Spanned<RawRotate>) -> Result<Rotate, Located> {
+fn rotate(raw: Spanned<RawRotate>, glob: bool) -> Result<Rotate, Located> {
     let here = raw.referenced;
     let r = raw.value;
+    let mode = match (r.mode, glob) {
+        (None, true) | (Some(RotateMode::Create), true) => RotateMode::Create,
+        (None, false) => RotateMode::Rename,
+        (Some(RotateMode::Create), false) => {
+            return Err(at(
+                &here,
+                "field `system.ingest.rotate.mode`: `create` begins each file under a new name, and `system.ingest.path` has no `*` for the number; write path: app-*.log, or rotate by rename or copytruncate".to_string(),
+            ));
+        }
+        (Some(m), true) => {
+            return Err(at(
+                &here,
+                format!(
+                    "field `system.ingest.rotate.mode`: `{}` with a `*` in `system.ingest.path`; a glob's files each keep their name and rotate by `create` (the default)",
+                    if m == RotateMode::Rename {
+                        "rename"
+                    } else {
+                        "copytruncate"
+                    }
+                ),
+            ));
+        }
+        (Some(m), false) => m,
+    };
     let every = parse_every(&r.every)
         .map_err(|m| at(&here, format!("field `system.ingest.rotate.every`: {m}")))?;
     let keep = r.keep.unwrap_or(5);
@@ -280,11 +308,7 @@ fn rotate(raw: Spanned<RawRotate>) -> Result<Rotate, Located> {
             "field `system.ingest.rotate.keep`: 1 to 100 rotated files".to_string(),
         ));
     }
-    Ok(Rotate {
-        every,
-        mode: r.mode.unwrap_or(RotateMode::Rename),
-        keep,
-    })
+    Ok(Rotate { every, mode, keep })
 }
 
 /// `10s` or `64KB`, `1MB`, `4096B`.
@@ -366,7 +390,10 @@ fn checkpoint_file(file: String) -> Result<String, String> {
             "`{file}` must be a path inside the engine's data folder ({{data_dir}}), e.g. file: positions.json"
         ));
     }
-    if file.rsplit_once('/').is_some_and(|(dir, _)| dir.contains('*')) {
+    if file
+        .rsplit_once('/')
+        .is_some_and(|(dir, _)| dir.contains('*'))
+    {
         return Err(format!(
             "`{file}`: a `*` may stand only in the file's name, not in its folders"
         ));

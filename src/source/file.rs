@@ -3,7 +3,10 @@
 //! does (`rename`, or `copytruncate` with nothing written between the copy and the cut), and
 //! carries out the source faults: `rotate`, `truncate`, `delete` (a new file takes the name)
 //! and `stall` (one line written in two `write()` calls, the second `for` later, nothing else
-//! written meanwhile).
+//! written meanwhile). A name with a `*` (`app-*.log`) is a glob the engine follows: drill
+//! names each file by putting its number (`000001`, `000002`, …) in place of the `*`, and a
+//! rotation (`create`) starts the next file, leaving the old one under its name until it falls
+//! off `keep`.
 //!
 //! Every line's place is kept (its file generation and byte range), so that what drill removes
 //! or cuts can be split into what the engine had read and what it had not. The engine's read
@@ -42,7 +45,10 @@ struct Span {
 
 struct Inner {
     dir: PathBuf,
+    /// The name as the scenario gives it: a plain name, or a glob with one `*`.
     name: String,
+    /// The live file's number, where `name` is a glob.
+    number: u32,
     mode: RotateMode,
     keep: u32,
     every: Option<RotateEvery>,
@@ -55,6 +61,8 @@ struct Inner {
     /// Each file generation's inode, in the order drill created them; a file cut to zero
     /// starts a new generation on the same inode.
     generations: Vec<u64>,
+    /// Each generation's file name when it began (a glob's files keep theirs).
+    names: Vec<String>,
     /// How many bytes each generation got.
     written: Vec<u64>,
     /// Where each generation is now: `None` once deleted or cut.
@@ -86,18 +94,21 @@ impl FileSource {
     pub fn create(work: &Path, spec: &FileSpec) -> std::io::Result<FileSource> {
         let dir = work.join(crate::scenario::source::SOURCE_DIR);
         std::fs::create_dir_all(&dir)?;
-        let live_path = dir.join(&spec.name);
+        let first = numbered(&spec.name, 1);
+        let live_path = dir.join(&first);
         let live = open_new(&live_path)?;
         let meta = live.metadata()?;
         sync_dir(&dir)?;
         let (mode, keep, every) = match &spec.rotate {
             Some(r) => (r.mode, r.keep, Some(r.every)),
+            None if spec.name.contains('*') => (RotateMode::Create, 5, None),
             None => (RotateMode::Rename, 5, None),
         };
         Ok(FileSource {
             inner: Arc::new(Mutex::new(Inner {
                 dir,
                 name: spec.name.clone(),
+                number: 1,
                 mode,
                 keep,
                 every,
@@ -107,6 +118,7 @@ impl FileSource {
                 live_len: 0,
                 dev: meta.dev(),
                 generations: vec![meta.ino()],
+                names: vec![first],
                 written: vec![0],
                 alive: vec![true],
                 read: vec![0],
@@ -125,10 +137,10 @@ impl FileSource {
         }
     }
 
-    /// The live file's path (what `{ingest.path}` names).
+    /// The live file's path (what `{ingest.path}` names, unless the name is a glob: then the
+    /// glob).
     pub fn live_path(&self) -> PathBuf {
-        let s = self.lock();
-        s.dir.join(&s.name)
+        self.lock().live_path()
     }
 
     /// Which processes are the engine now (it changes at every restart); samples where they
@@ -278,7 +290,7 @@ impl FileSource {
 
 impl Inner {
     fn live_path(&self) -> PathBuf {
-        self.dir.join(&self.name)
+        self.dir.join(&self.names[self.live_generation])
     }
 
     fn rotated_path(&self, n: u32) -> PathBuf {
@@ -410,6 +422,9 @@ impl Inner {
         self.sample();
         self.last_rotation = Instant::now();
         self.account.rotations += 1;
+        if mode == RotateMode::Create {
+            return self.rotate_create();
+        }
         let destroyed = self.shift()?;
         let live = self.live_path();
         let first = self.rotated_path(1);
@@ -424,6 +439,7 @@ impl Inner {
                     file_name(&first)
                 )
             }
+            RotateMode::Create => unreachable!("a glob's rotation is rotate_create's"),
             RotateMode::Copytruncate => {
                 std::fs::copy(&live, &first)?;
                 File::open(&first)?.sync_all()?;
@@ -447,6 +463,45 @@ impl Inner {
         Ok(what)
     }
 
+    /// A glob's rotation: the next-numbered file becomes the live one, the old one stays
+    /// under its name; the oldest files beyond `keep` are deleted.
+    fn rotate_create(&mut self) -> std::io::Result<String> {
+        let old = self.names[self.live_generation].clone();
+        let unread = self.unread(self.live_generation);
+        self.number += 1;
+        let name = numbered(&self.name, self.number);
+        let live = open_new(&self.dir.join(&name))?;
+        let ino = live.metadata()?.ino();
+        self.live = live;
+        self.start_generation(ino, name.clone());
+        // The files still there besides the live one, oldest first (of a name cut, or deleted
+        // and made again, only the latest generation is alive).
+        let mut kept: Vec<usize> = (0..self.live_generation)
+            .filter(|g| self.alive[*g])
+            .collect();
+        let mut destroyed = 0;
+        let mut gone = Vec::new();
+        while kept.len() > self.keep as usize {
+            let g = kept.remove(0);
+            std::fs::remove_file(self.dir.join(&self.names[g]))?;
+            destroyed += self.destroy(g, 0);
+            gone.push(self.names[g].clone());
+        }
+        sync_dir(&self.dir)?;
+        let mut what = format!(
+            "rotated (create): {name} begun after {old}, {unread} of its lines not yet read by the engine"
+        );
+        if !gone.is_empty() {
+            what.push_str(&format!(
+                "; {} deleted past keep {}, {destroyed} records in it unread",
+                gone.join(", "),
+                self.keep
+            ));
+        }
+        self.account.events.push(what.clone());
+        Ok(what)
+    }
+
     /// Cuts the live file to zero length: a new generation on the same inode.
     fn truncate_live(&mut self, why: &str) -> std::io::Result<String> {
         let old = self.live_generation;
@@ -456,9 +511,10 @@ impl Inner {
         self.live.sync_all()?;
         let n = self.destroy(old, 0);
         let ino = self.generations[old];
-        self.start_generation(ino);
+        let name = self.names[old].clone();
+        self.start_generation(ino, name);
         self.account.truncations += 1;
-        let what = format!("{} {why}: {n} records in it unread", self.name);
+        let what = format!("{} {why}: {n} records in it unread", self.names[old]);
         if why == "truncated" {
             self.account.events.push(what.clone());
         }
@@ -480,28 +536,36 @@ impl Inner {
         };
         let what = format!(
             "{} deleted and created again{reused}: {n} records in it unread",
-            self.name
+            self.names[old]
         );
         self.account.events.push(what.clone());
         Ok(what)
     }
 
     fn new_live(&mut self) -> std::io::Result<()> {
-        let live = open_new(&self.live_path())?;
+        let path = self.live_path();
+        let live = open_new(&path)?;
         let ino = live.metadata()?.ino();
         self.live = live;
-        self.start_generation(ino);
+        self.start_generation(ino, file_name(&path));
         Ok(())
     }
 
-    fn start_generation(&mut self, ino: u64) {
+    fn start_generation(&mut self, ino: u64, name: String) {
         self.generations.push(ino);
+        self.names.push(name);
         self.written.push(0);
         self.alive.push(true);
         self.read.push(0);
         self.live_generation = self.generations.len() - 1;
         self.live_len = 0;
     }
+}
+
+/// The file name of a glob's `number`th file (`app-*.log` → `app-000002.log`); a plain name
+/// as it is.
+fn numbered(name: &str, number: u32) -> String {
+    name.replacen('*', &format!("{number:06}"), 1)
 }
 
 /// Creates a file for appending (an existing one is cut). O_APPEND: after the file is cut to
@@ -628,6 +692,55 @@ mod tests {
         let passed = src.passed_by(Some(ino), 1 << 20).unwrap();
         assert_eq!(passed.len(), 6);
         assert_eq!(src.passed_by(Some(1), 0), None);
+    }
+
+    /// A glob's files are numbered in place of the `*`; a rotation begins the next, the old
+    /// one keeps its name until it falls off `keep`; a delete makes the live name again.
+    #[tokio::test]
+    async fn a_globs_files_are_numbered_and_the_oldest_fall_off_keep() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = FileSpec {
+            name: "app-*.log".to_string(),
+            rotate: None,
+            checkpoint: None,
+        };
+        let src = FileSource::create(dir.path(), &spec).unwrap();
+        let folder = dir.path().join("source");
+        assert_eq!(src.live_path(), folder.join("app-000001.log"));
+        src.write(&records(0, 3)).await;
+        let said = src.fault(SourceAction::Rotate).unwrap();
+        assert!(
+            said.starts_with("rotated (create): app-000002.log begun after app-000001.log, 3 of its lines not yet read"),
+            "{said}"
+        );
+        src.write(&records(3, 2)).await;
+        for _ in 0..4 {
+            src.fault(SourceAction::Rotate).unwrap();
+        }
+        // Live app-000006 and five before it: keep 5, nothing deleted yet.
+        assert!(folder.join("app-000001.log").exists());
+        assert!(src.account().destroyed.is_empty());
+        let said = src.fault(SourceAction::Rotate).unwrap();
+        assert!(
+            said.ends_with("app-000001.log deleted past keep 5, 3 records in it unread"),
+            "{said}"
+        );
+        assert!(!folder.join("app-000001.log").exists());
+        assert_eq!(src.account().destroyed.len(), 3);
+        // A checkpoint at the second file's end has passed all five records.
+        let ino = std::fs::metadata(folder.join("app-000002.log"))
+            .unwrap()
+            .ino();
+        assert_eq!(src.passed_by(Some(ino), 1 << 20).unwrap().len(), 5);
+        // Deleted and made again: the same name, the next generation.
+        src.write(&records(5, 1)).await;
+        let said = src.fault(SourceAction::Delete).unwrap();
+        assert!(
+            said.starts_with("app-000007.log deleted and created again"),
+            "{said}"
+        );
+        assert_eq!(src.live_path(), folder.join("app-000007.log"));
+        assert_eq!(src.account().destroyed.len(), 4);
     }
 
     #[tokio::test]
