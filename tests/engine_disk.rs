@@ -102,3 +102,51 @@ async fn a_full_disk_refuses_ingest_evicts_nothing_and_recovers() {
     );
     engine.stop(Duration::from_secs(5)).await;
 }
+
+/// `disk-fsync-error`: the record log's fdatasync fails once with EIO (drill's power-cut
+/// filesystem does what Linux does: the pages are never written, a retried fsync answers 0),
+/// then the power is cut. The correct engine refuses the batch it could not sync and passes;
+/// `fsync-retry-believes` retries, believes the 0, acknowledges the batch, and the cut takes
+/// it: lost, exactly that batch.
+#[cfg(feature = "mutants")]
+#[test]
+fn an_fsync_error_believed_on_retry_loses_the_batch_at_the_next_power_cut() {
+    use crate::common::run::{catalogue_drill_fails_mutant, catalogue_drill_passes, required};
+    if !required(
+        Path::new("/dev/fuse").exists() && nix::unistd::Uid::effective().is_root(),
+        "FUSE (/dev/fuse) and root",
+    ) {
+        return;
+    }
+    let (correct, broken) = std::thread::scope(|s| {
+        let c = s.spawn(|| catalogue_drill_passes("disk-fsync-error"));
+        let b =
+            s.spawn(|| catalogue_drill_fails_mutant("disk-fsync-error", "fsync-retry-believes"));
+        (c.join().unwrap(), b.join().unwrap())
+    });
+    let said = |ran: &crate::common::run::Ran| {
+        ran.report["notes"].as_array().unwrap().iter().any(|n| {
+            n.as_str().is_some_and(|n| {
+                n.starts_with("the engine's disk answered 1 operations with an injected error; 1 of them fsyncs")
+            })
+        })
+    };
+    assert_eq!(correct.number(&["ledger", "lost"]), 0);
+    assert!(
+        correct.number(&["ledger", "ingest_refused"]) > 0,
+        "the batch it could not sync was refused: {:#}",
+        correct.report["ledger"]
+    );
+    assert!(said(&correct), "{:#}", correct.report["notes"]);
+    let lost = broken.number(&["ledger", "lost"]);
+    // One group commit of the writer: what a few ms brought at 200 records/s.
+    assert!((1..=40).contains(&lost), "lost {lost}: {:#}", broken.report);
+    assert!(said(&broken), "{:#}", broken.report["notes"]);
+    assert!(
+        broken
+            .markdown
+            .contains("| engine disk | I/O error: fsync on records-*.log fails with EIO"),
+        "{}",
+        broken.markdown
+    );
+}

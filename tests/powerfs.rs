@@ -1,7 +1,9 @@
 //! The power-cut filesystem on a real FUSE mount: real files, real fsync, real processes.
 //! A write is visible at once and gone after a cut unless fsync or fdatasync made it durable;
 //! a process started after the cut sees only the synced bytes; renames, readdir and unlink pass
-//! through; a filled disk refuses growth with ENOSPC and recovers; unmount never leaves a mount.
+//! through; a filled disk refuses growth with ENOSPC and recovers; an injected fsync error reaches
+//! the caller and what it covered is read back yet lost at the next cut; unmount never leaves a
+//! mount.
 //! Needs /dev/fuse and root: under `CI` their absence fails the test; elsewhere the test says
 //! so and skips.
 
@@ -12,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use drill::powerfs::{CrashOp, CrashPoint, CutReport, PowerFs};
+use drill::powerfs::{CrashOp, CrashPoint, CutReport, IoErrno, IoFault, IoOp, PowerFs};
 
 /// A mounted power-cut filesystem over a fresh backing directory. Fields drop in order: the
 /// mount goes before the directories under it.
@@ -529,4 +531,53 @@ fn ten_megabytes_in_4k_writes_with_a_sync_every_64k_completes() {
     );
     let back = fs::read(&path).unwrap();
     assert!(back.chunks(4096).all(|c| c == chunk.as_slice()));
+}
+
+/// An fsync error injected on the real mount reaches the process as EIO; the file still reads
+/// what it wrote, a retried fsync answers 0 and writes none of it, and the next power cut loses
+/// it: an engine that retries and believes is caught by the cut. Other operations answer their
+/// injected errno while the fault is in force.
+#[test]
+fn an_fsync_error_reaches_the_caller_and_a_retry_does_not_make_it_durable() {
+    let rig = rig_or_skip!();
+    let path = rig.mnt("records.log");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(b"synced\n").unwrap();
+    f.sync_data().unwrap();
+    rig.fs.inject(IoFault {
+        op: IoOp::Fsync,
+        path: "*.log".to_string(),
+        errno: IoErrno::Eio,
+        nth: Some(1),
+    });
+    f.write_all(b"doomed\n").unwrap();
+    let e = f.sync_data().unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(nix::libc::EIO), "{e}");
+    assert_eq!(fs::read(&path).unwrap(), b"synced\ndoomed\n");
+    f.sync_all().expect("a retried fsync answers 0");
+    assert_eq!(fs::read(rig.backing("records.log")).unwrap(), b"synced\n");
+    drop(f);
+    let cut = rig.fs.power_cut(false);
+    assert_eq!((cut.files, cut.bytes), (1, 7));
+    assert_eq!(fs::read(&path).unwrap(), b"synced\n");
+    let failed = rig.fs.io_failed();
+    assert_eq!((failed.fsyncs, failed.bytes_dropped), (1, 7));
+    // A write error while in force; the rest of the disk untouched.
+    rig.fs.inject(IoFault {
+        op: IoOp::Write,
+        path: "records.log".to_string(),
+        errno: IoErrno::Enospc,
+        nth: None,
+    });
+    let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+    let e = f.write_all(b"more\n").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(nix::libc::ENOSPC), "{e}");
+    fs::write(rig.mnt("other.log"), b"ok").unwrap();
+    rig.fs.clear_io_faults();
+    f.write_all(b"more\n").unwrap();
+    assert_eq!(fs::read(&path).unwrap(), b"synced\nmore\n");
 }

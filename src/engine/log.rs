@@ -544,7 +544,14 @@ impl RecordLog {
                 // couple of seconds (docs/src/design.md#rule-1-8).
                 return Ok(());
             }
-            self.file.sync_data()
+            let synced = self.file.sync_data();
+            #[cfg(feature = "mutants")]
+            if synced.is_err() && mutant::is(Mutant::FsyncRetryBelieves) {
+                // MUTANT: the retry answers 0 — the kernel marked the pages clean after the
+                // failed writeback and will never write them — and is believed.
+                return self.file.sync_data();
+            }
+            synced
         });
         let len = buf.len() as u64;
         if buf.capacity() <= 16 << 20 {

@@ -123,6 +123,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "mark-on-poll",
         "outbox input: marks the rows it polled as sent before it stores them: a crash between the mark and the store loses them",
     ),
+    (
+        "fsync-retry-believes",
+        "record log: when an fdatasync fails it retries, and the retry's 0 (Linux marked the pages clean, never wrote them) is believed: the batch is acknowledged and a later power cut loses it",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -228,11 +232,15 @@ pub enum Mutant {
     /// fdatasync while the input stores a burst (`outbox-kill-mid-drain`): the rows of the
     /// burst the cut took are marked, lost ("checkpoint ahead of the store").
     MarkOnPoll,
+    /// [`RecordLog::append_batch`]. Caught by an fdatasync error on the record log followed
+    /// by a power cut (`disk-fsync-error`): the batch the failed fdatasync covered was
+    /// acknowledged, and the cut takes it.
+    FsyncRetryBelieves,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 23] = [
+    pub const ALL: [Mutant; 24] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -256,6 +264,7 @@ impl Mutant {
         Mutant::SkipOnRotate,
         Mutant::CommitOnPoll,
         Mutant::MarkOnPoll,
+        Mutant::FsyncRetryBelieves,
     ];
 
     fn index(self) -> usize {
@@ -285,7 +294,8 @@ impl Mutant {
             | Mutant::CheckpointBeforeStore
             | Mutant::SkipOnRotate
             | Mutant::CommitOnPoll
-            | Mutant::MarkOnPoll => &[Signature::Lost],
+            | Mutant::MarkOnPoll
+            | Mutant::FsyncRetryBelieves => &[Signature::Lost],
             // Where drill is the destination (HTTP) or the link pairs statements with answers
             // (PostgreSQL), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
@@ -334,6 +344,7 @@ impl Mutant {
             Mutant::SkipOnRotate => "file-rotate-during-outage",
             Mutant::CommitOnPoll => "kafka-source-kill-mid-drain",
             Mutant::MarkOnPoll => "outbox-kill-mid-drain",
+            Mutant::FsyncRetryBelieves => "disk-fsync-error",
         }
     }
 

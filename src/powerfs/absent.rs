@@ -47,6 +47,18 @@ impl PowerFs {
     pub fn release(&self) {
         match *self {}
     }
+    pub fn inject(&self, _fault: super::IoFault) {
+        match *self {}
+    }
+    pub fn clear_io_faults(&self) {
+        match *self {}
+    }
+    pub fn remove_io_fault(&self, _fault: &super::IoFault) {
+        match *self {}
+    }
+    pub fn io_failed(&self) -> super::IoFailed {
+        match *self {}
+    }
     pub fn unsynced_bytes(&self) -> u64 {
         match *self {}
     }

@@ -78,6 +78,19 @@ pub struct CutReport {
     pub torn: u64,
 }
 
+/// What injected I/O faults did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IoFailed {
+    /// Operations answered with an injected error.
+    pub operations: u64,
+    /// Of them, fsyncs (and fdatasyncs).
+    pub fsyncs: u64,
+    /// Unsynced write requests and their data bytes the failed fsyncs dropped: reads showed
+    /// them until a power cut, no later fsync wrote them.
+    pub writes_dropped: u64,
+    pub bytes_dropped: u64,
+}
+
 /// An operation a crash point counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -124,6 +137,88 @@ impl CrashPoint {
     /// `fdatasync #3 on *.log`.
     pub fn describe(&self) -> String {
         format!("{} #{} on {}", self.op.name(), self.nth, self.path)
+    }
+}
+
+/// An operation an injected I/O error fails (`op:` of a `disk: io_error` fault). `fsync` is
+/// fsync and fdatasync alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IoOp {
+    Fsync,
+    Write,
+    Read,
+    Open,
+    Rename,
+}
+
+impl IoOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoOp::Fsync => "fsync",
+            IoOp::Write => "write",
+            IoOp::Read => "read",
+            IoOp::Open => "open",
+            IoOp::Rename => "rename",
+        }
+    }
+}
+
+/// The error an injected I/O fault answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum IoErrno {
+    Eio,
+    Enospc,
+    Erofs,
+}
+
+impl IoErrno {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoErrno::Eio => "EIO",
+            IoErrno::Enospc => "ENOSPC",
+            IoErrno::Erofs => "EROFS",
+        }
+    }
+}
+
+/// I/O errors injected on the engine's disk (Chaos Mesh's IOChaos is the model): `op` on a
+/// file whose path matches `path` (as a [`CrashPoint`]'s) fails with `errno` — only the `nth`
+/// such operation from when it is injected, or every one while it is in force. A failed
+/// `fsync` does what Linux does: the writes it covered are never written, reads still show
+/// them, a retried fsync succeeds, and the next power cut loses them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoFault {
+    pub op: IoOp,
+    pub path: String,
+    pub errno: IoErrno,
+    pub nth: Option<u64>,
+}
+
+impl IoFault {
+    /// Whether the file at `rel` (below the data directory) is one the fault acts on.
+    pub fn matches(&self, rel: &Path) -> bool {
+        let text = if self.path.contains('/') {
+            rel.to_string_lossy()
+        } else {
+            rel.file_name().unwrap_or_default().to_string_lossy()
+        };
+        glob(self.path.as_bytes(), text.as_bytes())
+    }
+
+    /// `fsync on records-*.log fails with EIO (the 1st)`.
+    pub fn describe(&self) -> String {
+        let which = match self.nth {
+            Some(n) => format!(" (its #{n} from now)"),
+            None => String::new(),
+        };
+        format!(
+            "{} on {} fails with {}{which}",
+            self.op.name(),
+            self.path,
+            self.errno.name()
+        )
     }
 }
 

@@ -128,6 +128,26 @@ impl PowerFs {
         lock(&self.state).set_full(false);
     }
 
+    /// Puts an I/O fault in force on the disk, beside any already in force.
+    pub fn inject(&self, fault: super::IoFault) {
+        lock(&self.state).inject(fault);
+    }
+
+    /// Ends every I/O fault in force.
+    pub fn clear_io_faults(&self) {
+        lock(&self.state).clear_io_faults();
+    }
+
+    /// Ends one I/O fault (the first in force equal to `fault`).
+    pub fn remove_io_fault(&self, fault: &super::IoFault) {
+        lock(&self.state).remove_io_fault(fault);
+    }
+
+    /// What the I/O faults did so far.
+    pub fn io_failed(&self) -> super::IoFailed {
+        lock(&self.state).io_failed
+    }
+
     /// Bytes written and not yet synced, right now.
     pub fn unsynced_bytes(&self) -> u64 {
         lock(&self.state).unsynced_bytes()

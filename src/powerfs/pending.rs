@@ -2,6 +2,12 @@
 //! arrived, laid over the backing file's bytes for reads, applied to it in that order by fsync,
 //! dropped whole by a power cut. Pure bookkeeping: the only I/O here is [`Pending::apply`], on a
 //! backing file the caller opened.
+//!
+//! **A failed fsync** ([`Pending::fail_sync`]) does what Linux does to the pages it covered:
+//! they are marked clean and never written. Reads still show them, a later fsync does not
+//! write them and succeeds, and the next power cut loses them. The list keeps them (and, to
+//! keep reads in order, every change applied after them) as a "kept" prefix that fsync never
+//! applies again.
 
 use std::fs::File;
 use std::io;
@@ -26,6 +32,11 @@ enum Op {
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     ops: Vec<Op>,
+    /// `ops[..kept]` are for reads only: changes a failed fsync dropped (never durable) and
+    /// changes applied after them (durable already). fsync applies only `ops[kept..]`.
+    kept: usize,
+    /// Write requests and data bytes a failed fsync dropped: a power cut loses them.
+    doomed: (u64, u64),
     /// Write requests and truncates held (a large write(2) may arrive as several requests).
     changes: u64,
     /// Data bytes held (writes only; a truncate carries none).
@@ -37,6 +48,18 @@ pub(crate) struct Pending {
 impl Pending {
     pub(crate) fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+
+    /// An fsync of this file failed: what it covered is never written, though reads show it
+    /// until a power cut; a later fsync leaves it be. Returns (changes, bytes) dropped.
+    pub(crate) fn fail_sync(&mut self) -> (u64, u64) {
+        let dropped = (self.changes, self.bytes);
+        self.doomed.0 += self.changes;
+        self.doomed.1 += self.bytes;
+        self.kept = self.ops.len();
+        self.changes = 0;
+        self.bytes = 0;
+        dropped
     }
 
     /// Data bytes held.
@@ -60,11 +83,13 @@ impl Pending {
         self.changes += 1;
         self.bytes += data.len() as u64;
         self.touched = Some(SystemTime::now());
+        let held = self.ops.len() > self.kept;
         if let Some(Op::Write {
             offset: last_offset,
             data: last,
             calls,
         }) = self.ops.last_mut()
+            && held
             && *last_offset + last.len() as u64 == offset
         {
             last.extend_from_slice(data);
@@ -114,10 +139,12 @@ impl Pending {
 
     /// Applies the held changes to `file` in order. On an error the changes already applied
     /// are gone from the list and the rest stay held, so a retry carries on where this stopped.
+    /// After a failed fsync ([`Pending::fail_sync`]) the applied changes stay in the list for
+    /// reads, behind what that fsync dropped.
     pub(crate) fn apply(&mut self, file: &File) -> io::Result<()> {
         let mut done = 0;
         let mut result = Ok(());
-        for op in &self.ops {
+        for op in &self.ops[self.kept..] {
             let step = match op {
                 Op::Write { offset, data, .. } => file.write_all_at(data, *offset),
                 Op::Truncate { size } => file.set_len(*size),
@@ -128,7 +155,11 @@ impl Pending {
             }
             done += 1;
         }
-        self.ops.drain(..done);
+        if self.kept == 0 {
+            self.ops.drain(..done);
+        } else {
+            self.kept += done;
+        }
         self.recount();
         result
     }
@@ -138,8 +169,7 @@ impl Pending {
     /// file keeps the write's size (the size reached the disk, the sector did not). A write
     /// inside one sector is torn whole. Returns the bytes zeroed (0: no write held).
     pub(crate) fn tear(&mut self, sector: u64) -> u64 {
-        let Some(Op::Write { offset, data, .. }) = self
-            .ops
+        let Some(Op::Write { offset, data, .. }) = self.ops[self.kept..]
             .iter_mut()
             .rev()
             .find(|op| matches!(op, Op::Write { .. }))
@@ -156,9 +186,10 @@ impl Pending {
         torn.len() as u64
     }
 
-    /// Forgets every held change; returns (changes, bytes) forgotten.
+    /// Forgets every held change, and what a failed fsync dropped; returns (changes, bytes)
+    /// forgotten.
     pub(crate) fn drop_all(&mut self) -> (u64, u64) {
-        let lost = (self.changes, self.bytes);
+        let lost = (self.changes + self.doomed.0, self.bytes + self.doomed.1);
         *self = Pending::default();
         lost
     }
@@ -166,7 +197,7 @@ impl Pending {
     fn recount(&mut self) {
         self.changes = 0;
         self.bytes = 0;
-        for op in &self.ops {
+        for op in &self.ops[self.kept..] {
             match op {
                 Op::Write { data, calls, .. } => {
                     self.changes += calls;
@@ -175,7 +206,7 @@ impl Pending {
                 Op::Truncate { .. } => self.changes += 1,
             }
         }
-        if self.ops.is_empty() {
+        if self.ops.len() == self.kept && self.doomed == (0, 0) {
             self.touched = None;
         }
     }
@@ -290,6 +321,40 @@ mod tests {
             0,
             "nothing held, nothing torn"
         );
+    }
+
+    /// Linux after a failed fsync: the writes it covered read back, are never written by a
+    /// later fsync (which succeeds), and are gone after a cut; writes after it land, and a
+    /// later write over the same bytes wins in reads and on disk.
+    #[test]
+    fn a_failed_fsync_drops_its_writes_for_good_but_reads_still_show_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"abcdef").unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let mut p = Pending::default();
+        p.write(6, b"GHIJ");
+        assert_eq!(p.fail_sync(), (1, 4));
+        assert_eq!(view(b"abcdef", &p), b"abcdefGHIJ");
+        p.write(10, b"kl");
+        p.write(0, b"A");
+        p.write(7, b"h");
+        // The retried fsync: only what came after the failure lands.
+        p.apply(&file).unwrap();
+        let disk = std::fs::read(&path).unwrap();
+        assert_eq!(disk, b"Abcdef\0h\0\0kl");
+        // Reads: the dropped bytes still show where nothing later wrote over them.
+        assert_eq!(view(&disk, &p), b"AbcdefGhIJkl");
+        assert!(!p.is_empty(), "what the failure dropped is still to lose");
+        // Appends after the failure do not join a kept op.
+        p.write(12, b"m");
+        assert_eq!((p.changes, p.bytes()), (1, 1));
+        assert_eq!(p.drop_all(), (2, 5));
+        assert!(p.is_empty());
     }
 
     #[test]

@@ -20,7 +20,7 @@ use nix::sys::stat::{Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 
 use super::pending::Pending;
-use super::{Crash, CrashOp, CrashPoint, CutReport};
+use super::{Crash, CrashOp, CrashPoint, CutReport, IoFailed, IoFault, IoOp};
 
 /// The sector a torn write is torn at: the smallest unit a disk writes whole.
 const SECTOR: u64 = 512;
@@ -48,6 +48,10 @@ pub(crate) struct State {
     crash: Option<Crash>,
     /// Power is off (a crash point fired): every change fails with EIO until revived.
     dead: bool,
+    /// I/O faults in force, with the matching operations each has seen.
+    io_faults: Vec<(IoFault, u64)>,
+    /// Operations an I/O fault failed, and the unsynced writes failed fsyncs dropped.
+    pub(crate) io_failed: IoFailed,
     /// Woken when a crash point fires.
     pub(crate) crashed: std::sync::Arc<tokio::sync::Notify>,
 }
@@ -225,6 +229,8 @@ impl State {
             armed: None,
             crash: None,
             dead: false,
+            io_faults: Vec::new(),
+            io_failed: IoFailed::default(),
             crashed: std::sync::Arc::new(tokio::sync::Notify::new()),
         }
     }
@@ -287,6 +293,50 @@ impl State {
         });
         self.crashed.notify_one();
         Err(Errno::EIO)
+    }
+
+    /// Puts an I/O fault in force (beside any already in force).
+    pub(crate) fn inject(&mut self, fault: IoFault) {
+        self.io_faults.push((fault, 0));
+    }
+
+    /// Ends every I/O fault in force.
+    pub(crate) fn clear_io_faults(&mut self) {
+        self.io_faults.clear();
+    }
+
+    /// Ends one I/O fault (the first in force equal to `fault`).
+    pub(crate) fn remove_io_fault(&mut self, fault: &IoFault) {
+        if let Some(i) = self.io_faults.iter().position(|(f, _)| f == fault) {
+            self.io_faults.remove(i);
+        }
+    }
+
+    /// Counts `op` on the file at `rel` against the I/O faults in force; the error of the
+    /// first that fails it.
+    fn io_fault(&mut self, rel: Option<&Path>, op: IoOp) -> Result<(), Errno> {
+        let Some(rel) = rel else { return Ok(()) };
+        for (fault, seen) in &mut self.io_faults {
+            if fault.op != op || !fault.matches(rel) {
+                continue;
+            }
+            *seen += 1;
+            if fault.nth.is_none_or(|n| n == *seen) {
+                self.io_failed.operations += 1;
+                return Err(match fault.errno {
+                    super::IoErrno::Eio => Errno::EIO,
+                    super::IoErrno::Enospc => Errno::ENOSPC,
+                    super::IoErrno::Erofs => Errno::from_i32(nix::errno::Errno::EROFS as i32),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The I/O fault check for file `ino`.
+    fn io_fault_on(&mut self, ino: u64, op: IoOp) -> Result<(), Errno> {
+        let rel = self.nodes.get(&ino).and_then(|n| n.path.clone());
+        self.io_fault(rel.as_deref(), op)
     }
 
     pub(crate) fn set_full(&mut self, full: bool) {
@@ -598,6 +648,7 @@ impl State {
         self.alive()?;
         let from = self.child(parent, name)?;
         let to = self.child(newparent, newname)?;
+        self.io_fault(Some(&from), IoOp::Rename)?;
         let (real_from, real_to) = (self.real(&from), self.real(&to));
         if flags == 0 {
             fs::rename(&real_from, &real_to).map_err(errno)?;
@@ -627,6 +678,7 @@ impl State {
 
     /// Opens file `ino`; its handle is the inode itself.
     pub(crate) fn open(&mut self, ino: u64) -> Result<(), Errno> {
+        self.io_fault_on(ino, IoOp::Open)?;
         let real = self.node(ino)?.path.as_deref().map(|r| self.real(r));
         let node = self.node_mut(ino)?;
         if node.file.is_none() {
@@ -649,6 +701,7 @@ impl State {
         const O_EXCL: i32 = 0o200;
         const O_TRUNC: i32 = 0o1000;
         let rel = self.child(parent, name)?;
+        self.io_fault(Some(&rel), IoOp::Open)?;
         let real = self.real(&rel);
         let existed = fs::symlink_metadata(&real).is_ok();
         let mut options = OpenOptions::new();
@@ -687,7 +740,8 @@ impl State {
         self.evict_if_idle(ino);
     }
 
-    pub(crate) fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+    pub(crate) fn read(&mut self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        self.io_fault_on(ino, IoOp::Read)?;
         let node = self.node(ino)?;
         let file = node.file.as_ref().ok_or(Errno::EBADF)?;
         let base = file.metadata().map_err(errno)?.len();
@@ -709,6 +763,7 @@ impl State {
     /// (a short write), and a write wholly past it fails with ENOSPC.
     pub(crate) fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<u32, Errno> {
         self.crash_point(ino, CrashOp::Write)?;
+        self.io_fault_on(ino, IoOp::Write)?;
         let full = self.full;
         let node = self.node_mut(ino)?;
         let file = node.file.as_ref().ok_or(Errno::EBADF)?;
@@ -737,6 +792,15 @@ impl State {
             CrashOp::Fsync
         };
         self.crash_point(ino, op)?;
+        if let Err(e) = self.io_fault_on(ino, IoOp::Fsync) {
+            // What Linux does after a failed writeback: the pages are marked clean, never
+            // written, and the error is said once.
+            let (writes, bytes) = self.node_mut(ino)?.pending.fail_sync();
+            self.io_failed.fsyncs += 1;
+            self.io_failed.writes_dropped += writes;
+            self.io_failed.bytes_dropped += bytes;
+            return Err(e);
+        }
         let real = self.node(ino)?.path.as_deref().map(|r| self.real(r));
         let node = self.node_mut(ino)?;
         let opened;
@@ -865,7 +929,7 @@ impl State {
 mod tests {
     use super::*;
 
-    use crate::powerfs::{CrashOp, CrashPoint};
+    use crate::powerfs::{CrashOp, CrashPoint, IoFailed, IoFault, IoOp};
 
     const ME: Caller = Caller { uid: 0, gid: 0 };
 
@@ -875,8 +939,104 @@ mod tests {
         (dir, state)
     }
 
-    fn read_all(state: &State, ino: u64) -> Vec<u8> {
+    fn read_all(state: &mut State, ino: u64) -> Vec<u8> {
         state.read(ino, 0, 1 << 20).unwrap()
+    }
+
+    fn fault(op: IoOp, path: &str, errno: crate::powerfs::IoErrno, nth: Option<u64>) -> IoFault {
+        IoFault {
+            op,
+            path: path.to_string(),
+            errno,
+            nth,
+        }
+    }
+
+    /// Linux after a failed fsync: the error is said once, reads still show the writes it
+    /// covered, a retried fsync succeeds and writes nothing of them, and a cut loses them;
+    /// writes after it are synced as ever.
+    #[test]
+    fn a_failed_fsync_drops_its_writes_and_a_retry_succeeds_without_them() {
+        use crate::powerfs::IoErrno::Eio;
+        let (dir, mut s) = state();
+        let ino = s.create(ROOT, "f".as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.write(ino, 0, b"safe").unwrap();
+        s.fsync(ino, true).unwrap();
+        s.inject(fault(IoOp::Fsync, "f", Eio, Some(1)));
+        s.write(ino, 4, b"lost").unwrap();
+        assert!(s.fsync(ino, true).unwrap_err() == Errno::EIO);
+        assert_eq!(read_all(&mut s, ino), b"safelost");
+        s.fsync(ino, false).unwrap();
+        assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"safe");
+        s.write(ino, 8, b"more").unwrap();
+        s.fsync(ino, true).unwrap();
+        assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"safe\0\0\0\0more");
+        assert_eq!(read_all(&mut s, ino), b"safelostmore");
+        let cut = s.power_cut(false);
+        assert_eq!((cut.files, cut.writes, cut.bytes), (1, 1, 4));
+        assert_eq!(read_all(&mut s, ino), b"safe\0\0\0\0more");
+        assert_eq!(
+            s.io_failed,
+            IoFailed {
+                operations: 1,
+                fsyncs: 1,
+                writes_dropped: 1,
+                bytes_dropped: 4
+            }
+        );
+    }
+
+    /// Each operation fails on the files its path matches while the fault is in force, and
+    /// nothing it refused happened.
+    #[test]
+    fn io_faults_fail_their_operation_on_matching_files_only() {
+        use crate::powerfs::IoErrno::{Eio, Enospc, Erofs};
+        let (dir, mut s) = state();
+        let log = s
+            .create(ROOT, "a.log".as_ref(), 0o644, 0, ME)
+            .unwrap()
+            .ino
+            .0;
+        let other = s
+            .create(ROOT, "b.txt".as_ref(), 0o644, 0, ME)
+            .unwrap()
+            .ino
+            .0;
+        s.write(log, 0, b"x").unwrap();
+        s.inject(fault(IoOp::Write, "*.log", Enospc, None));
+        s.inject(fault(IoOp::Read, "*.log", Eio, None));
+        s.inject(fault(IoOp::Open, "*.log", Eio, None));
+        s.inject(fault(IoOp::Rename, "*.log", Erofs, None));
+        assert!(s.write(log, 1, b"y").unwrap_err() == Errno::ENOSPC);
+        assert!(
+            s.write(log, 1, b"y").unwrap_err() == Errno::ENOSPC,
+            "every one"
+        );
+        assert!(s.read(log, 0, 10).unwrap_err() == Errno::EIO);
+        assert!(s.open(log).unwrap_err() == Errno::EIO);
+        assert!(
+            s.create(ROOT, "c.log".as_ref(), 0o644, 0, ME).unwrap_err() == Errno::EIO,
+            "a create is an open"
+        );
+        assert!(!dir.path().join("c.log").exists());
+        assert!(
+            s.rename(ROOT, "a.log".as_ref(), ROOT, "z.log".as_ref(), 0)
+                .unwrap_err()
+                == Errno::from_i32(nix::errno::Errno::EROFS as i32)
+        );
+        assert!(dir.path().join("a.log").exists());
+        s.write(other, 0, b"fine").unwrap();
+        assert_eq!(read_all(&mut s, other), b"fine");
+        assert_eq!(s.io_failed.operations, 6);
+        s.clear_io_faults();
+        s.write(log, 1, b"y").unwrap();
+        assert_eq!(read_all(&mut s, log), b"xy");
+        // `nth`: only that one, counted from the injection.
+        s.inject(fault(IoOp::Write, "a.log", Eio, Some(2)));
+        s.write(log, 2, b"1").unwrap();
+        assert!(s.write(log, 3, b"2").unwrap_err() == Errno::EIO);
+        s.write(log, 3, b"3").unwrap();
+        assert_eq!(read_all(&mut s, log), b"xy13");
     }
 
     #[test]
@@ -884,13 +1044,13 @@ mod tests {
         let (dir, mut s) = state();
         let ino = s.create(ROOT, "f".as_ref(), 0o644, 0, ME).unwrap().ino.0;
         s.write(ino, 0, b"hello").unwrap();
-        assert_eq!(read_all(&s, ino), b"hello");
+        assert_eq!(read_all(&mut s, ino), b"hello");
         assert_eq!(s.attr(ino).unwrap().size, 5);
         assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"");
         assert_eq!(s.unsynced_bytes(), 5);
         let cut = s.power_cut(false);
         assert_eq!((cut.files, cut.writes, cut.bytes), (1, 1, 5));
-        assert_eq!(read_all(&s, ino), b"");
+        assert_eq!(read_all(&mut s, ino), b"");
         assert_eq!(s.attr(ino).unwrap().size, 0);
     }
 
@@ -914,7 +1074,7 @@ mod tests {
             on_disk[1536..].iter().all(|b| *b == 0),
             "the last sector did not"
         );
-        assert_eq!(read_all(&s, ino), on_disk);
+        assert_eq!(read_all(&mut s, ino), on_disk);
     }
 
     #[test]
@@ -969,7 +1129,7 @@ mod tests {
         s.write(ino, 7, b" not").unwrap();
         assert_eq!(s.power_cut(false).bytes, 4);
         assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"durable");
-        assert_eq!(read_all(&s, ino), b"durable");
+        assert_eq!(read_all(&mut s, ino), b"durable");
     }
 
     #[test]
@@ -1014,7 +1174,7 @@ mod tests {
         assert_eq!(s.write(ino, 4, b"e"), Err(Errno::ENOSPC));
         assert_eq!(s.write(ino, 2, b"XYZ"), Ok(2));
         assert_eq!(s.write(ino, 0, b"A"), Ok(1));
-        assert_eq!(read_all(&s, ino), b"AbXY");
+        assert_eq!(read_all(&mut s, ino), b"AbXY");
         s.set_full(false);
         assert_eq!(s.write(ino, 4, b"e"), Ok(1));
     }

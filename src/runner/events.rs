@@ -96,6 +96,8 @@ pub enum FaultKind {
     },
     /// The data directory's disk reports no space.
     DiskFull,
+    /// The data directory's disk answers errors (`fsync on *.log fails with EIO`).
+    DiskError(String),
     /// The destination answered a status, or late, for the window.
     Answer(crate::dest::AnswerFault),
     /// drill rotated, cut, removed or stalled the source file.
@@ -163,6 +165,7 @@ impl fmt::Display for FaultKind {
                 }
             }
             FaultKind::DiskFull => f.write_str("disk full (data directory)"),
+            FaultKind::DiskError(what) => write!(f, "I/O error: {what}"),
             FaultKind::Answer(fault) => f.write_str(&fault.describe()),
             FaultKind::Source(action) => f.write_str(&action.describe()),
         }

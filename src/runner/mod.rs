@@ -404,6 +404,7 @@ async fn play_timeline(
     let mut drill = Drill::new(rig, system, disk, t0);
     drill.source = read_from.and_then(Source::file).cloned();
     let played = play::play(&mut drill, &steps, workload, &sent, reader, cancel).await;
+    drill.account_disk_errors();
     if played.is_err() || cancel.is_cancelled() {
         progress::finish();
     }

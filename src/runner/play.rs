@@ -150,8 +150,77 @@ impl<'a> Drill<'a> {
             Step::RestartBroker => self.broker_back(now).await?,
             Step::Answer { index, fault } => self.answer(*index, *fault, now),
             Step::Source { index, action } => self.source_fault(*index, *action, now),
+            Step::DiskError { index, fault, ends } => self.disk_error(*index, fault, *ends, now),
         }
         Ok(None)
+    }
+
+    /// What the disk's I/O faults did, said once the timeline is over: a note, and a fault that
+    /// failed no operation is marked as having met nothing (the drill proves nothing by it).
+    pub fn account_disk_errors(&mut self) {
+        let Some(disk) = self.disk else { return };
+        if !self
+            .faults
+            .iter()
+            .any(|f| matches!(f.kind, FaultKind::DiskError(_)))
+        {
+            return;
+        }
+        let failed = disk.io_failed();
+        if failed.operations == 0 {
+            for f in &mut self.faults {
+                if matches!(f.kind, FaultKind::DiskError(_)) {
+                    f.no_target = Some(
+                        "no operation it names came while it was in force: the engine never met the error"
+                            .to_string(),
+                    );
+                }
+            }
+            return;
+        }
+        self.notes.push(format!(
+            "the engine's disk answered {} operations with an injected error; {} of them fsyncs, which dropped {} unsynced writes ({} bytes): reads showed them, no later fsync wrote them, and a power cut loses them (Linux's behaviour after a failed writeback)",
+            failed.operations, failed.fsyncs, failed.writes_dropped, failed.bytes_dropped
+        ));
+    }
+
+    /// The engine's disk answers errors from now on, or (`ends`) no longer.
+    fn disk_error(
+        &mut self,
+        index: usize,
+        fault: &crate::powerfs::IoFault,
+        ends: bool,
+        now: Duration,
+    ) {
+        let Some(disk) = self.disk else {
+            return;
+        };
+        if ends {
+            disk.remove_io_fault(fault);
+            say(&format!(
+                "  {:>4}s  engine disk: {} no longer",
+                now.as_secs(),
+                fault.op.name()
+            ));
+            self.close_fault(&FaultTarget::EngineDisk);
+            return;
+        }
+        disk.inject(fault.clone());
+        self.record(
+            index,
+            now,
+            FaultTarget::EngineDisk,
+            FaultKind::DiskError(fault.describe()),
+        );
+        say(&format!(
+            "  {:>4}s  fault: engine disk I/O error: {}",
+            now.as_secs(),
+            fault.describe()
+        ));
+        if fault.nth.is_some() {
+            // One operation: an instant on the timeline.
+            self.close_fault(&FaultTarget::EngineDisk);
+        }
     }
 
     /// Rotates, cuts, removes or stalls the file the engine tails.
@@ -797,6 +866,10 @@ fn describe_step(step: &Step) -> String {
         Step::Answer { fault: Some(f), .. } => format!("destination {}", f.describe()),
         Step::Answer { fault: None, .. } => "destination answers again".to_string(),
         Step::Source { action, .. } => format!("source {}", action.describe()),
+        Step::DiskError {
+            fault, ends: false, ..
+        } => format!("disk {}", fault.describe()),
+        Step::DiskError { ends: true, .. } => "disk errors end".to_string(),
     }
 }
 

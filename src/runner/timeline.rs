@@ -50,6 +50,12 @@ pub enum Step {
         index: usize,
         action: crate::source::SourceAction,
     },
+    /// The engine's disk answers errors (`Some`), or that fault ends (`None`: at its `for`).
+    DiskError {
+        index: usize,
+        fault: crate::powerfs::IoFault,
+        ends: bool,
+    },
 }
 
 pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
@@ -144,6 +150,17 @@ pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
                 }
                 if let Some(d) = lasts {
                     steps.push((f.at + *d, Step::DiskBack));
+                }
+            }
+            FaultAction::Disk { fault, lasts } => {
+                let step = |ends| Step::DiskError {
+                    index,
+                    fault: fault.clone(),
+                    ends,
+                };
+                steps.push((f.at, step(false)));
+                if let Some(d) = lasts {
+                    steps.push((f.at + *d, step(true)));
                 }
             }
         }

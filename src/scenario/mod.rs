@@ -203,6 +203,12 @@ pub enum FaultAction {
     },
     /// `target: source`: drill does this to the file the engine tails.
     Source(source::SourceAction),
+    /// `target: engine, disk: io_error`: the engine's disk answers errors, for `lasts` (or to
+    /// the end of the drill).
+    Disk {
+        fault: crate::powerfs::IoFault,
+        lasts: Option<Duration>,
+    },
     /// `target: destination`: a destination drill hosts answers otherwise for `lasts`.
     Answer {
         fault: dest::AnswerFault,
@@ -247,9 +253,11 @@ impl Plan {
     /// Whether the engine's data directory must be on drill's power-cut filesystem
     /// (a `power_cut` or `fill_disk` fault).
     pub fn needs_powerfs(&self) -> bool {
-        self.faults.iter().any(
-            |f| matches!(&f.what, FaultAction::Engine { action, .. } if action.needs_powerfs()),
-        )
+        self.faults.iter().any(|f| match &f.what {
+            FaultAction::Engine { action, .. } => action.needs_powerfs(),
+            FaultAction::Disk { .. } => true,
+            _ => false,
+        })
     }
 }
 
@@ -273,7 +281,9 @@ pub fn longest_outage(faults: &[ScheduledFault], drill_ends: Duration) -> Durati
             FaultAction::Answer { lasts, .. } => *lasts,
             FaultAction::Engine { restart_after, .. }
             | FaultAction::Broker { restart_after, .. } => restart_after.unwrap_or_default(),
-            FaultAction::Heal { .. } | FaultAction::Source(_) => Duration::ZERO,
+            FaultAction::Heal { .. } | FaultAction::Source(_) | FaultAction::Disk { .. } => {
+                Duration::ZERO
+            }
         })
         .max()
         .unwrap_or_default()

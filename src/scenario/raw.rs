@@ -225,6 +225,33 @@ pub(super) struct RawFault {
     /// `fdatasync`) on a file whose name matches `path` (a glob).
     #[serde(default)]
     pub(super) crash_at: Option<RawCrashAt>,
+    /// `target: engine`: a fault of the engine's disk (its data directory, on drill's
+    /// power-cut filesystem) instead of its process: `io_error`.
+    #[serde(default)]
+    pub(super) disk: Option<DiskFaultKind>,
+    /// `disk: io_error`: the operation that fails — `fsync` (fdatasync too), `write`, `read`,
+    /// `open` (a create too) or `rename`.
+    #[serde(default)]
+    pub(super) op: Option<crate::powerfs::IoOp>,
+    /// `disk: io_error`: the files it acts on, a glob over the name (or over the path below
+    /// the data directory when it holds a `/`).
+    #[serde(default)]
+    pub(super) path: Option<String>,
+    /// `disk: io_error`: `EIO` (default), `ENOSPC` or `EROFS`.
+    #[serde(default)]
+    pub(super) errno: Option<crate::powerfs::IoErrno>,
+    /// `disk: io_error`: only the `nth` matching operation from `at` on fails (once); without
+    /// it every matching one fails, for `for` (or to the end of the drill).
+    #[serde(default)]
+    pub(super) nth: Option<u64>,
+}
+
+/// `disk:` of an engine fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum DiskFaultKind {
+    /// Operations on matching files answer an error (Linux's semantics after a failed fsync).
+    IoError,
 }
 
 /// `certificate:` of a `bad_certificate` fault.

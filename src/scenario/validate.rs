@@ -454,6 +454,9 @@ fn faults(
             (None, Some(target)) if target == "source" => {
                 faults.push(source_fault(&entry, engines.file_source)?);
             }
+            (None, Some(target)) if target == "engine" && entry.raw.disk.is_some() => {
+                faults.push(disk_fault(&entry)?);
+            }
             (None, Some(target)) if target == "broker" && destination.external.is_some() => {
                 return Err(entry.field(
                     "target",
@@ -868,6 +871,11 @@ fn process_fault(
     command_engine: bool,
 ) -> Result<ScheduledFault, Located> {
     let f = entry.raw;
+    refuse_fields(
+        entry,
+        process_fields(f).into_iter().take(5),
+        "only a disk fault (`target: engine, disk: io_error`) takes it",
+    )?;
     let fills_disk = f.action == Some(ProcessAction::FillDisk);
     let link = link_fields(f)
         .into_iter()
@@ -906,6 +914,71 @@ fn process_fault(
     Ok(ScheduledFault {
         at: f.at.0,
         what,
+        entry: entry.i,
+    })
+}
+
+/// `target: engine, disk: io_error`: `op` on files matching `path` answers `errno` — the `nth`
+/// one only, or every one for `for` (or to the end of the drill).
+fn disk_fault(entry: &FaultEntry) -> Result<ScheduledFault, Located> {
+    let f = entry.raw;
+    refuse_fields(
+        entry,
+        link_fields(f),
+        "only link faults (`link:`) take it; a disk fault uses `op`, `path`, `errno`, `nth` or `for`",
+    )?;
+    refuse_fields(
+        entry,
+        destination_fields(f)
+            .into_iter()
+            .chain(process_fields(f).into_iter().skip(5)),
+        "a disk fault takes `op`, `path`, `errno`, and `nth` or `for`",
+    )?;
+    let op = f.op.ok_or_else(|| {
+        entry.field(
+            "op",
+            "missing; the operation that fails: fsync, write, read, open or rename",
+        )
+    })?;
+    let path = f
+        .path
+        .clone()
+        .filter(|p| !p.trim().is_empty())
+        .ok_or_else(|| {
+            entry.field(
+                "path",
+                "missing; the files it acts on, a glob over the name, e.g. path: \"*.log\"",
+            )
+        })?;
+    if path.starts_with('/') || path.split('/').any(|p| p == "..") {
+        return Err(entry.field(
+            "path",
+            format!("`{path}` is a glob below the engine's data directory, e.g. \"*.log\" or \"queue/*\""),
+        ));
+    }
+    let nth = match (f.nth, f.for_) {
+        (Some(0), _) => {
+            return Err(entry.field("nth", "counts from 1 (the first matching operation)"));
+        }
+        (Some(_), Some(_)) => {
+            return Err(entry.field(
+                "for",
+                "with `nth` only that one operation fails; `for` goes with every matching one failing",
+            ));
+        }
+        (n, _) => n,
+    };
+    Ok(ScheduledFault {
+        at: f.at.0,
+        what: FaultAction::Disk {
+            fault: crate::powerfs::IoFault {
+                op,
+                path,
+                errno: f.errno.unwrap_or(crate::powerfs::IoErrno::Eio),
+                nth,
+            },
+            lasts: f.for_.map(|d| d.0),
+        },
         entry: entry.i,
     })
 }
@@ -1275,9 +1348,14 @@ fn link_fields(f: &RawFault) -> [(&'static str, bool); 9] {
     ]
 }
 
-/// The fields only a process fault (engine, broker, proxy) takes.
-fn process_fields(f: &RawFault) -> [(&'static str, bool); 7] {
+/// The fields only a process fault (engine, broker, proxy) takes, a disk fault's among them.
+fn process_fields(f: &RawFault) -> [(&'static str, bool); 12] {
     [
+        ("disk", f.disk.is_some()),
+        ("op", f.op.is_some()),
+        ("path", f.path.is_some()),
+        ("errno", f.errno.is_some()),
+        ("nth", f.nth.is_some()),
         ("action", f.action.is_some()),
         ("restart_after", f.restart_after.is_some()),
         ("wipe_data", f.wipe_data.is_some()),
@@ -1385,6 +1463,78 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan.faults.len(), 2);
+    }
+
+    #[test]
+    fn a_disk_io_error_takes_op_path_errno_and_nth_or_for() {
+        let fault = |f: &str| {
+            format!(
+                "name: k\ndestination: {{ kind: mqtt }}\nworkload: {{ rate: 10/s, duration: 1m }}\nfaults:\n  - {{ at: 1s, target: engine, {f} }}\n"
+            )
+        };
+        let plan = parse(
+            Path::new("k.yaml"),
+            &fault("disk: io_error, op: fsync, path: \"records-*.log\", nth: 1"),
+        )
+        .unwrap();
+        assert!(plan.needs_powerfs());
+        let FaultAction::Disk { fault: f, lasts } = &plan.faults[0].what else {
+            panic!("{:?}", plan.faults[0].what)
+        };
+        assert_eq!(
+            (f.op, f.errno, f.nth, *lasts),
+            (
+                crate::powerfs::IoOp::Fsync,
+                crate::powerfs::IoErrno::Eio,
+                Some(1),
+                None
+            )
+        );
+        let err = |f: &str| {
+            parse(Path::new("k.yaml"), &fault(f))
+                .unwrap_err()
+                .to_string()
+        };
+        for (f, want) in [
+            (
+                "disk: io_error, path: x",
+                "`faults[0].op`: missing; the operation that fails",
+            ),
+            ("disk: io_error, op: write", "`faults[0].path`: missing"),
+            (
+                "disk: io_error, op: write, path: /etc/x",
+                "is a glob below the engine's data directory",
+            ),
+            (
+                "disk: io_error, op: read, path: x, nth: 0",
+                "`faults[0].nth`: counts from 1",
+            ),
+            (
+                "disk: io_error, op: read, path: x, nth: 2, for: 2s",
+                "`faults[0].for`: with `nth` only that one",
+            ),
+            ("disk: io_error, op: read, path: x, errno: EPERM", "EPERM"),
+            (
+                "disk: io_error, op: read, path: x, restart_after: 1s",
+                "`faults[0].restart_after`: a disk fault takes",
+            ),
+            (
+                "action: kill, op: read",
+                "`faults[0].op`: only a disk fault",
+            ),
+        ] {
+            let e = err(f);
+            assert!(e.contains(want), "{f}: {e}");
+        }
+        let plan = parse(
+            Path::new("k.yaml"),
+            &fault("disk: io_error, op: write, path: \"*\", errno: ENOSPC, for: 5s"),
+        )
+        .unwrap();
+        assert!(matches!(
+            &plan.faults[0].what,
+            FaultAction::Disk { fault, lasts: Some(d) } if fault.nth.is_none() && d.as_secs() == 5
+        ));
     }
 
     #[test]

@@ -217,6 +217,7 @@ pub(super) fn planned_targets(plan: &Plan) -> Vec<String> {
             FaultAction::Broker { .. } => Some("broker".to_string()),
             FaultAction::Answer { .. } => Some("destination".to_string()),
             FaultAction::Source(_) => Some("source".to_string()),
+            FaultAction::Disk { .. } => Some("engine disk".to_string()),
         })
         .collect()
 }
