@@ -18,6 +18,12 @@ fi
 if ! command -v kcat >/dev/null 2>&1; then
   need_apt+=(kcat)
 fi
+# libfaketime (Debian's faketime): clock faults move the engine's wall clock through it
+# (src/sut/clock.rs, tests/clock.rs).
+if ! compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null \
+  && [ ! -f /usr/lib/faketime/libfaketime.so.1 ]; then
+  need_apt+=(faketime)
+fi
 # OpenSSL's headers for the `kafka-tls` feature (librdkafka speaks TLS only through OpenSSL;
 # the test suite links the system's).
 if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; }; then

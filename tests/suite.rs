@@ -6,6 +6,7 @@ mod common;
 
 mod agent;
 mod catalogue;
+mod clock;
 mod command_engine;
 mod control_token;
 mod diff;

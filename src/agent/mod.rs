@@ -269,6 +269,7 @@ impl Agent {
             data_dir: &data,
             log_path: folder.join("engine.log"),
             drill_exe: &self.exe,
+            clock: None,
         };
         let engine = CommandEngine::start(&spec, placement)
             .await

@@ -127,6 +127,14 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "fsync-retry-believes",
         "record log: when an fdatasync fails it retries, and the retry's 0 (Linux marked the pages clean, never wrote them) is believed: the batch is acknowledged and a later power cut loses it",
     ),
+    (
+        "expire-by-wall-clock",
+        "drops waiting records accepted more than an hour ago by the wall clock, counting them delivered: no outage of minutes ages them that far, a clock jumped forward does",
+    ),
+    (
+        "backoff-by-wall-clock",
+        "waits out its reconnect backoff until a wall-clock time instead of on the monotonic clock: a clock jumped back during an outage keeps it from reconnecting for as long as the jump",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -236,11 +244,20 @@ pub enum Mutant {
     /// by a power cut (`disk-fsync-error`): the batch the failed fdatasync covered was
     /// acknowledged, and the cut takes it.
     FsyncRetryBelieves,
+    /// [`super::output::Output::next_attempts`] (every output kind). Caught by a forward
+    /// jump of the wall clock past [`MAX_WALL_AGE`] while records wait (`clock-jump-forward`),
+    /// never by an outage of minutes (unlike `expire-by-age`). A record's wall-clock age is that
+    /// of the commit that stored it.
+    ExpireByWallClock,
+    /// `OutputTask::connect` in `session.rs` (every output kind). Caught by a backward jump of
+    /// the wall clock during an outage (`clock-jump-back`): its next connect waits out the
+    /// jump, and the records held wait past the drain (`undelivered`).
+    BackoffByWallClock,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 24] = [
+    pub const ALL: [Mutant; 26] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -265,6 +282,8 @@ impl Mutant {
         Mutant::CommitOnPoll,
         Mutant::MarkOnPoll,
         Mutant::FsyncRetryBelieves,
+        Mutant::ExpireByWallClock,
+        Mutant::BackoffByWallClock,
     ];
 
     fn index(self) -> usize {
@@ -295,7 +314,8 @@ impl Mutant {
             | Mutant::SkipOnRotate
             | Mutant::CommitOnPoll
             | Mutant::MarkOnPoll
-            | Mutant::FsyncRetryBelieves => &[Signature::Lost],
+            | Mutant::FsyncRetryBelieves
+            | Mutant::ExpireByWallClock => &[Signature::Lost],
             // Where drill is the destination (HTTP) or the link pairs statements with answers
             // (PostgreSQL), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
@@ -311,7 +331,7 @@ impl Mutant {
             Mutant::ResendOutOfOrder => &[Signature::Reordered],
             Mutant::NoKeepalive => &[Signature::RecoveryNone],
             Mutant::TrustTornTail => &[Signature::Altered, Signature::Unexpected],
-            Mutant::StopAfterOutage => &[Signature::Undelivered],
+            Mutant::StopAfterOutage | Mutant::BackoffByWallClock => &[Signature::Undelivered],
         }
     }
 
@@ -345,6 +365,8 @@ impl Mutant {
             Mutant::CommitOnPoll => "kafka-source-kill-mid-drain",
             Mutant::MarkOnPoll => "outbox-kill-mid-drain",
             Mutant::FsyncRetryBelieves => "disk-fsync-error",
+            Mutant::ExpireByWallClock => "clock-jump-forward",
+            Mutant::BackoffByWallClock => "clock-jump-back",
         }
     }
 
@@ -388,6 +410,8 @@ pub const RESEND_AFTER: Duration = Duration::from_secs(1);
 pub const OUTAGE_REFUSALS: u32 = 3;
 /// The age at which `expire-by-age` drops a waiting record.
 pub const MAX_AGE: Duration = Duration::from_secs(5);
+/// The wall-clock age at which `expire-by-wall-clock` drops a waiting record.
+pub const MAX_WALL_AGE: Duration = Duration::from_secs(3600);
 /// How long an attempt stays open before `second-attempt-while-open` opens another (half the
 /// default answer timeout).
 pub const SECOND_ATTEMPT_AFTER: Duration = Duration::from_millis(1500);

@@ -128,9 +128,10 @@ struct Entry {
     attempts: u32,
     refusals: u32,
     first_attempt_ms: Option<u64>,
-    /// When this output was given the record (`expire-by-age`).
+    /// When this output was given the record (`expire-by-age`), and by the wall clock
+    /// (`expire-by-wall-clock`).
     #[cfg(feature = "mutants")]
-    given: Instant,
+    given: (Instant, SystemTime),
 }
 
 #[derive(Debug)]
@@ -199,7 +200,7 @@ pub struct Output {
     /// `expire-by-age`: when each commit reached this output, `(one past its last sequence,
     /// when)`: the age of a record read from the log later is its commit's.
     #[cfg(feature = "mutants")]
-    commits: std::collections::VecDeque<(u64, Instant)>,
+    commits: std::collections::VecDeque<(u64, (Instant, SystemTime))>,
 }
 
 /// Where an output reads its backlog from: the record log ([`LogReader`]), or memory in tests.
@@ -293,8 +294,11 @@ impl Output {
     /// The log committed every sequence below `next_seq`: this output has them to send.
     pub fn committed_through(&mut self, next_seq: u64) {
         #[cfg(feature = "mutants")]
-        if next_seq > self.committed && mutant::is(Mutant::ExpireByAge) {
-            self.commits.push_back((next_seq, Instant::now()));
+        if next_seq > self.committed
+            && (mutant::is(Mutant::ExpireByAge) || mutant::is(Mutant::ExpireByWallClock))
+        {
+            self.commits
+                .push_back((next_seq, (Instant::now(), SystemTime::now())));
         }
         self.committed = self.committed.max(next_seq);
     }
@@ -360,7 +364,7 @@ impl Output {
             .commits
             .iter()
             .find(|(n, _)| *n > record.seq)
-            .map_or_else(Instant::now, |(_, at)| *at);
+            .map_or_else(|| (Instant::now(), SystemTime::now()), |(_, at)| *at);
         self.ready.insert(
             record.seq,
             Entry {
@@ -440,7 +444,19 @@ impl Output {
         if mutant::is(Mutant::ExpireByAge) {
             // MUTANT: old records are dropped and counted delivered (docs/src/design.md#rule-1-1:
             // no age limit anywhere).
-            self.expire(now);
+            self.expire("expire-by-age", |e| {
+                now.saturating_duration_since(e.given.0) > mutant::MAX_AGE
+            });
+        }
+        #[cfg(feature = "mutants")]
+        if mutant::is(Mutant::ExpireByWallClock) {
+            // MUTANT: records older than an hour by the wall clock are dropped and counted
+            // delivered: an outage of minutes never ages them that far, a clock jump does.
+            let wall = SystemTime::now();
+            self.expire("expire-by-wall-clock", |e| {
+                wall.duration_since(e.given.1)
+                    .is_ok_and(|age| age > mutant::MAX_WALL_AGE)
+            });
         }
         while self.open.len() < self.window {
             let Some((&seq, _)) = self.ready.first_key_value() else {
@@ -623,10 +639,9 @@ impl Output {
 /// is called from one `mutant::is` switch; none is reachable in a correct engine.
 #[cfg(feature = "mutants")]
 impl Output {
-    /// `expire-by-age`: waiting records (no open attempt) given more than [`mutant::MAX_AGE`]
-    /// ago are dropped and counted delivered. No attempt is journalled: none was made.
-    fn expire(&mut self, now: Instant) {
-        let old = |e: &Entry| now.saturating_duration_since(e.given) > mutant::MAX_AGE;
+    /// `expire-by-age`, `expire-by-wall-clock`: waiting records (no open attempt) that are
+    /// `old` are dropped and counted delivered. No attempt is journalled: none was made.
+    fn expire(&mut self, mutant: &str, old: impl Fn(&Entry) -> bool) {
         let before = self.ready.len() + self.delayed.len();
         self.ready.retain(|_, e| !old(e));
         self.delayed.retain(|_, (_, e)| !old(e));
@@ -634,9 +649,8 @@ impl Output {
         if expired > 0 {
             self.delivered += expired as u64;
             eprintln!(
-                "drill engine: MUTANT expire-by-age: output {}: dropped {expired} records older than {:?}, counted delivered",
+                "drill engine: MUTANT {mutant}: output {}: dropped {expired} old records, counted delivered",
                 self.name,
-                mutant::MAX_AGE
             );
         }
     }

@@ -182,6 +182,21 @@ impl OutputTask {
                 }
                 Err(why) => {
                     self.outage(&why, said_down);
+                    #[cfg(feature = "mutants")]
+                    let wake = async move {
+                        if mutant::is(Mutant::BackoffByWallClock) {
+                            // MUTANT: the backoff ends at a wall-clock time (a clock jumped back
+                            // moves that time away: docs/src/design.md#rule-1-1, an outage
+                            // holds records only until the destination is back).
+                            let until = std::time::SystemTime::now() + retry;
+                            while std::time::SystemTime::now() < until {
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            }
+                        } else {
+                            tokio::time::sleep(retry).await;
+                        }
+                    };
+                    #[cfg(not(feature = "mutants"))]
                     let wake = tokio::time::sleep(retry);
                     tokio::pin!(wake);
                     loop {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::{RecoveryRecord, SeriesPoint};
 use crate::runner::Sample;
-use crate::runner::events::FaultRecord;
+use crate::runner::events::{FaultRecord, FaultTarget};
 use crate::verify::{Arrival, Received};
 use crate::workload::Sent;
 
@@ -23,6 +23,8 @@ pub fn recovery(faults: &[FaultRecord], sent: &Sent, received: &Received) -> Vec
     faults
         .iter()
         .filter(|f| f.no_target.is_none())
+        // A clock jump interrupts nothing: there is nothing to recover from.
+        .filter(|f| f.target != FaultTarget::EngineClock)
         .filter_map(|f| {
             f.until_ms
                 .and_then(|t| fault_free_from(faults, t))
@@ -130,7 +132,7 @@ pub fn series(samples: &[Sample], received: &Received) -> Vec<SeriesPoint> {
 mod tests {
     use super::*;
     use crate::proxy::{Direction, Fault, FaultSpec};
-    use crate::runner::events::{FaultKind, FaultTarget};
+    use crate::runner::events::FaultKind;
     use crate::workload::{Ingested, Record};
 
     fn sent(accepted_ms: &[u64]) -> Sent {

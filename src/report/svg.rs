@@ -35,6 +35,37 @@ pub struct Window {
     pub until_ms: Option<u64>,
     /// What the fault was, e.g. `link mqtt swallow both`; shown above the band.
     pub label: String,
+    /// What the fault acted on: its band's colour.
+    pub band: Band,
+}
+
+/// What a fault window acted on, each kind a colour of its own: the network (a link, the
+/// proxy), the engine's disk, the engine's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Band {
+    #[default]
+    Network,
+    Disk,
+    Clock,
+}
+
+impl Band {
+    fn colour(self) -> &'static str {
+        match self {
+            Band::Network => COLOUR_FAULT,
+            Band::Disk => COLOUR_DISK,
+            Band::Clock => COLOUR_CLOCK,
+        }
+    }
+
+    /// The band's class beside `fault`, and its legend entry.
+    fn name(self) -> (&'static str, &'static str) {
+        match self {
+            Band::Network => ("network", "fault in force"),
+            Band::Disk => ("disk", "disk fault"),
+            Band::Clock => ("clock", "clock jump"),
+        }
+    }
 }
 
 /// What kind of instant a [`Mark`] records; it decides the mark's colour and line style.
@@ -118,6 +149,12 @@ const COLOUR_BACKLOG: &str = "#e8590c";
 const COLOUR_UNREAD: &str = "#7048e8";
 /// Fault bands (translucent) and the bars under their labels: grey.
 const COLOUR_FAULT: &str = "#adb5bd";
+/// Disk faults' bands (the engine's data directory): amber.
+const COLOUR_DISK: &str = "#f08c00";
+/// Clock faults' bands (the engine's wall clock): violet.
+const COLOUR_CLOCK: &str = "#9c36b5";
+/// The narrowest band drawn: an instant (a clock jump, one failed operation) stays visible.
+const MIN_BAND_W: f64 = 3.0;
 /// Fault labels: dark grey.
 const COLOUR_FAULT_TEXT: &str = "#495057";
 /// Kill and restart marks: dark red.
@@ -287,11 +324,14 @@ fn fault_bands(svg: &mut String, f: &Frame<'_, '_>) {
     for w in f.chart.windows {
         let until = w.until_ms.unwrap_or(f.span);
         let x = f.x(w.from_ms);
-        let width = (f.x(until) - x).max(0.0);
+        let width = match w.band {
+            Band::Network => (f.x(until) - x).max(0.0),
+            _ => (f.x(until) - x).max(MIN_BAND_W),
+        };
         let _ = writeln!(
             svg,
             concat!(
-                "<rect class=\"fault\" data-from-ms=\"{from}\" data-until-ms=\"{until}\" ",
+                "<rect class=\"fault\" data-band=\"{kind}\" data-from-ms=\"{from}\" data-until-ms=\"{until}\" ",
                 "x=\"{x}\" y=\"{y}\" width=\"{width}\" height=\"{height}\" fill=\"{fill}\" ",
                 "fill-opacity=\"0.28\"><title>{label}: {from_s}–{until_s} s</title></rect>",
             ),
@@ -301,7 +341,8 @@ fn fault_bands(svg: &mut String, f: &Frame<'_, '_>) {
             y = n(f.plot_top),
             width = n(width),
             height = n(PLOT_BOTTOM - f.plot_top),
-            fill = COLOUR_FAULT,
+            fill = w.band.colour(),
+            kind = w.band.name().0,
             label = esc(&fault_text(w)),
             from_s = seconds(w.from_ms),
             until_s = seconds(until),
@@ -564,10 +605,11 @@ fn fault_label_lanes(svg: &mut String, f: &Frame<'_, '_>) {
         if label.bar_w > 0.0 {
             let _ = write!(
                 svg,
-                "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"3\" fill=\"{COLOUR_FAULT}\"/>",
+                "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"3\" fill=\"{}\"/>",
                 n(label.bar_x),
                 n(lane_top + 11.5),
                 n(label.bar_w),
+                label.colour,
             );
         }
         let _ = writeln!(
@@ -825,6 +867,8 @@ struct FaultLabel {
     bar_x: f64,
     /// The bar's width (the band's width).
     bar_w: f64,
+    /// The bar's colour (the band's).
+    colour: &'static str,
 }
 
 /// The labels of the windows that start on the axis, laid out in lanes so that overlapping
@@ -848,6 +892,7 @@ fn fault_labels(chart: &Chart<'_>, span: u64) -> Vec<FaultLabel> {
                 text_x,
                 bar_x,
                 bar_w,
+                colour: w.band.colour(),
             }
         })
         .collect()
@@ -905,7 +950,7 @@ fn legend(svg: &mut String, f: &Frame<'_, '_>) {
     let chart = f.chart;
     enum Swatch {
         Line(&'static str, &'static str),
-        Band,
+        Band(Band),
         None,
     }
     let mut items: Vec<(Swatch, &str)> = vec![(
@@ -926,8 +971,10 @@ fn legend(svg: &mut String, f: &Frame<'_, '_>) {
             "unread at the source (right axis)",
         ));
     }
-    if !chart.windows.is_empty() {
-        items.push((Swatch::Band, "fault in force"));
+    for band in [Band::Network, Band::Disk, Band::Clock] {
+        if chart.windows.iter().any(|w| w.band == band) {
+            items.push((Swatch::Band(band), band.name().1));
+        }
     }
     let has = |kinds: &[MarkKind]| chart.marks.iter().any(|m| kinds.contains(&m.kind));
     if has(&[MarkKind::Kill, MarkKind::Restart]) {
@@ -968,14 +1015,14 @@ fn legend(svg: &mut String, f: &Frame<'_, '_>) {
                     dash,
                 );
             }
-            Swatch::Band => {
+            Swatch::Band(band) => {
                 let _ = write!(
                     svg,
                     "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"10\" fill=\"{}\" fill-opacity=\"0.5\"/>",
                     n(x),
                     n(y - 9.0),
                     n(SWATCH),
-                    COLOUR_FAULT,
+                    band.colour(),
                 );
             }
             Swatch::None => tx = x,
@@ -1015,11 +1062,18 @@ pub fn timeline(report: &crate::report::Report) -> String {
     let mut windows = Vec::new();
     let mut marks = Vec::new();
     for f in &report.faults {
-        if f.target.is_network() || f.target.is_source_link() {
+        let band = match &f.target {
+            t if t.is_network() || t.is_source_link() => Some(Band::Network),
+            crate::runner::events::FaultTarget::EngineDisk => Some(Band::Disk),
+            crate::runner::events::FaultTarget::EngineClock => Some(Band::Clock),
+            _ => None,
+        };
+        if let Some(band) = band {
             windows.push(Window {
                 from_ms: f.at_ms,
                 until_ms: f.until_ms,
                 label: f.label(),
+                band,
             });
         } else {
             marks.push(Mark {
@@ -1115,6 +1169,7 @@ mod tests {
             from_ms: from_s * 1000,
             until_ms: until_s.map(|u| u * 1000),
             label: label.into(),
+            band: Band::Network,
         }
     }
 
@@ -1291,6 +1346,48 @@ mod tests {
         assert!((num(&rects[1], "width") - (right - x_of(&chart, 40_000))).abs() < 0.01);
         assert_eq!(num(&rects[2], "width"), 0.0);
         assert_eq!(num(&rects[3], "width"), 0.0);
+    }
+
+    #[test]
+    fn disk_and_clock_faults_get_bands_of_their_own() {
+        let mut data = empty(120_000);
+        data.windows = vec![
+            window(20, Some(40), "link mqtt refuse both"),
+            Window {
+                band: Band::Disk,
+                ..window(
+                    30,
+                    Some(30),
+                    "engine disk I/O error: fsync on *.log fails with EIO",
+                )
+            },
+            Window {
+                band: Band::Clock,
+                ..window(50, Some(50), "engine clock wall clock jumps +2h")
+            },
+        ];
+        let svg = render(&data.chart());
+        let doc = parse(&svg);
+        let band = |kind: &str| {
+            by_class(&doc, "fault")
+                .into_iter()
+                .find(|n| n.attribute("data-band") == Some(kind))
+                .unwrap_or_else(|| panic!("no {kind} band in {svg}"))
+        };
+        assert_eq!(band("network").attribute("fill"), Some(COLOUR_FAULT));
+        for (class, colour) in [("disk", COLOUR_DISK), ("clock", COLOUR_CLOCK)] {
+            let b = band(class);
+            assert_eq!(b.attribute("fill"), Some(colour));
+            // An instant is drawn as a thin band, not as nothing.
+            let w: f64 = b.attribute("width").unwrap().parse().unwrap();
+            assert!(w >= MIN_BAND_W, "{class}: width {w}");
+        }
+        for legend in ["fault in force", "disk fault", "clock jump"] {
+            assert!(
+                svg.contains(&format!(">{legend}</text>")),
+                "{legend}: {svg}"
+            );
+        }
     }
 
     #[test]
@@ -1522,6 +1619,7 @@ mod tests {
                     from_ms: u64::MAX,
                     until_ms: None,
                     label: "late".into(),
+                    band: Band::Clock,
                 },
             ];
             data.marks = vec![Mark {

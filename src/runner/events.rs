@@ -26,6 +26,8 @@ pub enum FaultTarget {
     Engine,
     /// The engine's data directory's filesystem.
     EngineDisk,
+    /// The engine's wall clock (a clock fault).
+    EngineClock,
     /// A destination drill hosts, answering otherwise (`answer: 503`, `answer_after`).
     Destination,
     /// The file the engine tails.
@@ -62,6 +64,7 @@ impl fmt::Display for FaultTarget {
             FaultTarget::Broker(name) => write!(f, "broker {name}"),
             FaultTarget::Engine => f.write_str("engine"),
             FaultTarget::EngineDisk => f.write_str("engine disk"),
+            FaultTarget::EngineClock => f.write_str("engine clock"),
             FaultTarget::Destination => f.write_str("destination"),
             FaultTarget::Source => f.write_str("source"),
         }
@@ -98,6 +101,8 @@ pub enum FaultKind {
     DiskFull,
     /// The data directory's disk answers errors (`fsync on *.log fails with EIO`).
     DiskError(String),
+    /// The engine's wall clock stepped by this many seconds.
+    ClockJump(i64),
     /// The destination answered a status, or late, for the window.
     Answer(crate::dest::AnswerFault),
     /// drill rotated, cut, removed or stalled the source file.
@@ -166,6 +171,7 @@ impl fmt::Display for FaultKind {
             }
             FaultKind::DiskFull => f.write_str("disk full (data directory)"),
             FaultKind::DiskError(what) => write!(f, "I/O error: {what}"),
+            FaultKind::ClockJump(by_s) => write!(f, "wall clock jumps {}", signed(*by_s)),
             FaultKind::Answer(fault) => f.write_str(&fault.describe()),
             FaultKind::Source(action) => f.write_str(&action.describe()),
         }
@@ -226,6 +232,18 @@ impl Serialize for FaultRecord {
     }
 }
 
+/// `+2h`, `-10m`, `+1h30m`, `-45s`: a signed number of seconds as a scenario writes it.
+pub fn signed(by_s: i64) -> String {
+    let s = by_s.unsigned_abs();
+    let mut out = String::from(if by_s < 0 { "-" } else { "+" });
+    for (n, unit) in [(s / 3600, "h"), (s / 60 % 60, "m"), (s % 60, "s")] {
+        if n > 0 {
+            out.push_str(&format!("{n}{unit}"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +290,12 @@ mod tests {
             "broker container"
         );
         assert_eq!(FaultKind::Freeze.to_string(), "pause");
+        assert_eq!(
+            FaultKind::ClockJump(7200).to_string(),
+            "wall clock jumps +2h"
+        );
+        assert_eq!(signed(-600), "-10m");
+        assert_eq!(signed(5430), "+1h30m30s");
     }
 
     #[test]

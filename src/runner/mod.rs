@@ -55,6 +55,9 @@ pub enum RunError {
     /// The engine's data directory could not be put on drill's power-cut filesystem.
     #[error("{0}")]
     Disk(String),
+    /// A clock fault's clock could not be set up (libfaketime missing).
+    #[error("{0}")]
+    Clock(String),
     #[error("interrupted")]
     Interrupted,
 }

@@ -151,6 +151,7 @@ impl<'a> Drill<'a> {
             Step::Answer { index, fault } => self.answer(*index, *fault, now),
             Step::Source { index, action } => self.source_fault(*index, *action, now),
             Step::DiskError { index, fault, ends } => self.disk_error(*index, fault, *ends, now),
+            Step::ClockJump { index, by_s } => self.clock_jump(*index, *by_s, now),
         }
         Ok(None)
     }
@@ -182,6 +183,37 @@ impl<'a> Drill<'a> {
             "the engine's disk answered {} operations with an injected error; {} of them fsyncs, which dropped {} unsynced writes ({} bytes): reads showed them, no later fsync wrote them, and a power cut loses them (Linux's behaviour after a failed writeback)",
             failed.operations, failed.fsyncs, failed.writes_dropped, failed.bytes_dropped
         ));
+    }
+
+    /// The engine's wall clock steps by `by_s` seconds and stays there: an instant on the
+    /// timeline. Its monotonic clock runs on; drill's own times are its own clock's.
+    fn clock_jump(&mut self, index: usize, by_s: i64, now: Duration) {
+        let kind = FaultKind::ClockJump(by_s);
+        self.record(index, now, FaultTarget::EngineClock, kind.clone());
+        let moved = match self.system.clock() {
+            Some(clock) => clock.jump(by_s).map_err(|e| e.to_string()),
+            None => Err("the engine does not run under a clock drill moves".to_string()),
+        };
+        match moved {
+            Ok(offset) => {
+                say(&format!(
+                    "  {:>4}s  fault: engine {kind} (now {} from the real clock)",
+                    now.as_secs(),
+                    crate::runner::events::signed(offset)
+                ));
+                self.notes.push(format!(
+                    "at {} s the engine's wall clock jumped {} (libfaketime; its monotonic clock ran on): drill's times are its own clock's and never compared with the engine's",
+                    now.as_secs(),
+                    crate::runner::events::signed(by_s)
+                ));
+            }
+            Err(why) => {
+                if let Some(f) = self.faults.last_mut() {
+                    f.no_target = Some(format!("the clock did not move: {why}"));
+                }
+            }
+        }
+        self.close_fault(&FaultTarget::EngineClock);
     }
 
     /// The engine's disk answers errors from now on, or (`ends`) no longer.
@@ -870,6 +902,9 @@ fn describe_step(step: &Step) -> String {
             fault, ends: false, ..
         } => format!("disk {}", fault.describe()),
         Step::DiskError { ends: true, .. } => "disk errors end".to_string(),
+        Step::ClockJump { by_s, .. } => {
+            format!("clock jumps {}", crate::runner::events::signed(*by_s))
+        }
     }
 }
 

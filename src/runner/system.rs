@@ -29,6 +29,10 @@ pub(super) async fn start_system(
         source,
     };
     let engine_port = free_port().map_err(io)?;
+    let clock = match plan.needs_clock() && plan.agent.is_none() {
+        true => Some(crate::sut::clock::FakeClock::new(work).map_err(RunError::Clock)?),
+        false => None,
+    };
     let system = match (&plan.command, &plan.agent) {
         (Some(spec), Some(agent)) => {
             let engine = remote_engine(plan, spec, agent, rig, work, run_id).await?;
@@ -36,12 +40,18 @@ pub(super) async fn start_system(
         }
         (Some(spec), None) => {
             let ingest = SocketAddr::from(([127, 0, 0, 1], engine_port));
-            let engine = command_engine(plan, spec, options, rig, work, run_id, ingest).await?;
+            let at = Here {
+                ingest,
+                clock,
+                run_id,
+            };
+            let engine = command_engine(plan, spec, options, rig, work, at).await?;
             System::Command(Box::new(engine))
         }
         (None, _) => {
             let config = builtin_config(plan, rig, work, engine_port);
-            let engine = EngineProcess::start(&options.engine_exe, config, work).await?;
+            let engine =
+                EngineProcess::start_under(&options.engine_exe, config, work, clock).await?;
             System::Builtin(Box::new(engine))
         }
     };
@@ -113,6 +123,13 @@ fn around_the_proxy() -> bool {
     cfg!(feature = "test-hooks") && std::env::var_os("DRILL_TEST_ENGINE_AROUND_PROXY").is_some()
 }
 
+/// What a user's engine on drill's host starts with beyond the plan.
+struct Here<'a> {
+    ingest: SocketAddr,
+    clock: Option<crate::sut::clock::FakeClock>,
+    run_id: &'a str,
+}
+
 /// A user's engine: a free port for every `{port.NAME}`, every placeholder's value, started.
 async fn command_engine(
     plan: &Plan,
@@ -120,9 +137,13 @@ async fn command_engine(
     options: &Options,
     rig: &Rig,
     work: &Path,
-    run_id: &str,
-    ingest: SocketAddr,
+    here: Here<'_>,
 ) -> Result<CommandEngine, RunError> {
+    let Here {
+        ingest,
+        clock,
+        run_id,
+    } = here;
     let io = |source| RunError::Io {
         path: work.to_path_buf(),
         source,
@@ -160,6 +181,7 @@ async fn command_engine(
             data_dir: &data_dir,
             log_path,
             drill_exe: &options.engine_exe,
+            clock,
         },
     )
     .await?;

@@ -50,6 +50,11 @@ pub enum Step {
         index: usize,
         action: crate::source::SourceAction,
     },
+    /// The engine's wall clock steps by `by_s` seconds.
+    ClockJump {
+        index: usize,
+        by_s: i64,
+    },
     /// The engine's disk answers errors (`Some`), or that fault ends (`None`: at its `for`).
     DiskError {
         index: usize,
@@ -162,6 +167,9 @@ pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
                 if let Some(d) = lasts {
                     steps.push((f.at + *d, step(true)));
                 }
+            }
+            FaultAction::Clock { by_s } => {
+                steps.push((f.at, Step::ClockJump { index, by_s: *by_s }));
             }
         }
     }

@@ -106,14 +106,20 @@ pub(super) fn engine_agent(
             ),
         ));
     }
-    if let Some(f) = faults
-        .iter()
-        .find(|f| matches!(&f.what, FaultAction::Disk { .. }))
-    {
+    if let Some(f) = faults.iter().find(|f| {
+        matches!(
+            &f.what,
+            FaultAction::Disk { .. } | FaultAction::Clock { .. }
+        )
+    }) {
+        let field = match f.what {
+            FaultAction::Clock { .. } => "clock",
+            _ => "disk",
+        };
         return Err(at(
             raw_faults.get(f.entry).map_or(anchor, |r| &r.referenced),
             format!(
-                "field `faults[{}].disk`: disk faults are not carried out by a drill agent yet; run the engine on drill's host",
+                "field `faults[{}].{field}`: {field} faults are not carried out by a drill agent yet; run the engine on drill's host",
                 f.entry
             ),
         ));

@@ -209,6 +209,11 @@ pub enum FaultAction {
         fault: crate::powerfs::IoFault,
         lasts: Option<Duration>,
     },
+    /// `target: engine, clock: jump`: the engine's wall clock steps by `by_s` seconds (signed)
+    /// and stays there.
+    Clock {
+        by_s: i64,
+    },
     /// `target: destination`: a destination drill hosts answers otherwise for `lasts`.
     Answer {
         fault: dest::AnswerFault,
@@ -259,6 +264,13 @@ impl Plan {
             _ => false,
         })
     }
+
+    /// Whether the engine runs under a wall clock drill moves (a clock fault).
+    pub fn needs_clock(&self) -> bool {
+        self.faults
+            .iter()
+            .any(|f| matches!(f.what, FaultAction::Clock { .. }))
+    }
 }
 
 /// The longest stretch any one fault keeps the destination out of reach: a link fault until it
@@ -281,9 +293,10 @@ pub fn longest_outage(faults: &[ScheduledFault], drill_ends: Duration) -> Durati
             FaultAction::Answer { lasts, .. } => *lasts,
             FaultAction::Engine { restart_after, .. }
             | FaultAction::Broker { restart_after, .. } => restart_after.unwrap_or_default(),
-            FaultAction::Heal { .. } | FaultAction::Source(_) | FaultAction::Disk { .. } => {
-                Duration::ZERO
-            }
+            FaultAction::Heal { .. }
+            | FaultAction::Source(_)
+            | FaultAction::Disk { .. }
+            | FaultAction::Clock { .. } => Duration::ZERO,
         })
         .max()
         .unwrap_or_default()

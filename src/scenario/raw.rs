@@ -244,6 +244,20 @@ pub(super) struct RawFault {
     /// it every matching one fails, for `for` (or to the end of the drill).
     #[serde(default)]
     pub(super) nth: Option<u64>,
+    /// `target: engine`: a fault of the engine's wall clock instead of its process: `jump`.
+    #[serde(default)]
+    pub(super) clock: Option<ClockFaultKind>,
+    /// `clock: jump`: by how much, signed: `+2h`, `-10m`, `+90s` (whole seconds).
+    #[serde(default)]
+    pub(super) by: Option<String>,
+}
+
+/// `clock:` of an engine fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum ClockFaultKind {
+    /// The engine's wall clock steps by `by` and stays there (its monotonic clock runs on).
+    Jump,
 }
 
 /// `disk:` of an engine fault.

@@ -25,6 +25,8 @@ pub struct EngineProcess {
     log_path: PathBuf,
     child: Option<Child>,
     http: reqwest::Client,
+    /// The engine's wall clock, when a clock fault moves it: every start runs under it.
+    clock: Option<super::clock::FakeClock>,
 }
 
 impl EngineProcess {
@@ -33,6 +35,16 @@ impl EngineProcess {
         exe: &Path,
         config: EngineConfig,
         work: &Path,
+    ) -> Result<EngineProcess, SutError> {
+        EngineProcess::start_under(exe, config, work, None).await
+    }
+
+    /// [`EngineProcess::start`], every run of the engine under `clock` (a clock fault's).
+    pub async fn start_under(
+        exe: &Path,
+        config: EngineConfig,
+        work: &Path,
+        clock: Option<super::clock::FakeClock>,
     ) -> Result<EngineProcess, SutError> {
         let config_path = work.join("engine.yaml");
         let text = serde_saphyr::to_string(&config).map_err(|e| SutError::Config {
@@ -54,6 +66,7 @@ impl EngineProcess {
             log_path: work.join("engine.log"),
             child: None,
             http,
+            clock,
         };
         engine.spawn().await?;
         Ok(engine)
@@ -81,6 +94,11 @@ impl EngineProcess {
         self.child.is_some()
     }
 
+    /// The engine's wall clock, when a clock fault moves it.
+    pub fn clock(&self) -> Option<&super::clock::FakeClock> {
+        self.clock.as_ref()
+    }
+
     /// (Re)starts the process and waits until `/stats` answers.
     pub async fn spawn(&mut self) -> Result<(), SutError> {
         let log = std::fs::OpenOptions::new()
@@ -91,7 +109,11 @@ impl EngineProcess {
         let err = log
             .try_clone()
             .map_err(|e| SutError::Start(e.to_string()))?;
-        let mut child = crate::process::dies_with_drill(&mut Command::new(&self.exe))
+        let mut command = Command::new(&self.exe);
+        if let Some(clock) = &self.clock {
+            command.envs(clock.env(None));
+        }
+        let mut child = crate::process::dies_with_drill(&mut command)
             .arg("engine")
             .arg("--config")
             .arg(&self.config_path)

@@ -42,6 +42,8 @@ pub struct CommandEngine {
     /// The process group (the leader's pid) of the running engine.
     group: Option<Pid>,
     http: reqwest::Client,
+    /// The engine's wall clock, when a clock fault moves it: every start runs under it.
+    clock: Option<super::clock::FakeClock>,
 }
 
 /// Everything [`CommandEngine::start`] needs beyond the scenario's spec.
@@ -57,6 +59,8 @@ pub struct Placement<'a> {
     pub log_path: PathBuf,
     /// drill's own executable, for `argv[0] == "drill"`.
     pub drill_exe: &'a Path,
+    /// The engine's wall clock, when a clock fault moves it.
+    pub clock: Option<super::clock::FakeClock>,
 }
 
 /// The placeholders whose values belong to the host the engine runs on: `{ingest}` (and its
@@ -93,6 +97,10 @@ impl CommandEngine {
         let mut argv: Vec<String> = spec.argv.iter().map(|a| render(a)).collect();
         if argv.first().map(String::as_str) == Some("drill") {
             argv[0] = at.drill_exe.display().to_string();
+        }
+        if let (Some(_), Some(program)) = (&at.clock, argv.first()) {
+            super::clock::fakeable(program)
+                .map_err(|why| SutError::Start(format!("a clock fault cannot act on it: {why}")))?;
         }
         let url_at = |port: &Option<String>, path: &str| {
             let addr = match port {
@@ -133,6 +141,7 @@ impl CommandEngine {
             child: None,
             group: None,
             http,
+            clock: at.clock,
         };
         engine.spawn().await?;
         Ok(engine)
@@ -152,6 +161,11 @@ impl CommandEngine {
 
     pub fn is_running(&self) -> bool {
         self.child.is_some()
+    }
+
+    /// The engine's wall clock, when a clock fault moves it.
+    pub fn clock(&self) -> Option<&super::clock::FakeClock> {
+        self.clock.as_ref()
     }
 
     pub fn gives_account(&self) -> bool {
@@ -196,6 +210,11 @@ impl CommandEngine {
         crate::process::dies_with_drill(&mut command)
             .args(args)
             .envs(&self.env)
+            .envs(
+                self.clock
+                    .iter()
+                    .flat_map(|c| c.env(self.env.get("LD_PRELOAD").map(String::as_str))),
+            )
             .current_dir(&self.work_dir)
             .process_group(0)
             .stdin(Stdio::null())

@@ -8,6 +8,7 @@
 //! it reports what the system said, and says when it cannot know.
 
 pub mod builtin;
+pub mod clock;
 pub mod command;
 pub mod ingest;
 pub mod remote;
@@ -225,6 +226,15 @@ impl System {
             System::Builtin(e) => e.is_running(),
             System::Command(e) => e.is_running(),
             System::Remote(e) => e.is_running(),
+        }
+    }
+
+    /// The engine's wall clock, when a clock fault moves it (an engine on drill's host only).
+    pub fn clock(&self) -> Option<&clock::FakeClock> {
+        match self {
+            System::Builtin(e) => e.clock(),
+            System::Command(e) => e.clock(),
+            System::Remote(_) => None,
         }
     }
 

@@ -218,6 +218,7 @@ pub(super) fn planned_targets(plan: &Plan) -> Vec<String> {
             FaultAction::Answer { .. } => Some("destination".to_string()),
             FaultAction::Source(_) => Some("source".to_string()),
             FaultAction::Disk { .. } => Some("engine disk".to_string()),
+            FaultAction::Clock { .. } => Some("engine clock".to_string()),
         })
         .collect()
 }
