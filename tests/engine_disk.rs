@@ -103,6 +103,45 @@ async fn a_full_disk_refuses_ingest_evicts_nothing_and_recovers() {
     engine.stop(Duration::from_secs(5)).await;
 }
 
+/// `disk-slow-fsync`: the record log's fsync answers 300 ms late for 12 s, with an outage and a
+/// power cut inside. The correct engine loses nothing; `ack-before-fdatasync`, which the
+/// prompt disk of `mqtt-power-cut` shows losing a couple of records, loses far more here: the
+/// slow fsync widens its window between answering and syncing.
+#[cfg(feature = "mutants")]
+#[test]
+fn a_slow_fsync_widens_the_window_an_engine_that_acknowledges_before_syncing_loses() {
+    use crate::common::run::{catalogue_drill_fails_mutant, catalogue_drill_passes, required};
+    if !required(
+        Path::new("/dev/fuse").exists() && nix::unistd::Uid::effective().is_root(),
+        "FUSE (/dev/fuse) and root",
+    ) {
+        return;
+    }
+    let (correct, broken) = std::thread::scope(|s| {
+        let c = s.spawn(|| catalogue_drill_passes("disk-slow-fsync"));
+        let b = s.spawn(|| catalogue_drill_fails_mutant("disk-slow-fsync", "ack-before-fdatasync"));
+        (c.join().unwrap(), b.join().unwrap())
+    });
+    let delayed = |ran: &crate::common::run::Ran| {
+        ran.report["notes"].as_array().unwrap().iter().any(|n| {
+            n.as_str().is_some_and(|n| {
+                n.starts_with("the engine's disk answered") && n.contains("operations late")
+            })
+        })
+    };
+    assert_eq!(correct.number(&["ledger", "lost"]), 0);
+    assert!(delayed(&correct), "{:#}", correct.report["notes"]);
+    assert!(
+        correct
+            .markdown
+            .contains("| engine disk | slow: fsync on records-*.log answers 300 ms late |"),
+        "{}",
+        correct.markdown
+    );
+    let lost = broken.number(&["ledger", "lost"]);
+    assert!(lost >= 10, "lost {lost}: {:#}", broken.report["ledger"]);
+}
+
 /// `disk-fsync-error`: the record log's fdatasync fails once with EIO (drill's power-cut
 /// filesystem does what Linux does: the pages are never written, a retried fsync answers 0),
 /// then the power is cut. The correct engine refuses the batch it could not sync and passes;

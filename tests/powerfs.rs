@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use drill::powerfs::{CrashOp, CrashPoint, CutReport, IoErrno, IoFault, IoOp, PowerFs};
+use drill::powerfs::{CrashOp, CrashPoint, CutReport, IoEffect, IoErrno, IoFault, IoOp, PowerFs};
 
 /// A mounted power-cut filesystem over a fresh backing directory. Fields drop in order: the
 /// mount goes before the directories under it.
@@ -551,7 +551,7 @@ fn an_fsync_error_reaches_the_caller_and_a_retry_does_not_make_it_durable() {
     rig.fs.inject(IoFault {
         op: IoOp::Fsync,
         path: "*.log".to_string(),
-        errno: IoErrno::Eio,
+        effect: IoEffect::Error(IoErrno::Eio),
         nth: Some(1),
     });
     f.write_all(b"doomed\n").unwrap();
@@ -570,7 +570,7 @@ fn an_fsync_error_reaches_the_caller_and_a_retry_does_not_make_it_durable() {
     rig.fs.inject(IoFault {
         op: IoOp::Write,
         path: "records.log".to_string(),
-        errno: IoErrno::Enospc,
+        effect: IoEffect::Error(IoErrno::Enospc),
         nth: None,
     });
     let mut f = OpenOptions::new().append(true).open(&path).unwrap();
@@ -580,4 +580,65 @@ fn an_fsync_error_reaches_the_caller_and_a_retry_does_not_make_it_durable() {
     rig.fs.clear_io_faults();
     f.write_all(b"more\n").unwrap();
     assert_eq!(fs::read(&path).unwrap(), b"synced\nmore\n");
+}
+
+/// `disk: slow`: an fsync on a matching file answers 300 ms late, from a timer — the
+/// filesystem serves FUSE on one thread, and it answers other operations meanwhile (stat,
+/// write and read of another file, each measured). After the fault ends, fsync is prompt.
+#[test]
+fn a_slow_fsync_answers_late_and_the_disk_answers_everything_else_meanwhile() {
+    let rig = rig_or_skip!();
+    let path = rig.mnt("records.log");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(b"first\n").unwrap();
+    let delay = std::time::Duration::from_millis(300);
+    let slow = IoFault {
+        op: IoOp::Fsync,
+        path: "*.log".to_string(),
+        effect: IoEffect::Slow(delay),
+        nth: None,
+    };
+    rig.fs.inject(slow.clone());
+    let syncing = std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        f.sync_data().unwrap();
+        (started.elapsed(), f)
+    });
+    // While that fsync waits for its answer, other operations answer at once.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let other = rig.mnt("other.dat");
+    let mut others = Vec::new();
+    for i in 0..10u8 {
+        let t = std::time::Instant::now();
+        fs::write(&other, [i; 64]).unwrap();
+        assert_eq!(fs::read(&other).unwrap(), [i; 64]);
+        fs::metadata(&path).unwrap();
+        others.push(t.elapsed());
+    }
+    let (took, mut f) = syncing.join().unwrap();
+    let slowest = others.iter().max().unwrap();
+    println!(
+        "slow fsync answered in {took:?}; a write+read+stat beside it: slowest {slowest:?} of 10"
+    );
+    assert!(took >= delay, "the fsync answered in {took:?}");
+    assert!(
+        *slowest < std::time::Duration::from_millis(100),
+        "other operations waited for the slow fsync: {others:?}"
+    );
+    // It took effect when asked: the backing file holds it.
+    assert_eq!(fs::read(rig.backing("records.log")).unwrap(), b"first\n");
+    assert_eq!(rig.fs.io_failed().delayed, 1);
+    rig.fs.remove_io_fault(&slow);
+    f.write_all(b"second\n").unwrap();
+    let t = std::time::Instant::now();
+    f.sync_data().unwrap();
+    assert!(
+        t.elapsed() < delay,
+        "fsync after the fault ended: {:?}",
+        t.elapsed()
+    );
 }

@@ -89,6 +89,8 @@ pub struct IoFailed {
     /// them until a power cut, no later fsync wrote them.
     pub writes_dropped: u64,
     pub bytes_dropped: u64,
+    /// Operations whose answer a `slow` fault held back.
+    pub delayed: u64,
 }
 
 /// An operation a crash point counts.
@@ -183,17 +185,27 @@ impl IoErrno {
     }
 }
 
-/// I/O errors injected on the engine's disk (Chaos Mesh's IOChaos is the model): `op` on a
-/// file whose path matches `path` (as a [`CrashPoint`]'s) fails with `errno` — only the `nth`
-/// such operation from when it is injected, or every one while it is in force. A failed
-/// `fsync` does what Linux does: the writes it covered are never written, reads still show
-/// them, a retried fsync succeeds, and the next power cut loses them.
+/// I/O faults injected on the engine's disk (Chaos Mesh's IOChaos is the model): `op` on a
+/// file whose path matches `path` (as a [`CrashPoint`]'s) has the fault's [`IoEffect`] — only
+/// the `nth` such operation from when it is injected, or every one while it is in force. A
+/// failed `fsync` does what Linux does: the writes it covered are never written, reads still
+/// show them, a retried fsync succeeds, and the next power cut loses them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IoFault {
     pub op: IoOp,
     pub path: String,
-    pub errno: IoErrno,
+    pub effect: IoEffect,
     pub nth: Option<u64>,
+}
+
+/// What an I/O fault does to the operations it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoEffect {
+    /// `disk: io_error`: the operation fails with this error.
+    Error(IoErrno),
+    /// `disk: slow`: the operation takes effect at once and its answer comes this much later,
+    /// from a timer: the filesystem answers other operations meanwhile.
+    Slow(std::time::Duration),
 }
 
 impl IoFault {
@@ -207,18 +219,18 @@ impl IoFault {
         glob(self.path.as_bytes(), text.as_bytes())
     }
 
-    /// `fsync on records-*.log fails with EIO (the 1st)`.
+    /// `fsync on records-*.log fails with EIO (its #1 from now)`, `fsync on *.log answers
+    /// 300 ms late`.
     pub fn describe(&self) -> String {
         let which = match self.nth {
             Some(n) => format!(" (its #{n} from now)"),
             None => String::new(),
         };
-        format!(
-            "{} on {} fails with {}{which}",
-            self.op.name(),
-            self.path,
-            self.errno.name()
-        )
+        let does = match self.effect {
+            IoEffect::Error(errno) => format!("fails with {}", errno.name()),
+            IoEffect::Slow(d) => format!("answers {} ms late", d.as_millis()),
+        };
+        format!("{} on {} {does}{which}", self.op.name(), self.path)
     }
 }
 

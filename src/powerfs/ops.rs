@@ -13,6 +13,7 @@ use fuser::{
     ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
+use super::IoOp;
 use super::state::{AttrChange, Caller, State};
 
 /// Entries and attributes are never cached by the kernel: after a power cut the next lookup
@@ -39,6 +40,25 @@ fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+    }
+}
+
+/// Answers now, or (a `disk: slow` fault) after `delay` from a timer thread of its own: FUSE
+/// is served on one thread, which goes on answering every other operation meanwhile.
+fn later(delay: Option<Duration>, answer: impl FnOnce() + Send + 'static) {
+    match delay {
+        None => answer(),
+        Some(d) => {
+            let spawned = std::thread::Builder::new()
+                .name("powerfs-slow".to_string())
+                .spawn(move || {
+                    std::thread::sleep(d);
+                    answer();
+                });
+            // No thread to wait on: the answer was moved into the closure that failed to
+            // start, and dropping an unanswered reply answers EIO.
+            drop(spawned);
+        }
     }
 }
 
@@ -226,11 +246,15 @@ impl Filesystem for Ops {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let result = self.state().write(ino.0, offset, data);
-        match result {
+        let (result, delay) = {
+            let mut state = self.state();
+            let result = state.write(ino.0, offset, data);
+            (result, state.delay_on(ino.0, IoOp::Write))
+        };
+        later(delay, move || match result {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
-        }
+        });
     }
 
     fn flush(
@@ -267,8 +291,12 @@ impl Filesystem for Ops {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let result = self.state().fsync(ino.0, datasync);
-        empty(reply, result);
+        let (result, delay) = {
+            let mut state = self.state();
+            let result = state.fsync(ino.0, datasync);
+            (result, state.delay_on(ino.0, IoOp::Fsync))
+        };
+        later(delay, move || empty(reply, result));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

@@ -317,13 +317,16 @@ impl State {
     fn io_fault(&mut self, rel: Option<&Path>, op: IoOp) -> Result<(), Errno> {
         let Some(rel) = rel else { return Ok(()) };
         for (fault, seen) in &mut self.io_faults {
+            let super::IoEffect::Error(errno) = fault.effect else {
+                continue;
+            };
             if fault.op != op || !fault.matches(rel) {
                 continue;
             }
             *seen += 1;
             if fault.nth.is_none_or(|n| n == *seen) {
                 self.io_failed.operations += 1;
-                return Err(match fault.errno {
+                return Err(match errno {
                     super::IoErrno::Eio => Errno::EIO,
                     super::IoErrno::Enospc => Errno::ENOSPC,
                     super::IoErrno::Erofs => Errno::from_i32(nix::errno::Errno::EROFS as i32),
@@ -331,6 +334,29 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// How long the answer to `op` on file `ino` is held back by the `slow` faults in force
+    /// (the longest, when several match); counted against their `nth`.
+    pub(crate) fn delay_on(&mut self, ino: u64, op: IoOp) -> Option<std::time::Duration> {
+        let rel = self.nodes.get(&ino).and_then(|n| n.path.clone())?;
+        let mut longest = None;
+        for (fault, seen) in &mut self.io_faults {
+            let super::IoEffect::Slow(delay) = fault.effect else {
+                continue;
+            };
+            if fault.op != op || !fault.matches(&rel) {
+                continue;
+            }
+            *seen += 1;
+            if fault.nth.is_none_or(|n| n == *seen) {
+                longest = longest.max(Some(delay));
+            }
+        }
+        if longest.is_some() {
+            self.io_failed.delayed += 1;
+        }
+        longest
     }
 
     /// The I/O fault check for file `ino`.
@@ -947,7 +973,7 @@ mod tests {
         IoFault {
             op,
             path: path.to_string(),
-            errno,
+            effect: crate::powerfs::IoEffect::Error(errno),
             nth,
         }
     }
@@ -978,6 +1004,7 @@ mod tests {
         assert_eq!(
             s.io_failed,
             IoFailed {
+                delayed: 0,
                 operations: 1,
                 fsyncs: 1,
                 writes_dropped: 1,

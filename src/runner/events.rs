@@ -101,6 +101,8 @@ pub enum FaultKind {
     DiskFull,
     /// The data directory's disk answers errors (`fsync on *.log fails with EIO`).
     DiskError(String),
+    /// The data directory's disk answers late (`fsync on *.log answers 300 ms late`).
+    DiskSlow(String),
     /// The engine's wall clock stepped by this many seconds.
     ClockJump(i64),
     /// The destination answered a status, or late, for the window.
@@ -171,6 +173,7 @@ impl fmt::Display for FaultKind {
             }
             FaultKind::DiskFull => f.write_str("disk full (data directory)"),
             FaultKind::DiskError(what) => write!(f, "I/O error: {what}"),
+            FaultKind::DiskSlow(what) => write!(f, "slow: {what}"),
             FaultKind::ClockJump(by_s) => write!(f, "wall clock jumps {}", signed(*by_s)),
             FaultKind::Answer(fault) => f.write_str(&fault.describe()),
             FaultKind::Source(action) => f.write_str(&action.describe()),

@@ -160,29 +160,40 @@ impl<'a> Drill<'a> {
     /// failed no operation is marked as having met nothing (the drill proves nothing by it).
     pub fn account_disk_errors(&mut self) {
         let Some(disk) = self.disk else { return };
-        if !self
-            .faults
-            .iter()
-            .any(|f| matches!(f.kind, FaultKind::DiskError(_)))
-        {
-            return;
-        }
         let failed = disk.io_failed();
-        if failed.operations == 0 {
-            for f in &mut self.faults {
-                if matches!(f.kind, FaultKind::DiskError(_)) {
-                    f.no_target = Some(
-                        "no operation it names came while it was in force: the engine never met the error"
-                            .to_string(),
-                    );
-                }
+        let has = |faults: &[FaultRecord], slow: bool| {
+            faults.iter().any(|f| match f.kind {
+                FaultKind::DiskError(_) => !slow,
+                FaultKind::DiskSlow(_) => slow,
+                _ => false,
+            })
+        };
+        let (errors, slow) = (has(&self.faults, false), has(&self.faults, true));
+        for f in &mut self.faults {
+            let met_nothing = match f.kind {
+                FaultKind::DiskError(_) => failed.operations == 0,
+                FaultKind::DiskSlow(_) => failed.delayed == 0,
+                _ => false,
+            };
+            if met_nothing {
+                f.no_target = Some(
+                    "no operation it names came while it was in force: the engine never met it"
+                        .to_string(),
+                );
             }
-            return;
         }
-        self.notes.push(format!(
-            "the engine's disk answered {} operations with an injected error; {} of them fsyncs, which dropped {} unsynced writes ({} bytes): reads showed them, no later fsync wrote them, and a power cut loses them (Linux's behaviour after a failed writeback)",
-            failed.operations, failed.fsyncs, failed.writes_dropped, failed.bytes_dropped
-        ));
+        if errors && failed.operations > 0 {
+            self.notes.push(format!(
+                "the engine's disk answered {} operations with an injected error; {} of them fsyncs, which dropped {} unsynced writes ({} bytes): reads showed them, no later fsync wrote them, and a power cut loses them (Linux's behaviour after a failed writeback)",
+                failed.operations, failed.fsyncs, failed.writes_dropped, failed.bytes_dropped
+            ));
+        }
+        if slow && failed.delayed > 0 {
+            self.notes.push(format!(
+                "the engine's disk answered {} operations late (each took effect at once; its answer came from a timer, and the disk answered everything else meanwhile)",
+                failed.delayed
+            ));
+        }
     }
 
     /// The engine's wall clock steps by `by_s` seconds and stays there: an instant on the
@@ -238,17 +249,15 @@ impl<'a> Drill<'a> {
             return;
         }
         disk.inject(fault.clone());
-        self.record(
-            index,
-            now,
-            FaultTarget::EngineDisk,
-            FaultKind::DiskError(fault.describe()),
-        );
+        let kind = match fault.effect {
+            crate::powerfs::IoEffect::Error(_) => FaultKind::DiskError(fault.describe()),
+            crate::powerfs::IoEffect::Slow(_) => FaultKind::DiskSlow(fault.describe()),
+        };
         say(&format!(
-            "  {:>4}s  fault: engine disk I/O error: {}",
-            now.as_secs(),
-            fault.describe()
+            "  {:>4}s  fault: engine disk {kind}",
+            now.as_secs()
         ));
+        self.record(index, now, FaultTarget::EngineDisk, kind);
         if fault.nth.is_some() {
             // One operation: an instant on the timeline.
             self.close_fault(&FaultTarget::EngineDisk);

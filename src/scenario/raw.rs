@@ -244,6 +244,9 @@ pub(super) struct RawFault {
     /// it every matching one fails, for `for` (or to the end of the drill).
     #[serde(default)]
     pub(super) nth: Option<u64>,
+    /// `disk: slow`: how late each matching operation answers (it takes effect at once).
+    #[serde(default)]
+    pub(super) delay: Option<Dur>,
     /// `target: engine`: a fault of the engine's wall clock instead of its process: `jump`.
     #[serde(default)]
     pub(super) clock: Option<ClockFaultKind>,
@@ -266,6 +269,8 @@ pub(super) enum ClockFaultKind {
 pub(super) enum DiskFaultKind {
     /// Operations on matching files answer an error (Linux's semantics after a failed fsync).
     IoError,
+    /// Matching `fsync`s or `write`s answer `delay` late.
+    Slow,
 }
 
 /// `certificate:` of a `bad_certificate` fault.

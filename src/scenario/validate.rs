@@ -14,7 +14,8 @@ use serde_saphyr::{Location, Spanned};
 
 use super::command;
 use super::raw::{
-    LedgerExpectation, RawBuiltin, RawExpect, RawFault, RawScenario, RawSystem, RawWorkload,
+    DiskFaultKind, LedgerExpectation, RawBuiltin, RawExpect, RawFault, RawScenario, RawSystem,
+    RawWorkload,
 };
 use super::{
     CommandSpec, EngineSpec, Expectations, FaultAction, Plan, PowerCut, ProcessAction,
@@ -882,8 +883,8 @@ fn process_fault(
     )?;
     refuse_fields(
         entry,
-        process_fields(f).into_iter().skip(2).take(5),
-        "only a disk fault (`target: engine, disk: io_error`) takes it",
+        process_fields(f).into_iter().skip(2).take(6),
+        "only a disk fault (`target: engine, disk: io_error | slow`) takes it",
     )?;
     let fills_disk = f.action == Some(ProcessAction::FillDisk);
     let link = link_fields(f)
@@ -927,8 +928,9 @@ fn process_fault(
     })
 }
 
-/// `target: engine, disk: io_error`: `op` on files matching `path` answers `errno` — the `nth`
-/// one only, or every one for `for` (or to the end of the drill).
+/// `target: engine, disk: io_error | slow`: `op` on files matching `path` answers `errno`, or
+/// answers `delay` late — the `nth` one only, or every one for `for` (or to the end of the
+/// drill).
 fn disk_fault(entry: &FaultEntry) -> Result<ScheduledFault, Located> {
     let f = entry.raw;
     refuse_fields(
@@ -941,9 +943,45 @@ fn disk_fault(entry: &FaultEntry) -> Result<ScheduledFault, Located> {
         destination_fields(f)
             .into_iter()
             .chain(process_fields(f).into_iter().take(2))
-            .chain(process_fields(f).into_iter().skip(7)),
-        "a disk fault takes `op`, `path`, `errno`, and `nth` or `for`",
+            .chain(process_fields(f).into_iter().skip(8)),
+        "a disk fault takes `op`, `path`, `errno` or `delay`, and `nth` or `for`",
     )?;
+    let slow = f.disk == Some(DiskFaultKind::Slow);
+    let effect = match (slow, f.delay) {
+        (false, None) => {
+            crate::powerfs::IoEffect::Error(f.errno.unwrap_or(crate::powerfs::IoErrno::Eio))
+        }
+        (false, Some(_)) => {
+            return Err(entry.field(
+                "delay",
+                "goes with `disk: slow`; `disk: io_error` answers an error at once",
+            ));
+        }
+        (true, None) => {
+            return Err(entry.field(
+                "delay",
+                "missing; how late a slow operation answers, e.g. delay: 300ms",
+            ));
+        }
+        (true, Some(_)) if f.errno.is_some() => {
+            return Err(entry.field(
+                "errno",
+                "goes with `disk: io_error`; a slow operation succeeds, late",
+            ));
+        }
+        (true, Some(d)) if d.0.is_zero() || d.0 > Duration::from_secs(60) => {
+            return Err(entry.field("delay", "between 1ms and 60s"));
+        }
+        (true, Some(d)) => crate::powerfs::IoEffect::Slow(d.0),
+    };
+    if slow
+        && !matches!(
+            f.op,
+            None | Some(crate::powerfs::IoOp::Fsync | crate::powerfs::IoOp::Write)
+        )
+    {
+        return Err(entry.field("op", "a slow disk slows `fsync` or `write`"));
+    }
     let op = f.op.ok_or_else(|| {
         entry.field(
             "op",
@@ -984,7 +1022,7 @@ fn disk_fault(entry: &FaultEntry) -> Result<ScheduledFault, Located> {
             fault: crate::powerfs::IoFault {
                 op,
                 path,
-                errno: f.errno.unwrap_or(crate::powerfs::IoErrno::Eio),
+                effect,
                 nth,
             },
             lasts: f.for_.map(|d| d.0),
@@ -1444,7 +1482,7 @@ fn link_fields(f: &RawFault) -> [(&'static str, bool); 9] {
 }
 
 /// The fields only a process fault (engine, broker, proxy) takes, a disk fault's among them.
-fn process_fields(f: &RawFault) -> [(&'static str, bool); 14] {
+fn process_fields(f: &RawFault) -> [(&'static str, bool); 15] {
     [
         ("clock", f.clock.is_some()),
         ("by", f.by.is_some()),
@@ -1453,6 +1491,7 @@ fn process_fields(f: &RawFault) -> [(&'static str, bool); 14] {
         ("path", f.path.is_some()),
         ("errno", f.errno.is_some()),
         ("nth", f.nth.is_some()),
+        ("delay", f.delay.is_some()),
         ("action", f.action.is_some()),
         ("restart_after", f.restart_after.is_some()),
         ("wipe_data", f.wipe_data.is_some()),
@@ -1579,10 +1618,10 @@ mod tests {
             panic!("{:?}", plan.faults[0].what)
         };
         assert_eq!(
-            (f.op, f.errno, f.nth, *lasts),
+            (f.op, f.effect, f.nth, *lasts),
             (
                 crate::powerfs::IoOp::Fsync,
-                crate::powerfs::IoErrno::Eio,
+                crate::powerfs::IoEffect::Error(crate::powerfs::IoErrno::Eio),
                 Some(1),
                 None
             )
@@ -1619,6 +1658,30 @@ mod tests {
                 "action: kill, op: read",
                 "`faults[0].op`: only a disk fault",
             ),
+            (
+                "disk: slow, op: fsync, path: x",
+                "`faults[0].delay`: missing; how late",
+            ),
+            (
+                "disk: slow, op: fsync, path: x, delay: 1s, errno: EIO",
+                "`faults[0].errno`: goes with `disk: io_error`",
+            ),
+            (
+                "disk: slow, op: rename, path: x, delay: 1s",
+                "`faults[0].op`: a slow disk slows `fsync` or `write`",
+            ),
+            (
+                "disk: slow, op: fsync, path: x, delay: 2m",
+                "`faults[0].delay`: between 1ms and 60s",
+            ),
+            (
+                "disk: io_error, op: fsync, path: x, delay: 1s",
+                "`faults[0].delay`: goes with `disk: slow`",
+            ),
+            (
+                "action: kill, delay: 1s",
+                "`faults[0].delay`: only a disk fault",
+            ),
         ] {
             let e = err(f);
             assert!(e.contains(want), "{f}: {e}");
@@ -1631,6 +1694,16 @@ mod tests {
         assert!(matches!(
             &plan.faults[0].what,
             FaultAction::Disk { fault, lasts: Some(d) } if fault.nth.is_none() && d.as_secs() == 5
+        ));
+        let plan = parse(
+            Path::new("k.yaml"),
+            &fault("disk: slow, op: fsync, path: \"*.log\", delay: 300ms, for: 20s"),
+        )
+        .unwrap();
+        assert!(matches!(
+            &plan.faults[0].what,
+            FaultAction::Disk { fault, .. }
+                if fault.effect == crate::powerfs::IoEffect::Slow(Duration::from_millis(300))
         ));
     }
 
