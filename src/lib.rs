@@ -14,6 +14,7 @@ pub mod agent;
 pub mod bench;
 pub mod check;
 pub mod cli;
+pub mod clock;
 pub mod container;
 pub mod control;
 pub mod credentials;

@@ -7,7 +7,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use drill::sut::clock::{FakeClock, libfaketime};
+use drill::clock::{FakeClock, libfaketime};
 
 use crate::common::run::required;
 

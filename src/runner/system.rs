@@ -30,7 +30,7 @@ pub(super) async fn start_system(
     };
     let engine_port = free_port().map_err(io)?;
     let clock = match plan.needs_clock() && plan.agent.is_none() {
-        true => Some(crate::sut::clock::FakeClock::new(work).map_err(RunError::Clock)?),
+        true => Some(crate::clock::FakeClock::new(work).map_err(RunError::Clock)?),
         false => None,
     };
     let system = match (&plan.command, &plan.agent) {
@@ -126,7 +126,7 @@ fn around_the_proxy() -> bool {
 /// What a user's engine on drill's host starts with beyond the plan.
 struct Here<'a> {
     ingest: SocketAddr,
-    clock: Option<crate::sut::clock::FakeClock>,
+    clock: Option<crate::clock::FakeClock>,
     run_id: &'a str,
 }
 

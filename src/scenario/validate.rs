@@ -1084,7 +1084,7 @@ fn clock_reaches(
         true => dir.join(program).display().to_string(),
         false => program.clone(),
     };
-    crate::sut::clock::fakeable(&path).map_err(|why| {
+    crate::clock::fakeable(&path).map_err(|why| {
         at(
             raw_faults.get(f.entry).map_or(anchor, |r| &r.referenced),
             format!(

@@ -26,7 +26,7 @@ pub struct EngineProcess {
     child: Option<Child>,
     http: reqwest::Client,
     /// The engine's wall clock, when a clock fault moves it: every start runs under it.
-    clock: Option<super::clock::FakeClock>,
+    clock: Option<crate::clock::FakeClock>,
 }
 
 impl EngineProcess {
@@ -44,7 +44,7 @@ impl EngineProcess {
         exe: &Path,
         config: EngineConfig,
         work: &Path,
-        clock: Option<super::clock::FakeClock>,
+        clock: Option<crate::clock::FakeClock>,
     ) -> Result<EngineProcess, SutError> {
         let config_path = work.join("engine.yaml");
         let text = serde_saphyr::to_string(&config).map_err(|e| SutError::Config {
@@ -95,7 +95,7 @@ impl EngineProcess {
     }
 
     /// The engine's wall clock, when a clock fault moves it.
-    pub fn clock(&self) -> Option<&super::clock::FakeClock> {
+    pub fn clock(&self) -> Option<&crate::clock::FakeClock> {
         self.clock.as_ref()
     }
 

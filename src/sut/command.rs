@@ -43,7 +43,7 @@ pub struct CommandEngine {
     group: Option<Pid>,
     http: reqwest::Client,
     /// The engine's wall clock, when a clock fault moves it: every start runs under it.
-    clock: Option<super::clock::FakeClock>,
+    clock: Option<crate::clock::FakeClock>,
 }
 
 /// Everything [`CommandEngine::start`] needs beyond the scenario's spec.
@@ -60,7 +60,7 @@ pub struct Placement<'a> {
     /// drill's own executable, for `argv[0] == "drill"`.
     pub drill_exe: &'a Path,
     /// The engine's wall clock, when a clock fault moves it.
-    pub clock: Option<super::clock::FakeClock>,
+    pub clock: Option<crate::clock::FakeClock>,
 }
 
 /// The placeholders whose values belong to the host the engine runs on: `{ingest}` (and its
@@ -99,7 +99,7 @@ impl CommandEngine {
             argv[0] = at.drill_exe.display().to_string();
         }
         if let (Some(_), Some(program)) = (&at.clock, argv.first()) {
-            super::clock::fakeable(program)
+            crate::clock::fakeable(program)
                 .map_err(|why| SutError::Start(format!("a clock fault cannot act on it: {why}")))?;
         }
         let url_at = |port: &Option<String>, path: &str| {
@@ -164,7 +164,7 @@ impl CommandEngine {
     }
 
     /// The engine's wall clock, when a clock fault moves it.
-    pub fn clock(&self) -> Option<&super::clock::FakeClock> {
+    pub fn clock(&self) -> Option<&crate::clock::FakeClock> {
         self.clock.as_ref()
     }
 

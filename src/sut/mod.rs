@@ -8,7 +8,6 @@
 //! it reports what the system said, and says when it cannot know.
 
 pub mod builtin;
-pub mod clock;
 pub mod command;
 pub mod ingest;
 pub mod remote;
@@ -230,7 +229,7 @@ impl System {
     }
 
     /// The engine's wall clock, when a clock fault moves it (an engine on drill's host only).
-    pub fn clock(&self) -> Option<&clock::FakeClock> {
+    pub fn clock(&self) -> Option<&crate::clock::FakeClock> {
         match self {
             System::Builtin(e) => e.clock(),
             System::Command(e) => e.clock(),
