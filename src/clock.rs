@@ -25,9 +25,23 @@ const LIBFAKETIME: [&str; 4] = [
     "/usr/local/lib/faketime/libfaketime.so.1",
 ];
 
-/// libfaketime's library, where it is installed.
+/// libfaketime's library, where it is installed: its thread-safe build (`libfaketimeMT`)
+/// where there is one, since engines are multi-threaded. With the plain build a
+/// `backoff-by-wall-clock` engine escaped a ten-minute jump back twice under load (once in
+/// CI's selftest): a single read of the unmoved clock ends its stall. The suspected cause is
+/// the plain build's unlocked re-reading of the offset file; with the thread-safe one, five such
+/// engines side by side beside a correct one were all caught.
 pub fn libfaketime() -> Option<PathBuf> {
-    LIBFAKETIME.iter().map(PathBuf::from).find(|p| p.is_file())
+    LIBFAKETIME
+        .iter()
+        .flat_map(|p| {
+            [
+                p.replace("libfaketime.so.1", "libfaketimeMT.so.1"),
+                p.to_string(),
+            ]
+        })
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
 }
 
 /// The engine's wall clock: an offset from the real one, in whole seconds.

@@ -153,6 +153,9 @@ impl OutputTask {
             }
             #[cfg(feature = "mutants")]
             let oldest = self.out.oldest_waiting();
+            // MUTANT `backoff-by-wall-clock`: when this attempt began, by the wall clock.
+            #[cfg(feature = "mutants")]
+            let attempted = std::time::SystemTime::now();
             let to = Connect {
                 cfg: &self.cfg,
                 client_id,
@@ -185,11 +188,15 @@ impl OutputTask {
                     #[cfg(feature = "mutants")]
                     let wake = async move {
                         if mutant::is(Mutant::BackoffByWallClock) {
-                            // MUTANT: the backoff ends at a wall-clock time (a clock jumped back
-                            // moves that time away: docs/src/design.md#rule-1-1, an outage
-                            // holds records only until the destination is back).
-                            let until = std::time::SystemTime::now() + retry;
-                            while std::time::SystemTime::now() < until {
+                            // MUTANT: the next attempt waits until `retry` has passed since the
+                            // last began, by the wall clock; a clock jumped back any time after
+                            // it began moves that moment away (docs/src/design.md#rule-1-1: an
+                            // outage holds records only until the destination is back).
+                            while std::time::SystemTime::now()
+                                .duration_since(attempted)
+                                .is_ok_and(|since| since < retry)
+                                || std::time::SystemTime::now() < attempted
+                            {
                                 tokio::time::sleep(Duration::from_millis(50)).await;
                             }
                         } else {
