@@ -1,5 +1,5 @@
-//! The units a scenario writes as text: [`Dur`] (`500ms`, `2m30s`), [`Rate`] (`100/s`) and an
-//! expectation's [`Bound`] (`0`, `12` or `any`).
+//! The units a scenario writes as text: [`Dur`] (`500ms`, `2m30s`), [`Size`] (`64KB`),
+//! [`Rate`] (`100/s`) and an expectation's [`Bound`] (`0`, `12` or `any`).
 //!
 //! This module owns their spelling — parsing, the JSON Schema pattern `drill schema` shows, and
 //! how a duration is printed back. It is a leaf: it knows nothing of scenarios, and a value
@@ -86,6 +86,60 @@ impl<'de> Deserialize<'de> for Dur {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
         Dur::parse(&text).map_err(de::Error::custom)
+    }
+}
+
+/// A size in bytes written with a unit: `4096B`, `64KB`, `1MB` (binary: 1KB = 1024 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Size(pub u64);
+
+impl Size {
+    /// The size `text` names, or `None` when it has no size unit (it may be something else:
+    /// a rotation's `every` is a size or a time); `Some(Err)` when it has one and is no size.
+    pub fn parse(text: &str) -> Option<Result<Size, String>> {
+        let t = text.trim();
+        [("KB", 1024u64), ("MB", 1 << 20), ("B", 1)]
+            .into_iter()
+            .find_map(|(suffix, scale)| {
+                let n = t.strip_suffix(suffix)?;
+                Some(
+                    n.trim()
+                        .parse::<u64>()
+                        .ok()
+                        .and_then(|n| n.checked_mul(scale))
+                        .map(Size)
+                        .ok_or_else(|| {
+                            format!("`{text}` is no size: write e.g. 4096B, 64KB or 1MB")
+                        }),
+                )
+            })
+    }
+}
+
+impl schemars::JsonSchema for Size {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Size".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": "^[0-9]+ *(B|KB|MB)$",
+            "description": "A size with a unit: 4096B, 64KB, 1MB (1KB = 1024 bytes)."
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Size::parse(&text)
+            .unwrap_or_else(|| {
+                Err(format!(
+                    "`{text}` has no unit: write e.g. 4096B, 64KB or 1MB"
+                ))
+            })
+            .map_err(de::Error::custom)
     }
 }
 

@@ -122,3 +122,35 @@ fn wall_clock_jumps_catch_the_engines_that_time_by_the_wall_clock() {
     );
     assert_eq!(backoff.number(&["ledger", "lost"]), 0);
 }
+
+/// A drift (`clock: drift, by: +2h, for: 8s`) reaches the engine a step a second: the report
+/// names it with its span; the correct engine holds everything, and `expire-by-wall-clock`
+/// loses what waited once the clock had gained an hour (refused 4–16 s at 100/s: up to 1200
+/// waited; those accepted after the clock passed +1 h stay younger than an hour).
+#[cfg(feature = "mutants")]
+#[test]
+fn a_drifting_clock_is_stepped_a_second_at_a_time_and_catches_wall_clock_expiry() {
+    use crate::common::run::{catalogue_drill_fails_mutant, catalogue_drill_passes};
+    if !required(libfaketime().is_some(), "libfaketime (Debian: faketime)") {
+        return;
+    }
+    let (correct, expire) = std::thread::scope(|s| {
+        let c = s.spawn(|| catalogue_drill_passes("clock-drift"));
+        let e = s.spawn(|| catalogue_drill_fails_mutant("clock-drift", "expire-by-wall-clock"));
+        (c.join().unwrap(), e.join().unwrap())
+    });
+    assert_eq!(correct.number(&["ledger", "lost"]), 0);
+    assert!(
+        correct
+            .markdown
+            .contains("| engine clock | wall clock drifts +2h over 8 s"),
+        "{}",
+        correct.markdown
+    );
+    let lost = expire.number(&["ledger", "lost"]);
+    assert!(
+        (200..=1300).contains(&lost),
+        "lost {lost}: {:#}",
+        expire.report["ledger"]
+    );
+}

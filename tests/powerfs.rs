@@ -122,7 +122,7 @@ fn unsynced_writes_are_read_back_then_lost_in_a_power_cut() {
     );
     drop(f);
 
-    let cut = rig.fs.power_cut(false);
+    let cut = rig.fs.power_cut(false, None);
     assert_eq!(
         cut,
         CutReport {
@@ -130,12 +130,13 @@ fn unsynced_writes_are_read_back_then_lost_in_a_power_cut() {
             writes: 2,
             bytes: 18,
             torn: 0,
+            entries: 0,
         }
     );
     assert_eq!(fs::read(&path).unwrap(), b"synced\n");
     assert_eq!(fs::metadata(&path).unwrap().len(), 7);
     assert_eq!(rig.fs.unsynced_bytes(), 0);
-    assert_eq!(rig.fs.power_cut(false), CutReport::default());
+    assert_eq!(rig.fs.power_cut(false, None), CutReport::default());
 }
 
 /// A crash point on the third fdatasync of a `*.log`, torn: the process's third fdatasync(2)
@@ -152,6 +153,7 @@ fn a_crash_point_on_the_third_fdatasync_leaves_a_torn_tail() {
         path: "*.log".to_string(),
         nth: 3,
         torn: true,
+        dirents: None,
     });
     for (i, byte) in [b'a', b'b'].into_iter().enumerate() {
         f.write_all(&[byte; 700]).unwrap();
@@ -206,7 +208,7 @@ fn fdatasync_makes_a_write_survive_and_a_later_append_does_not() {
     assert_eq!(fs::read(rig.backing("journal.jsonl")).unwrap(), acked);
     assert_eq!(fs::metadata(&path).unwrap().len(), acked.len() as u64 + 9);
 
-    let cut = rig.fs.power_cut(false);
+    let cut = rig.fs.power_cut(false, None);
     assert_eq!((cut.files, cut.writes, cut.bytes), (1, 1, 9));
     assert_eq!(fs::read(&path).unwrap(), acked);
     assert_eq!(fs::read(rig.backing("journal.jsonl")).unwrap(), acked);
@@ -214,11 +216,11 @@ fn fdatasync_makes_a_write_survive_and_a_later_append_does_not() {
     // A truncate is held like a write: synced it stays, unsynced it is undone.
     f.set_len(9).unwrap();
     assert_eq!(fs::metadata(&path).unwrap().len(), 9);
-    rig.fs.power_cut(false);
+    rig.fs.power_cut(false, None);
     assert_eq!(fs::read(&path).unwrap(), acked);
     f.set_len(9).unwrap();
     f.sync_all().unwrap();
-    rig.fs.power_cut(false);
+    rig.fs.power_cut(false, None);
     assert_eq!(fs::read(&path).unwrap(), b"{\"id\":1}\n");
 }
 
@@ -252,7 +254,7 @@ fn a_killed_writer_loses_its_unsynced_tail_and_a_new_process_sees_only_synced_by
     assert_eq!(content, b"acked 1\nnot acked 2\n");
     assert_eq!(size, 20);
 
-    let cut = rig.fs.power_cut(false);
+    let cut = rig.fs.power_cut(false, None);
     assert_eq!((cut.files, cut.bytes), (1, 12));
     let (content, size) = read_by_new_process(&path);
     assert_eq!(content, b"acked 1\n");
@@ -282,7 +284,7 @@ fn atomic_replace_readdir_mkdir_and_unlink_pass_through() {
     assert_eq!(names(rig.mnt.path()), ["state.json", "state.json.tmp"]);
     fs::rename(&tmp, &state).unwrap();
     assert_eq!(names(rig.mnt.path()), ["state.json"]);
-    assert_eq!(rig.fs.power_cut(false), CutReport::default());
+    assert_eq!(rig.fs.power_cut(false, None), CutReport::default());
     assert_eq!(fs::read(&state).unwrap(), b"{\"v\":2}");
     assert_eq!(fs::read(rig.backing("state.json")).unwrap(), b"{\"v\":2}");
 
@@ -290,7 +292,7 @@ fn atomic_replace_readdir_mkdir_and_unlink_pass_through() {
     fs::write(&tmp, b"{\"v\":3}").unwrap();
     fs::rename(&tmp, &state).unwrap();
     assert_eq!(fs::read(&state).unwrap(), b"{\"v\":3}");
-    assert_eq!(rig.fs.power_cut(false).bytes, 7);
+    assert_eq!(rig.fs.power_cut(false, None).bytes, 7);
     assert_eq!(fs::read(&state).unwrap(), b"");
 
     // Directories: made, renamed with their files, listed, removed.
@@ -311,6 +313,64 @@ fn atomic_replace_readdir_mkdir_and_unlink_pass_through() {
     fs::remove_dir(rig.mnt("spool.old")).unwrap();
     assert_eq!(names(rig.mnt.path()), ["state.json"]);
     assert_eq!(names(rig.backing.path()), ["state.json"]);
+}
+
+/// `dirents: posix` on a real mount: a segment a process created, wrote and fdatasynced is
+/// gone for a new process after the cut unless the process fsynced the directory; a rename
+/// over a file reverts to the old name; the unlinked file kept beside the backing directory
+/// is cleaned up with the mount.
+#[test]
+fn a_cut_forgets_entries_whose_directory_was_not_fsynced() {
+    use drill::powerfs::Dirents;
+    let rig = rig_or_skip!();
+    rig.fs.track_dirents(Dirents::Posix).unwrap();
+    let write_synced = |name: &str, bytes: &[u8]| {
+        let mut f = File::create(rig.mnt(name)).unwrap();
+        f.write_all(bytes).unwrap();
+        f.sync_data().unwrap();
+    };
+    let sync_dir = || File::open(rig.mnt.path()).unwrap().sync_all().unwrap();
+
+    write_synced("records-1.log", b"acked");
+    write_synced("state.tmp", b"new");
+    sync_dir();
+    write_synced("records-2.log", b"acked too");
+    fs::rename(rig.mnt("state.tmp"), rig.mnt("records-1.log")).unwrap();
+    assert_eq!(names(rig.mnt.path()), ["records-1.log", "records-2.log"]);
+    assert_eq!(rig.fs.dirents_pending(), 2);
+
+    let cut = rig.fs.power_cut(false, Some(Dirents::Posix));
+    assert_eq!((cut.entries, cut.writes), (2, 0));
+    assert_eq!(names(rig.mnt.path()), ["records-1.log", "state.tmp"]);
+    assert_eq!(read_by_new_process(&rig.mnt("records-1.log")).0, b"acked");
+    assert_eq!(read_by_new_process(&rig.mnt("state.tmp")).0, b"new");
+
+    // Synced this time: the cut keeps it.
+    write_synced("records-2.log", b"acked too");
+    sync_dir();
+    assert_eq!(rig.fs.power_cut(false, Some(Dirents::Posix)).entries, 0);
+    assert_eq!(
+        read_by_new_process(&rig.mnt("records-2.log")).0,
+        b"acked too"
+    );
+
+    // A removal not synced brings the file back; the kept copy lives beside the backing.
+    fs::remove_file(rig.mnt("records-2.log")).unwrap();
+    let kept = PathBuf::from(format!("{}.unlinked", rig.backing.path().display()));
+    assert_eq!(fs::read_dir(&kept).unwrap().count(), 1);
+    assert_eq!(rig.fs.power_cut(false, Some(Dirents::Posix)).entries, 1);
+    assert_eq!(
+        read_by_new_process(&rig.mnt("records-2.log")).0,
+        b"acked too"
+    );
+    let Rig {
+        fs: mounted_fs,
+        mnt,
+        backing,
+    } = rig;
+    mounted_fs.unmount();
+    assert!(!kept.exists(), "{} outlived the mount", kept.display());
+    drop((mnt, backing));
 }
 
 #[test]
@@ -561,7 +621,7 @@ fn an_fsync_error_reaches_the_caller_and_a_retry_does_not_make_it_durable() {
     f.sync_all().expect("a retried fsync answers 0");
     assert_eq!(fs::read(rig.backing("records.log")).unwrap(), b"synced\n");
     drop(f);
-    let cut = rig.fs.power_cut(false);
+    let cut = rig.fs.power_cut(false, None);
     assert_eq!((cut.files, cut.bytes), (1, 7));
     assert_eq!(fs::read(&path).unwrap(), b"synced\n");
     let failed = rig.fs.io_failed();

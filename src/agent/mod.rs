@@ -496,7 +496,7 @@ async fn carry_out(
             // The engine dies first: a process holding a file open across the cut would keep
             // writing at the size the kernel remembers.
             slot.engine.kill().await;
-            done.cut = Some(disk.power_cut(torn));
+            done.cut = Some(disk.power_cut(torn, None));
             false
         }
         EngineAct::FillDisk | EngineAct::DiskBack => {

@@ -88,6 +88,8 @@ impl Journal {
             .map_err(io(&attempts_path))?;
         let states = FailedStore::states(dir, output);
         let failed = FailedStore::open(dir, output).map_err(io(dir))?;
+        // Their names are as durable as what will be written in them.
+        log::sync_dir(dir)?;
         let replayed = states
             .iter()
             .filter(|(_, s)| matches!(s, failed::State::Replayed(_)))

@@ -23,7 +23,9 @@
 //!
 //! - A batch is acknowledged to its source only after its frames are written and
 //!   `fdatasync` returned (group commit: every batch waiting at that moment shares one sync).
-//!   A new segment's directory entry is synced before the batch that opens it is acknowledged.
+//!   A new segment's directory entry is synced before the batch that opens it is acknowledged
+//!   (a power cut may forget a name whose directory was not fsynced: `dirents: posix`); so
+//!   is a new marks file's with the marks, and the journal's files' when they are made.
 //! - Whole segments are deleted, oldest first, once every output is past them: each output
 //!   publishes the sequence below which it has settled everything (delivered, or set aside in
 //!   its failed messages, which keep their own copy), and a segment goes when its last sequence
@@ -292,7 +294,18 @@ fn list_segments(dir: &Path) -> Result<Vec<u64>, LogError> {
     Ok(firsts)
 }
 
-fn sync_dir(dir: &Path) -> Result<(), LogError> {
+/// A new segment's directory entry made durable (the `no-dir-fsync` mutant leaves it out).
+fn sync_new_segment(dir: &Path) -> Result<(), LogError> {
+    #[cfg(feature = "mutants")]
+    if mutant::is(Mutant::NoDirFsync) {
+        // MUTANT: the segment's data will be fdatasynced, its name never: a power cut that
+        // forgets the entry takes every batch acknowledged in it.
+        return Ok(());
+    }
+    sync_dir(dir)
+}
+
+pub(super) fn sync_dir(dir: &Path) -> Result<(), LogError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io_err(dir))
@@ -403,7 +416,7 @@ impl RecordLog {
         let mut firsts = list_segments(dir)?;
         if firsts.is_empty() {
             File::create(segment_path(dir, 0)).map_err(io_err(dir))?;
-            sync_dir(dir)?;
+            sync_new_segment(dir)?;
             firsts.push(0);
         }
         let mut recovery = Recovery {
@@ -593,7 +606,7 @@ impl RecordLog {
             .write(true)
             .open(&path)
             .map_err(io_err(&path))?;
-        sync_dir(&self.dir)?;
+        sync_new_segment(&self.dir)?;
         self.closed.push_back(self.active_first);
         self.active_first = self.next_seq;
         self.active_path = path;
@@ -956,6 +969,9 @@ pub struct DeliveryMarks {
     buf: Vec<u8>,
     /// The segments one batch names, kept between calls for the same reason.
     segments: Vec<u64>,
+    /// A marks file was created since the last [`DeliveryMarks::sync`]: its name is synced
+    /// with the marks.
+    new_file: bool,
 }
 
 impl DeliveryMarks {
@@ -991,6 +1007,7 @@ impl DeliveryMarks {
                 files: BTreeMap::new(),
                 buf: Vec::new(),
                 segments: Vec::new(),
+                new_file: false,
             },
             seen,
         ))
@@ -1023,6 +1040,7 @@ impl DeliveryMarks {
                         .append(true)
                         .open(&path)
                         .map_err(io_err(&path))?;
+                    self.new_file = true;
                     v.insert(file)
                 }
             };
@@ -1044,6 +1062,9 @@ impl DeliveryMarks {
         for (segment, file) in &self.files {
             file.sync_data()
                 .map_err(io_err(&marks_path(&self.dir, &self.output, *segment)))?;
+        }
+        if std::mem::take(&mut self.new_file) {
+            sync_dir(&self.dir)?;
         }
         Ok(())
     }

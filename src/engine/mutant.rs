@@ -128,6 +128,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "record log: when an fdatasync fails it retries, and the retry's 0 (Linux marked the pages clean, never wrote them) is believed: the batch is acknowledged and a later power cut loses it",
     ),
     (
+        "no-dir-fsync",
+        "record log: starts new segment files without fsyncing their directory: their data is fdatasynced and acknowledged, and a power cut that forgets the unsynced name takes every batch in them",
+    ),
+    (
         "expire-by-wall-clock",
         "drops waiting records accepted more than an hour ago by the wall clock, counting them delivered: no outage of minutes ages them that far, a clock jumped forward does",
     ),
@@ -244,6 +248,11 @@ pub enum Mutant {
     /// by a power cut (`disk-fsync-error`): the batch the failed fdatasync covered was
     /// acknowledged, and the cut takes it.
     FsyncRetryBelieves,
+    /// `sync_new_segment` in `super::log` (segment roll and the first segment). Caught by a
+    /// power cut that forgets directory entries not synced (`power-cut-dirents`, `dirents:
+    /// posix`) while small segments roll during an outage: the segments started since the
+    /// last directory fsync vanish with every acknowledged batch in them.
+    NoDirFsync,
     /// [`super::output::Output::next_attempts`] (every output kind). Caught by a forward
     /// jump of the wall clock past [`MAX_WALL_AGE`] while records wait (`clock-jump-forward`),
     /// never by an outage of minutes (unlike `expire-by-age`). A record's wall-clock age is that
@@ -257,7 +266,7 @@ pub enum Mutant {
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 26] = [
+    pub const ALL: [Mutant; 27] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -282,6 +291,7 @@ impl Mutant {
         Mutant::CommitOnPoll,
         Mutant::MarkOnPoll,
         Mutant::FsyncRetryBelieves,
+        Mutant::NoDirFsync,
         Mutant::ExpireByWallClock,
         Mutant::BackoffByWallClock,
     ];
@@ -315,6 +325,7 @@ impl Mutant {
             | Mutant::CommitOnPoll
             | Mutant::MarkOnPoll
             | Mutant::FsyncRetryBelieves
+            | Mutant::NoDirFsync
             | Mutant::ExpireByWallClock => &[Signature::Lost],
             // Where drill is the destination (HTTP) or the link pairs statements with answers
             // (PostgreSQL), the second attempt itself is seen.
@@ -365,6 +376,7 @@ impl Mutant {
             Mutant::CommitOnPoll => "kafka-source-kill-mid-drain",
             Mutant::MarkOnPoll => "outbox-kill-mid-drain",
             Mutant::FsyncRetryBelieves => "disk-fsync-error",
+            Mutant::NoDirFsync => "power-cut-dirents",
             Mutant::ExpireByWallClock => "clock-jump-forward",
             Mutant::BackoffByWallClock => "clock-jump-back",
         }

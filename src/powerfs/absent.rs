@@ -20,7 +20,13 @@ impl PowerFs {
     pub fn mount(_backing: &Path, _mountpoint: &Path) -> Result<PowerFs, String> {
         Err(MISSING.to_string())
     }
-    pub fn power_cut(&self, _torn: bool) -> CutReport {
+    pub fn power_cut(&self, _torn: bool, _dirents: Option<super::Dirents>) -> CutReport {
+        match *self {}
+    }
+    pub fn track_dirents(&self, _strictest: super::Dirents) -> Result<(), String> {
+        match *self {}
+    }
+    pub fn dirents_pending(&self) -> usize {
         match *self {}
     }
     pub fn arm(&self, _point: CrashPoint) {

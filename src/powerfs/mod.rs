@@ -13,10 +13,12 @@
 //! every file; afterwards reads show exactly what was synced. Held data lives in RAM, which is
 //! fine for drills (tens of MB).
 //!
-//! **Metadata is durable at once — a simplification.** create, mkdir, mknod, symlink, unlink,
-//! rmdir, rename, chmod, chown and utimes go straight to the backing directory and survive a cut.
-//! A real power cut can also lose a directory entry nobody fsynced (a new file, a rename); this
-//! filesystem keeps them, so it catches lost *data*, not lost names. Inodes follow their file
+//! **Metadata is durable at once, unless a cut names a model.** create, mkdir, mknod, symlink,
+//! unlink, rmdir, rename, chmod, chown and utimes go straight to the backing directory and
+//! survive a cut. A real power cut can also lose a directory entry nobody fsynced (a new file, a
+//! rename): after [`PowerFs::track_dirents`] the names' changes are logged (`dirents.rs`), and a
+//! cut given a [`Dirents`] model undoes, newest first, those the model does not keep — a lost
+//! rename takes the old name back. Modes, owners and times stay durable at once. Inodes follow their file
 //! across renames (held changes included: a temp file renamed over another before its fsync
 //! loses its content in a cut, as on ext4); an unlink drops the file's held changes. Hard links
 //! are refused (EPERM).
@@ -48,6 +50,8 @@
 #[cfg(not(feature = "powercut"))]
 mod absent;
 #[cfg(feature = "powercut")]
+mod dirents;
+#[cfg(feature = "powercut")]
 mod mount;
 #[cfg(feature = "powercut")]
 mod ops;
@@ -76,6 +80,28 @@ pub struct CutReport {
     pub bytes: u64,
     /// Writes torn: the rest of their file landed, their last sector did not.
     pub torn: u64,
+    /// Directory changes (creates, removals, renames) the cut forgot: `dirents:` of the cut.
+    #[serde(default)]
+    pub entries: u64,
+}
+
+/// Which directory changes survive a power cut (`dirents:` of a `power_cut`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Dirents {
+    /// Only those whose directory was fsynced afterwards (the weakest model POSIX allows).
+    Posix,
+    /// Those any fsync came after (what ext4's journal keeps in practice).
+    Ext4,
+}
+
+impl Dirents {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dirents::Posix => "posix",
+            Dirents::Ext4 => "ext4",
+        }
+    }
 }
 
 /// What injected I/O faults did.
@@ -123,6 +149,8 @@ pub struct CrashPoint {
     pub path: String,
     pub nth: u64,
     pub torn: bool,
+    /// The directory changes the cut forgets (none without a model).
+    pub dirents: Option<Dirents>,
 }
 
 impl CrashPoint {
@@ -263,6 +291,7 @@ mod tests {
             path: path.to_string(),
             nth: 1,
             torn: false,
+            dirents: None,
         };
         let log = Path::new("data/records-00000000000000000000.log");
         assert!(point("*.log").matches(log));

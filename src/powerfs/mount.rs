@@ -81,8 +81,27 @@ impl PowerFs {
     /// Returns what was lost. `torn`: each file's unsynced writes land instead, in order, except
     /// the last write's final 512-byte sector, which reads as zeros while the file keeps its
     /// size — a disk that lost power while writing back (a torn tail).
-    pub fn power_cut(&self, torn: bool) -> CutReport {
-        lock(&self.state).power_cut(torn)
+    /// `dirents`: the cut also forgets the creates, removals and renames that model does not
+    /// keep (see [`PowerFs::track_dirents`], which must have been called with it or a stricter
+    /// one); `None` keeps them all.
+    pub fn power_cut(&self, torn: bool, dirents: Option<super::Dirents>) -> CutReport {
+        lock(&self.state).power_cut(torn, dirents)
+    }
+
+    /// Logs directory changes from now on, so that a cut can forget those `strictest` (the
+    /// strictest model any cut will name) does not keep: a removed or replaced file lives on
+    /// beside the backing directory (`<backing>.unlinked`) until its change is durable.
+    pub fn track_dirents(&self, strictest: super::Dirents) -> Result<(), String> {
+        lock(&self.state).track_dirents(strictest).map_err(|e| {
+            format!(
+                "power-cut filesystem: cannot keep removed files beside the backing directory: {e}"
+            )
+        })
+    }
+
+    /// Directory changes logged and not yet durable, right now.
+    pub fn dirents_pending(&self) -> usize {
+        lock(&self.state).dirents_pending()
     }
 
     /// Cuts power by itself at `point`'s operation; then every change fails with EIO until

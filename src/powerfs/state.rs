@@ -19,8 +19,9 @@ use fuser::{Errno, FileAttr, FileType, INodeNo, TimeOrNow};
 use nix::sys::stat::{Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 
+use super::dirents::{self, Change, DirentLog, Replaced, Undone};
 use super::pending::Pending;
-use super::{Crash, CrashOp, CrashPoint, CutReport, IoFailed, IoFault, IoOp};
+use super::{Crash, CrashOp, CrashPoint, CutReport, Dirents, IoFailed, IoFault, IoOp};
 
 /// The sector a torn write is torn at: the smallest unit a disk writes whole.
 const SECTOR: u64 = 512;
@@ -54,6 +55,8 @@ pub(crate) struct State {
     pub(crate) io_failed: IoFailed,
     /// Woken when a crash point fires.
     pub(crate) crashed: std::sync::Arc<tokio::sync::Notify>,
+    /// Directory changes a cut may forget, when a cut of the drill forgets any.
+    dirents: Option<DirentLog>,
 }
 
 /// One inode.
@@ -232,6 +235,25 @@ impl State {
             io_faults: Vec::new(),
             io_failed: IoFailed::default(),
             crashed: std::sync::Arc::new(tokio::sync::Notify::new()),
+            dirents: None,
+        }
+    }
+
+    /// Logs directory changes from now on, so that a cut can forget those `strictest` (the
+    /// strictest model any cut will use) does not keep.
+    pub(crate) fn track_dirents(&mut self, strictest: Dirents) -> io::Result<()> {
+        self.dirents = Some(DirentLog::new(&self.backing, strictest)?);
+        Ok(())
+    }
+
+    /// Directory changes logged and not yet durable.
+    pub(crate) fn dirents_pending(&self) -> usize {
+        self.dirents.as_ref().map_or(0, DirentLog::pending)
+    }
+
+    fn log_change(&mut self, change: Change) {
+        if let Some(log) = &mut self.dirents {
+            log.record(change);
         }
     }
 
@@ -284,7 +306,7 @@ impl State {
             self.armed = Some((point, seen));
             return Ok(());
         }
-        let cut = self.power_cut(point.torn);
+        let cut = self.power_cut(point.torn, point.dirents);
         self.dead = true;
         self.crash = Some(Crash {
             at: std::time::Instant::now(),
@@ -376,7 +398,9 @@ impl State {
     /// Forgets every pending change of every file; `torn`: each file's pending changes land
     /// instead, in order, but for the last write's final sector, which reads as zeros (a disk
     /// that lost power while writing the file back). Unlinked files' changes are dropped.
-    pub(crate) fn power_cut(&mut self, torn: bool) -> CutReport {
+    /// `dirents`: the cut also forgets the directory changes that model does not keep (see
+    /// [`super::dirents`]); without one every change made so far stays.
+    pub(crate) fn power_cut(&mut self, torn: bool, dirents: Option<Dirents>) -> CutReport {
         let mut report = CutReport::default();
         let backing = self.backing.clone();
         for node in self.nodes.values_mut() {
@@ -400,11 +424,43 @@ impl State {
             report.writes += writes;
             report.bytes += bytes;
         }
+        if let Some(log) = &mut self.dirents {
+            let (undone, entries) = log.cut(dirents);
+            report.entries = entries;
+            for u in undone {
+                self.follow(u);
+            }
+        }
         let idle: Vec<u64> = self.nodes.keys().copied().collect();
         for ino in idle {
             self.evict_if_idle(ino);
         }
         report
+    }
+
+    /// The inode map after a cut undid a directory change.
+    fn follow(&mut self, undone: Undone) {
+        match undone {
+            Undone::Gone(path) | Undone::Back(path) => self.detach_tree(&path),
+            Undone::Moved { from, to } => {
+                self.detach_tree(&to);
+                self.remap(|p| moved(p, &from, &to));
+            }
+            Undone::Swapped(a, b) => self.remap(|p| moved(p, &a, &b).or_else(|| moved(p, &b, &a))),
+        }
+    }
+
+    /// [`Self::detach`] of `rel` and every name below it.
+    fn detach_tree(&mut self, rel: &Path) {
+        let below: Vec<PathBuf> = self
+            .by_path
+            .keys()
+            .filter(|p| p.starts_with(rel))
+            .cloned()
+            .collect();
+        for p in below {
+            self.detach(&p);
+        }
     }
 
     fn real(&self, rel: &Path) -> PathBuf {
@@ -610,6 +666,7 @@ impl State {
         let perm = Mode::from_bits_truncate(mode & 0o7777);
         nix::sys::stat::mknod(&self.real(&rel), kind, perm, u64::from(rdev)).map_err(nix_errno)?;
         self.chown_to(&rel, caller)?;
+        self.log_change(Change::Made { path: rel.clone() });
         let ino = self.intern(rel);
         self.attr(ino)
     }
@@ -628,6 +685,7 @@ impl State {
             .create(self.real(&rel))
             .map_err(errno)?;
         self.chown_to(&rel, caller)?;
+        self.log_change(Change::Made { path: rel.clone() });
         let ino = self.intern(rel);
         self.attr(ino)
     }
@@ -643,6 +701,7 @@ impl State {
         let rel = self.child(parent, name)?;
         std::os::unix::fs::symlink(target, self.real(&rel)).map_err(errno)?;
         self.chown_to(&rel, caller)?;
+        self.log_change(Change::Made { path: rel.clone() });
         let ino = self.intern(rel);
         self.attr(ino)
     }
@@ -650,7 +709,26 @@ impl State {
     pub(crate) fn unlink(&mut self, parent: u64, name: &OsStr) -> Result<(), Errno> {
         self.alive()?;
         let rel = self.child(parent, name)?;
-        fs::remove_file(self.real(&rel)).map_err(errno)?;
+        let real = self.real(&rel);
+        let Some(log) = &mut self.dirents else {
+            fs::remove_file(&real).map_err(errno)?;
+            self.detach(&rel);
+            return Ok(());
+        };
+        // The file lives on, linked beside the backing directory, until its removal is
+        // durable (a link to a directory is refused: unlink(2) answers EISDIR for one).
+        if fs::symlink_metadata(&real).map_err(errno)?.is_dir() {
+            return Err(Errno::EISDIR);
+        }
+        let kept = log.keep(&rel).map_err(errno)?;
+        if let Err(e) = fs::remove_file(&real) {
+            let _ = fs::remove_file(&kept);
+            return Err(errno(e));
+        }
+        self.log_change(Change::Unlinked {
+            path: rel.clone(),
+            kept,
+        });
         self.detach(&rel);
         Ok(())
     }
@@ -658,7 +736,12 @@ impl State {
     pub(crate) fn rmdir(&mut self, parent: u64, name: &OsStr) -> Result<(), Errno> {
         self.alive()?;
         let rel = self.child(parent, name)?;
+        let mode = fs::symlink_metadata(self.real(&rel)).map_or(0o755, |m| dirents::mode_of(&m));
         fs::remove_dir(self.real(&rel)).map_err(errno)?;
+        self.log_change(Change::Rmdired {
+            path: rel.clone(),
+            mode,
+        });
         self.detach(&rel);
         Ok(())
     }
@@ -676,23 +759,35 @@ impl State {
         let to = self.child(newparent, newname)?;
         self.io_fault(Some(&from), IoOp::Rename)?;
         let (real_from, real_to) = (self.real(&from), self.real(&to));
-        if flags == 0 {
-            fs::rename(&real_from, &real_to).map_err(errno)?;
+        let exchange = flags & nix::fcntl::RenameFlags::RENAME_EXCHANGE.bits() != 0;
+        let replaced = match (&mut self.dirents, exchange || from == to) {
+            (Some(log), false) => match fs::symlink_metadata(&real_to) {
+                Ok(m) if m.is_dir() => Some(Replaced::Dir(dirents::mode_of(&m))),
+                Ok(_) => Some(Replaced::File(log.keep(&to).map_err(errno)?)),
+                Err(_) => None,
+            },
+            _ => None,
+        };
+        let done = if flags == 0 {
+            fs::rename(&real_from, &real_to).map_err(errno)
         } else {
-            let flags = nix::fcntl::RenameFlags::from_bits(flags).ok_or(Errno::EINVAL)?;
-            nix::fcntl::renameat2(
-                nix::fcntl::AT_FDCWD,
-                &real_from,
-                nix::fcntl::AT_FDCWD,
-                &real_to,
-                flags,
-            )
-            .map_err(nix_errno)?;
+            Self::rename_with(&real_from, &real_to, flags)
+        };
+        if let Err(e) = done {
+            if let Some(Replaced::File(kept)) = &replaced {
+                let _ = fs::remove_file(kept);
+            }
+            return Err(e);
         }
         if from == to {
             return Ok(());
         }
-        let exchange = flags & nix::fcntl::RenameFlags::RENAME_EXCHANGE.bits() != 0;
+        self.log_change(Change::Renamed {
+            from: from.clone(),
+            to: to.clone(),
+            replaced,
+            exchange,
+        });
         if exchange {
             self.remap(|p| moved(p, &from, &to).or_else(|| moved(p, &to, &from)));
         } else {
@@ -700,6 +795,19 @@ impl State {
             self.remap(|p| moved(p, &from, &to));
         }
         Ok(())
+    }
+
+    /// renameat2 with `flags` (RENAME_NOREPLACE, RENAME_EXCHANGE).
+    fn rename_with(real_from: &Path, real_to: &Path, flags: u32) -> Result<(), Errno> {
+        let flags = nix::fcntl::RenameFlags::from_bits(flags).ok_or(Errno::EINVAL)?;
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            real_from,
+            nix::fcntl::AT_FDCWD,
+            real_to,
+            flags,
+        )
+        .map_err(nix_errno)
     }
 
     /// Opens file `ino`; its handle is the inode itself.
@@ -742,6 +850,7 @@ impl State {
         let file = options.open(&real).map_err(errno)?;
         if !existed {
             self.chown_to(&rel, caller)?;
+            self.log_change(Change::Made { path: rel.clone() });
         }
         let ino = self.intern(rel);
         let node = self.node_mut(ino)?;
@@ -844,14 +953,23 @@ impl State {
         } else {
             file.sync_all()
         }
-        .map_err(errno)
+        .map_err(errno)?;
+        if let Some(log) = &mut self.dirents {
+            log.journal();
+        }
+        Ok(())
     }
 
-    pub(crate) fn fsyncdir(&self, ino: u64) -> Result<(), Errno> {
+    pub(crate) fn fsyncdir(&mut self, ino: u64) -> Result<(), Errno> {
         self.alive()?;
-        File::open(self.real(self.rel(ino)?))
+        let rel = self.rel(ino)?.to_path_buf();
+        File::open(self.real(&rel))
             .and_then(|d| d.sync_all())
-            .map_err(errno)
+            .map_err(errno)?;
+        if let Some(log) = &mut self.dirents {
+            log.dir_synced(&rel);
+        }
+        Ok(())
     }
 
     pub(crate) fn fallocate(
@@ -998,7 +1116,7 @@ mod tests {
         s.fsync(ino, true).unwrap();
         assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"safe\0\0\0\0more");
         assert_eq!(read_all(&mut s, ino), b"safelostmore");
-        let cut = s.power_cut(false);
+        let cut = s.power_cut(false, None);
         assert_eq!((cut.files, cut.writes, cut.bytes), (1, 1, 4));
         assert_eq!(read_all(&mut s, ino), b"safe\0\0\0\0more");
         assert_eq!(
@@ -1075,7 +1193,7 @@ mod tests {
         assert_eq!(s.attr(ino).unwrap().size, 5);
         assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"");
         assert_eq!(s.unsynced_bytes(), 5);
-        let cut = s.power_cut(false);
+        let cut = s.power_cut(false, None);
         assert_eq!((cut.files, cut.writes, cut.bytes), (1, 1, 5));
         assert_eq!(read_all(&mut s, ino), b"");
         assert_eq!(s.attr(ino).unwrap().size, 0);
@@ -1088,7 +1206,7 @@ mod tests {
         s.write(ino, 0, &[7; 600]).unwrap();
         s.fsync(ino, true).unwrap();
         s.write(ino, 600, &[8; 1000]).unwrap();
-        let cut = s.power_cut(true);
+        let cut = s.power_cut(true, None);
         assert_eq!(
             (cut.files, cut.torn, cut.writes, cut.bytes),
             (1, 1, 0, 1600 - 1536)
@@ -1122,6 +1240,7 @@ mod tests {
             path: "*.log".to_string(),
             nth: 2,
             torn: false,
+            dirents: None,
         });
         s.write(log, 0, b"one").unwrap();
         s.fsync(log, true).unwrap();
@@ -1154,7 +1273,7 @@ mod tests {
         s.write(ino, 0, b"durable").unwrap();
         s.fsync(ino, true).unwrap();
         s.write(ino, 7, b" not").unwrap();
-        assert_eq!(s.power_cut(false).bytes, 4);
+        assert_eq!(s.power_cut(false, None).bytes, 4);
         assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"durable");
         assert_eq!(read_all(&mut s, ino), b"durable");
     }
@@ -1204,5 +1323,125 @@ mod tests {
         assert_eq!(read_all(&mut s, ino), b"AbXY");
         s.set_full(false);
         assert_eq!(s.write(ino, 4, b"e"), Ok(1));
+    }
+
+    /// A state logging directory changes for `model`, with a file `name` holding `durable`
+    /// made durable (written, fsynced, its directory fsynced).
+    fn tracking(model: Dirents) -> (tempfile::TempDir, State) {
+        let (dir, mut s) = state();
+        s.track_dirents(model).unwrap();
+        (dir, s)
+    }
+
+    fn made(s: &mut State, name: &str, bytes: &[u8]) -> u64 {
+        let ino = s.create(ROOT, name.as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.write(ino, 0, bytes).unwrap();
+        s.fsync(ino, true).unwrap();
+        s.release(ino);
+        ino
+    }
+
+    fn listed(dir: &tempfile::TempDir) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// posix: a file created, written and fdatasynced is gone after a cut unless its
+    /// directory was fsynced; a later directory fsync keeps it.
+    #[test]
+    fn posix_forgets_a_synced_file_whose_directory_was_not_synced() {
+        let (dir, mut s) = tracking(Dirents::Posix);
+        made(&mut s, "records-1.log", b"acked");
+        let cut = s.power_cut(false, Some(Dirents::Posix));
+        assert_eq!(cut.entries, 1);
+        assert!(listed(&dir).is_empty());
+
+        made(&mut s, "records-2.log", b"acked");
+        s.fsyncdir(ROOT).unwrap();
+        made(&mut s, "records-3.log", b"later");
+        assert_eq!(s.power_cut(false, Some(Dirents::Posix)).entries, 1);
+        assert_eq!(listed(&dir), ["records-2.log"]);
+        assert_eq!(
+            fs::read(dir.path().join("records-2.log")).unwrap(),
+            b"acked"
+        );
+    }
+
+    /// ext4: the file's own fsync commits its entry (the journal commits every change so
+    /// far); only a change no fsync came after is forgotten.
+    #[test]
+    fn ext4_keeps_what_any_fsync_came_after() {
+        let (dir, mut s) = tracking(Dirents::Ext4);
+        made(&mut s, "a", b"1");
+        let ino = s.create(ROOT, "b".as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.release(ino);
+        let cut = s.power_cut(false, Some(Dirents::Ext4));
+        assert_eq!(cut.entries, 1);
+        assert_eq!(listed(&dir), ["a"]);
+    }
+
+    /// A rename over a file, not synced: the cut puts the old file back at the name and the
+    /// new one back at its temporary name — never both at one name, never neither.
+    #[test]
+    fn a_lost_rename_reverts_to_the_old_name() {
+        let (dir, mut s) = tracking(Dirents::Posix);
+        made(&mut s, "state", b"old");
+        s.fsyncdir(ROOT).unwrap();
+        made(&mut s, "state.tmp", b"new");
+        s.rename(ROOT, "state.tmp".as_ref(), ROOT, "state".as_ref(), 0)
+            .unwrap();
+        assert_eq!(fs::read(dir.path().join("state")).unwrap(), b"new");
+        assert_eq!(s.dirents_pending(), 2);
+        assert_eq!(s.power_cut(false, Some(Dirents::Posix)).entries, 2);
+        assert_eq!(listed(&dir), ["state"]);
+        assert_eq!(fs::read(dir.path().join("state")).unwrap(), b"old");
+
+        // The same rename with its directory synced stays.
+        made(&mut s, "state.tmp", b"new");
+        s.rename(ROOT, "state.tmp".as_ref(), ROOT, "state".as_ref(), 0)
+            .unwrap();
+        s.fsyncdir(ROOT).unwrap();
+        assert_eq!(s.power_cut(false, Some(Dirents::Posix)).entries, 0);
+        assert_eq!(fs::read(dir.path().join("state")).unwrap(), b"new");
+        assert_eq!(s.dirents_pending(), 0);
+    }
+
+    /// An unlink not synced brings the file back with its durable content; a chain of changes
+    /// to one name (create, rename, unlink) is undone whole, newest first.
+    #[test]
+    fn a_lost_unlink_brings_the_file_back_and_chains_undo_newest_first() {
+        let (dir, mut s) = tracking(Dirents::Posix);
+        made(&mut s, "kept", b"durable");
+        s.fsyncdir(ROOT).unwrap();
+        s.unlink(ROOT, "kept".as_ref()).unwrap();
+        made(&mut s, "a", b"x");
+        s.rename(ROOT, "a".as_ref(), ROOT, "b".as_ref(), 0).unwrap();
+        s.unlink(ROOT, "b".as_ref()).unwrap();
+        assert!(listed(&dir).is_empty());
+        assert_eq!(s.power_cut(false, Some(Dirents::Posix)).entries, 4);
+        assert_eq!(listed(&dir), ["kept"]);
+        assert_eq!(fs::read(dir.path().join("kept")).unwrap(), b"durable");
+        // A cut without a model keeps every change, and nothing is logged after it.
+        s.unlink(ROOT, "kept".as_ref()).unwrap();
+        assert_eq!(s.power_cut(false, None).entries, 0);
+        assert!(listed(&dir).is_empty());
+    }
+
+    /// Syncing a directory makes an earlier change to the same names durable with it: a file
+    /// created in one directory and renamed into another that is synced stays.
+    #[test]
+    fn a_synced_rename_keeps_the_create_it_moved() {
+        let (dir, mut s) = tracking(Dirents::Posix);
+        let sub = s.mkdir(ROOT, "sub".as_ref(), 0o755, ME).unwrap().ino.0;
+        s.fsyncdir(ROOT).unwrap();
+        made(&mut s, "f", b"x");
+        s.rename(ROOT, "f".as_ref(), sub, "f".as_ref(), 0).unwrap();
+        s.fsyncdir(sub).unwrap();
+        assert_eq!(s.power_cut(false, Some(Dirents::Posix)).entries, 0);
+        assert_eq!(fs::read(dir.path().join("sub/f")).unwrap(), b"x");
     }
 }

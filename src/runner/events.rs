@@ -91,10 +91,9 @@ pub enum FaultKind {
     /// SIGKILL, and every write not made durable thrown away — or, `torn`, landed but for the
     /// last write's final sector; at a crash point (`fdatasync #3 on *.log`) when it had one.
     PowerCut {
-        writes: u64,
-        bytes: u64,
-        files: u64,
-        torn: u64,
+        cut: crate::powerfs::CutReport,
+        /// `dirents:` of the cut: which directory changes it forgot.
+        dirents: Option<crate::powerfs::Dirents>,
         crash_point: Option<String>,
     },
     /// The data directory's disk reports no space.
@@ -105,6 +104,8 @@ pub enum FaultKind {
     DiskSlow(String),
     /// The engine's wall clock stepped by this many seconds.
     ClockJump(i64),
+    /// The engine's wall clock gained `by_s` seconds over `over_s`, a step a second.
+    ClockDrift { by_s: i64, over_s: u64 },
     /// The destination answered a status, or late, for the window.
     Answer(crate::dest::AnswerFault),
     /// drill rotated, cut, removed or stalled the source file.
@@ -149,32 +150,50 @@ impl fmt::Display for FaultKind {
             FaultKind::Freeze => f.write_str("pause"),
             FaultKind::Crash => f.write_str("crash"),
             FaultKind::PowerCut {
-                writes,
-                bytes,
-                files,
-                torn,
+                cut,
+                dirents,
                 crash_point,
             } => {
                 f.write_str("power cut")?;
                 if let Some(point) = crash_point {
                     write!(f, " at {point}")?;
                 }
-                if *torn > 0 {
+                let (files, bytes) = (cut.files, cut.bytes);
+                if cut.torn > 0 {
                     write!(
                         f,
-                        " (SIGKILL; {torn} writes torn in {files} files: their last sector, {bytes} bytes, never landed)"
-                    )
+                        " (SIGKILL; {} writes torn in {files} files: their last sector, {bytes} bytes, never landed",
+                        cut.torn
+                    )?;
                 } else {
                     write!(
                         f,
-                        " (SIGKILL; {writes} unsynced writes, {bytes} bytes in {files} files thrown away)"
-                    )
+                        " (SIGKILL; {} unsynced writes, {bytes} bytes in {files} files thrown away",
+                        cut.writes
+                    )?;
                 }
+                if let Some(model) = dirents {
+                    write!(
+                        f,
+                        "; {} directory entries forgotten ({}: {})",
+                        cut.entries,
+                        model.name(),
+                        match model {
+                            crate::powerfs::Dirents::Posix =>
+                                "kept only where the directory was fsynced",
+                            crate::powerfs::Dirents::Ext4 => "kept where any fsync came after",
+                        }
+                    )?;
+                }
+                f.write_str(")")
             }
             FaultKind::DiskFull => f.write_str("disk full (data directory)"),
             FaultKind::DiskError(what) => write!(f, "I/O error: {what}"),
             FaultKind::DiskSlow(what) => write!(f, "slow: {what}"),
             FaultKind::ClockJump(by_s) => write!(f, "wall clock jumps {}", signed(*by_s)),
+            FaultKind::ClockDrift { by_s, over_s } => {
+                write!(f, "wall clock drifts {} over {over_s} s", signed(*by_s))
+            }
             FaultKind::Answer(fault) => f.write_str(&fault.describe()),
             FaultKind::Source(action) => f.write_str(&action.describe()),
         }

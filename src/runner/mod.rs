@@ -183,6 +183,9 @@ fn mount_data_dir(plan: &Plan, work: &Path) -> Result<Option<PowerFs>, RunError>
             "a power_cut or fill_disk fault needs the engine's data directory on drill's power-cut filesystem (FUSE), and it could not be mounted: {why}"
         ))
     })?;
+    if let Some(model) = plan.dirents() {
+        fs.track_dirents(model).map_err(RunError::Disk)?;
+    }
     say(&format!(
         "  engine data: {} (power-cut filesystem over {})",
         data.display(),

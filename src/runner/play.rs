@@ -136,7 +136,7 @@ impl<'a> Drill<'a> {
                     });
                 }
                 _ => {
-                    self.engine_fault(*index, *action, *wipe_data, power.torn, now)
+                    self.engine_fault(*index, *action, *wipe_data, power, now)
                         .await?
                 }
             },
@@ -151,7 +151,16 @@ impl<'a> Drill<'a> {
             Step::Answer { index, fault } => self.answer(*index, *fault, now),
             Step::Source { index, action } => self.source_fault(*index, *action, now),
             Step::DiskError { index, fault, ends } => self.disk_error(*index, fault, *ends, now),
-            Step::ClockJump { index, by_s } => self.clock_jump(*index, *by_s, now),
+            Step::ClockJump {
+                index,
+                by_s,
+                drift: None,
+            } => self.clock_jump(*index, *by_s, now),
+            Step::ClockJump {
+                index,
+                by_s,
+                drift: Some(tick),
+            } => self.clock_drift(*index, *by_s, *tick, now),
         }
         Ok(None)
     }
@@ -225,6 +234,54 @@ impl<'a> Drill<'a> {
             }
         }
         self.close_fault(&FaultTarget::EngineClock);
+    }
+
+    /// One tick of a `clock: drift`: the first records the fault (in force until the last
+    /// tick) and says it; every tick moves the engine's wall clock by its share.
+    fn clock_drift(
+        &mut self,
+        index: usize,
+        by_s: i64,
+        tick: crate::runner::timeline::DriftTick,
+        now: Duration,
+    ) {
+        if tick.first {
+            let kind = FaultKind::ClockDrift {
+                by_s: tick.total_s,
+                over_s: tick.over.as_secs(),
+            };
+            self.record(index, now, FaultTarget::EngineClock, kind.clone());
+            say(&format!("  {:>4}s  fault: engine {kind}", now.as_secs()));
+            self.notes.push(format!(
+                "from {} s the engine's wall clock drifted {} over {} s (libfaketime, stepped once a second; its monotonic clock ran on): drill's times are its own clock's and never compared with the engine's",
+                now.as_secs(),
+                crate::runner::events::signed(tick.total_s),
+                tick.over.as_secs()
+            ));
+        }
+        let moved = match self.system.clock() {
+            Some(clock) if by_s != 0 => clock.jump(by_s).map(|_| ()).map_err(|e| e.to_string()),
+            Some(_) => Ok(()),
+            None => Err("the engine does not run under a clock drill moves".to_string()),
+        };
+        if let Err(why) = moved
+            && let Some(f) = self
+                .faults
+                .iter_mut()
+                .rev()
+                .find(|f| f.index == index && f.no_target.is_none())
+        {
+            f.no_target = Some(format!("the clock did not move: {why}"));
+        }
+        if tick.last {
+            self.close_fault(&FaultTarget::EngineClock);
+            let offset = self.system.clock().map_or(0, |c| c.offset_s());
+            say(&format!(
+                "  {:>4}s  engine clock drift over (now {} from the real clock)",
+                now.as_secs(),
+                crate::runner::events::signed(offset)
+            ));
+        }
     }
 
     /// The engine's disk answers errors from now on, or (`ends`) no longer.
@@ -511,7 +568,7 @@ impl<'a> Drill<'a> {
         index: usize,
         action: ProcessAction,
         wipe_data: bool,
-        torn: bool,
+        power: &crate::scenario::PowerCut,
         now: Duration,
     ) -> Result<(), RunError> {
         // A kill, stop or pause of an engine that is already down (or paused) strikes nothing.
@@ -559,15 +616,17 @@ impl<'a> Drill<'a> {
                 let dead = self.t0.elapsed().max(now);
                 self.crashes.push(dead);
                 self.power_cuts.push(dead);
+                let torn = power.torn;
                 let cut = match self.system.remote_disk(EngineAct::PowerCut { torn }).await {
                     Some(on_agent) => on_agent?.unwrap_or_default(),
-                    None => self.disk.map(|d| d.power_cut(torn)).unwrap_or_default(),
+                    None => self
+                        .disk
+                        .map(|d| d.power_cut(torn, power.dirents))
+                        .unwrap_or_default(),
                 };
                 FaultKind::PowerCut {
-                    writes: cut.writes,
-                    bytes: cut.bytes,
-                    files: cut.files,
-                    torn: cut.torn,
+                    cut,
+                    dirents: power.dirents,
                     crash_point: None,
                 }
             }
@@ -646,10 +705,8 @@ impl<'a> Drill<'a> {
         self.crashes.push(at);
         self.power_cuts.push(at);
         let kind = FaultKind::PowerCut {
-            writes: crash.cut.writes,
-            bytes: crash.cut.bytes,
-            files: crash.cut.files,
-            torn: crash.cut.torn,
+            cut: crash.cut,
+            dirents: armed.point.dirents,
             crash_point: Some(armed.point.describe()),
         };
         self.after_engine_fault(
@@ -677,10 +734,8 @@ impl<'a> Drill<'a> {
             armed.at,
             FaultTarget::Engine,
             FaultKind::PowerCut {
-                writes: 0,
-                bytes: 0,
-                files: 0,
-                torn: 0,
+                cut: Default::default(),
+                dirents: armed.point.dirents,
                 crash_point: Some(armed.point.describe()),
             },
         );
@@ -911,9 +966,18 @@ fn describe_step(step: &Step) -> String {
             fault, ends: false, ..
         } => format!("disk {}", fault.describe()),
         Step::DiskError { ends: true, .. } => "disk errors end".to_string(),
-        Step::ClockJump { by_s, .. } => {
+        Step::ClockJump {
+            by_s, drift: None, ..
+        } => {
             format!("clock jumps {}", crate::runner::events::signed(*by_s))
         }
+        Step::ClockJump {
+            drift: Some(tick), ..
+        } => format!(
+            "clock drifts {} over {} s",
+            crate::runner::events::signed(tick.total_s),
+            tick.over.as_secs()
+        ),
     }
 }
 

@@ -94,7 +94,12 @@ fn builtin_config(plan: &Plan, rig: &Rig, work: &Path, port: u16) -> EngineConfi
         listen: SocketAddr::from(([127, 0, 0, 1], port)),
         data_dir: work.join("engine-data"),
         outputs: vec![output],
-        disk: Default::default(),
+        disk: crate::engine::DiskLimits {
+            segment_bytes: e
+                .segment_bytes
+                .unwrap_or(crate::engine::DiskLimits::default().segment_bytes),
+            ..Default::default()
+        },
         tail: e.tail.as_ref().map(|f| crate::engine::tail::TailConfig {
             path: work.join(crate::scenario::source::SOURCE_DIR).join(&f.name),
         }),

@@ -50,10 +50,11 @@ pub enum Step {
         index: usize,
         action: crate::source::SourceAction,
     },
-    /// The engine's wall clock steps by `by_s` seconds.
+    /// The engine's wall clock steps by `by_s` seconds: a jump, or one tick of a drift.
     ClockJump {
         index: usize,
         by_s: i64,
+        drift: Option<DriftTick>,
     },
     /// The engine's disk answers errors (`Some`), or that fault ends (`None`: at its `for`).
     DiskError {
@@ -61,6 +62,40 @@ pub enum Step {
         fault: crate::powerfs::IoFault,
         ends: bool,
     },
+}
+
+/// Where a tick of a `clock: drift` stands: the first (at `at`, moving nothing) records the
+/// fault, the last ends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriftTick {
+    /// The whole drift: `by` over `over`.
+    pub total_s: i64,
+    pub over: Duration,
+    pub first: bool,
+    pub last: bool,
+}
+
+/// A drift of `total_s` over `over` (whole seconds, at least 2) as one tick a second: tick `k`
+/// moves the clock to where `k` seconds of the drift put it (rounded to whole seconds), so the
+/// steps add up to `total_s` exactly. Tick 0 moves nothing.
+fn drift_ticks(index: usize, total_s: i64, over: Duration) -> Vec<(Duration, Step)> {
+    let n = over.as_secs().max(1) as i64;
+    let at_k = |k: i64| (total_s * k + n / 2 * total_s.signum()) / n;
+    (0..=n)
+        .map(|k| {
+            let step = Step::ClockJump {
+                index,
+                by_s: if k == 0 { 0 } else { at_k(k) - at_k(k - 1) },
+                drift: Some(DriftTick {
+                    total_s,
+                    over,
+                    first: k == 0,
+                    last: k == n,
+                }),
+            };
+            (Duration::from_secs(k as u64), step)
+        })
+        .collect()
 }
 
 pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
@@ -168,11 +203,64 @@ pub fn timeline(plan: &Plan) -> Vec<(Duration, Step)> {
                     steps.push((f.at + *d, step(true)));
                 }
             }
-            FaultAction::Clock { by_s } => {
-                steps.push((f.at, Step::ClockJump { index, by_s: *by_s }));
+            FaultAction::Clock { by_s, over: None } => {
+                steps.push((
+                    f.at,
+                    Step::ClockJump {
+                        index,
+                        by_s: *by_s,
+                        drift: None,
+                    },
+                ));
+            }
+            FaultAction::Clock {
+                by_s,
+                over: Some(over),
+            } => {
+                for (after, step) in drift_ticks(index, *by_s, *over) {
+                    steps.push((f.at + after, step));
+                }
             }
         }
     }
     steps.sort_by_key(|(at, _)| *at);
     steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A drift is a tick a second; the ticks add up to the whole drift, forward or back.
+    #[test]
+    fn a_drift_is_a_tick_a_second_adding_up_to_its_whole() {
+        for (total, secs) in [(600, 60), (-600, 60), (7, 3), (-5, 4), (1, 10)] {
+            let ticks = drift_ticks(3, total, Duration::from_secs(secs));
+            assert_eq!(ticks.len() as u64, secs + 1);
+            let steps: Vec<i64> = ticks
+                .iter()
+                .map(|(_, s)| match s {
+                    Step::ClockJump { by_s, .. } => *by_s,
+                    _ => panic!("a clock step"),
+                })
+                .collect();
+            assert_eq!(
+                steps.iter().sum::<i64>(),
+                total,
+                "{total} over {secs}: {steps:?}"
+            );
+            assert_eq!(steps[0], 0);
+            assert!(steps.iter().all(|s| s.signum() != -total.signum()));
+            assert_eq!(ticks.last().unwrap().0, Duration::from_secs(secs));
+            let flags: Vec<(bool, bool)> = ticks
+                .iter()
+                .map(|(_, s)| match s {
+                    Step::ClockJump { drift: Some(d), .. } => (d.first, d.last),
+                    _ => panic!("a drift tick"),
+                })
+                .collect();
+            assert_eq!(flags.first(), Some(&(true, false)));
+            assert_eq!(flags.last(), Some(&(false, true)));
+        }
+    }
 }

@@ -124,17 +124,29 @@ pub(super) fn engine_agent(
             ),
         ));
     }
-    let crash_point = faults
-        .iter()
-        .find(|f| matches!(&f.what, FaultAction::Engine { power, .. } if power.crash_at.is_some()));
-    if let Some(f) = crash_point {
-        return Err(at(
-            raw_faults.get(f.entry).map_or(anchor, |r| &r.referenced),
-            format!(
-                "field `faults[{}].crash_at`: crash points are not carried out by a drill agent yet; cut power at a time (`power_cut` without `crash_at`)",
-                f.entry
-            ),
-        ));
+    for (field, why) in [
+        (
+            "crash_at",
+            "crash points are not carried out by a drill agent yet; cut power at a time (`power_cut` without `crash_at`)",
+        ),
+        (
+            "dirents",
+            "a drill agent's power cut forgets no directory entries yet; drop `dirents` or run the engine on drill's host",
+        ),
+    ] {
+        let given = faults.iter().find(|f| match &f.what {
+            FaultAction::Engine { power, .. } => match field {
+                "crash_at" => power.crash_at.is_some(),
+                _ => power.dirents.is_some(),
+            },
+            _ => false,
+        });
+        if let Some(f) = given {
+            return Err(at(
+                raw_faults.get(f.entry).map_or(anchor, |r| &r.referenced),
+                format!("field `faults[{}].{field}`: {why}", f.entry),
+            ));
+        }
     }
     let token_env = match raw.token_env {
         Some(var) if std::env::var(&var.value).map_or(true, |v| v.is_empty()) => {

@@ -145,6 +145,8 @@ pub struct EngineSpec {
     pub window: Option<usize>,
     /// (max counted refusals, first backoff, backoff cap).
     pub refusals: (u32, Duration, Duration),
+    /// `segment:`: the record log's segment size in bytes; `None`: the engine's default.
+    pub segment_bytes: Option<u64>,
     /// `system.ingest: { kind: file }` with the built-in engine: it tails the file instead of
     /// taking records over HTTP.
     pub tail: Option<source::FileSpec>,
@@ -170,6 +172,8 @@ pub struct ScheduledFault {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PowerCut {
     pub torn: bool,
+    /// The directory changes the cut forgets (`dirents:`); none without a model.
+    pub dirents: Option<crate::powerfs::Dirents>,
     pub crash_at: Option<crate::powerfs::CrashPoint>,
 }
 
@@ -210,9 +214,10 @@ pub enum FaultAction {
         lasts: Option<Duration>,
     },
     /// `target: engine, clock: jump`: the engine's wall clock steps by `by_s` seconds (signed)
-    /// and stays there.
+    /// and stays there; `clock: drift` (`over` given): it gains `by_s` gradually over `over`.
     Clock {
         by_s: i64,
+        over: Option<Duration>,
     },
     /// `target: destination`: a destination drill hosts answers otherwise for `lasts`.
     Answer {
@@ -265,6 +270,20 @@ impl Plan {
         })
     }
 
+    /// The strictest `dirents:` model of the drill's power cuts: the power-cut filesystem
+    /// logs directory changes for it from the start (`posix` keeps them longest).
+    pub fn dirents(&self) -> Option<crate::powerfs::Dirents> {
+        use crate::powerfs::Dirents;
+        let models = self.faults.iter().filter_map(|f| match &f.what {
+            FaultAction::Engine { power, .. } => power.dirents,
+            _ => None,
+        });
+        models.max_by_key(|m| match m {
+            Dirents::Posix => 1,
+            Dirents::Ext4 => 0,
+        })
+    }
+
     /// Whether the engine runs under a wall clock drill moves (a clock fault).
     pub fn needs_clock(&self) -> bool {
         self.faults
@@ -296,7 +315,8 @@ pub fn longest_outage(faults: &[ScheduledFault], drill_ends: Duration) -> Durati
             FaultAction::Heal { .. }
             | FaultAction::Source(_)
             | FaultAction::Disk { .. }
-            | FaultAction::Clock { .. } => Duration::ZERO,
+            | FaultAction::Clock { over: None, .. } => Duration::ZERO,
+            FaultAction::Clock { over: Some(d), .. } => *d,
         })
         .max()
         .unwrap_or_default()

@@ -127,6 +127,11 @@ pub(super) struct RawBuiltin {
     pub(super) window: Option<usize>,
     #[serde(default)]
     pub(super) refusals: Option<RawRefusals>,
+    /// The record log starts a new segment file once the active one is this long (`64MB`
+    /// unless given): small segments put directory changes on the timeline.
+    #[serde(default)]
+    #[schemars(with = "Option<crate::units::Size>")]
+    pub(super) segment: Option<Spanned<crate::units::Size>>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -205,6 +210,11 @@ pub(super) struct RawFault {
     /// reads as zeros) instead of every unsynced write being lost.
     #[serde(default)]
     pub(super) torn: Option<bool>,
+    /// `power_cut`: the cut also forgets directory changes (create, rename, unlink) not made
+    /// durable — `posix`: those whose directory was not fsynced after them; `ext4`: those no
+    /// fsync at all came after.
+    #[serde(default)]
+    pub(super) dirents: Option<crate::powerfs::Dirents>,
     /// `target: destination`: answer every write (and probe) with this HTTP status (4xx or 5xx)
     /// for `for`; nothing is stored.
     #[serde(default)]
@@ -247,10 +257,12 @@ pub(super) struct RawFault {
     /// `disk: slow`: how late each matching operation answers (it takes effect at once).
     #[serde(default)]
     pub(super) delay: Option<Dur>,
-    /// `target: engine`: a fault of the engine's wall clock instead of its process: `jump`.
+    /// `target: engine`: a fault of the engine's wall clock instead of its process: `jump` or
+    /// `drift`.
     #[serde(default)]
     pub(super) clock: Option<ClockFaultKind>,
-    /// `clock: jump`: by how much, signed: `+2h`, `-10m`, `+90s` (whole seconds).
+    /// `clock: jump`: by how much, signed: `+2h`, `-10m`, `+90s` (whole seconds); `clock:
+    /// drift`: how much the clock gains (or, negative, loses) over `for`.
     #[serde(default)]
     pub(super) by: Option<String>,
 }
@@ -261,6 +273,9 @@ pub(super) struct RawFault {
 pub(super) enum ClockFaultKind {
     /// The engine's wall clock steps by `by` and stays there (its monotonic clock runs on).
     Jump,
+    /// The engine's wall clock runs fast (or slow) and gains `by` over `for`: drill steps it a
+    /// little every second.
+    Drift,
 }
 
 /// `disk:` of an engine fault.

@@ -314,20 +314,13 @@ fn rotate(raw: Spanned<RawRotate>, glob: bool) -> Result<Rotate, Located> {
 /// `10s` or `64KB`, `1MB`, `4096B`.
 fn parse_every(text: &str) -> Result<RotateEvery, String> {
     let t = text.trim();
-    for (suffix, scale) in [("KB", 1024u64), ("MB", 1 << 20), ("B", 1)] {
-        if let Some(n) = t.strip_suffix(suffix) {
-            return match n
-                .trim()
-                .parse::<u64>()
-                .ok()
-                .and_then(|n| n.checked_mul(scale))
-            {
-                Some(n) if n >= 256 => Ok(RotateEvery::Bytes(n)),
-                _ => Err(format!(
-                    "`{text}`: a size of at least 256 bytes, e.g. 64KB or 1MB"
-                )),
-            };
-        }
+    if let Some(size) = crate::units::Size::parse(t) {
+        return match size {
+            Ok(crate::units::Size(n)) if n >= 256 => Ok(RotateEvery::Bytes(n)),
+            _ => Err(format!(
+                "`{text}`: a size of at least 256 bytes, e.g. 64KB or 1MB"
+            )),
+        };
     }
     match Dur::parse(t) {
         Ok(d) if d.0 >= Duration::from_millis(200) => Ok(RotateEvery::Time(d.0)),

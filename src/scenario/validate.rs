@@ -173,7 +173,7 @@ fn system(
     anchor: &Location,
 ) -> Result<(EngineSpec, Option<CommandSpec>), Located> {
     let Some(raw) = raw else {
-        return Ok((builtin(RawBuiltin::default(), destination), None));
+        return Ok((builtin(RawBuiltin::default(), destination)?, None));
     };
     let Some(argv) = raw.command else {
         let for_a_command = first_given([
@@ -200,7 +200,7 @@ fn system(
                 .map_or(b.referenced, |p| p.referenced)
         });
         let settings = raw.builtin.map(|b| b.value).unwrap_or_default();
-        let mut engine = builtin(settings, destination);
+        let mut engine = builtin(settings, destination)?;
         if let Some(i) = raw.ingest {
             let where_ = i.referenced;
             match command::ingest(i)? {
@@ -263,7 +263,7 @@ fn system(
     };
     let engine = EngineSpec {
         promise,
-        ..builtin(RawBuiltin::default(), destination)
+        ..builtin(RawBuiltin::default(), destination)?
     };
     Ok((engine, Some(spec)))
 }
@@ -292,8 +292,18 @@ fn within_bound(
 /// `system.builtin:`, with its defaults. The promise defaults to what the destination lets the
 /// built-in engine keep (`effectively_once` on NATS: the stream drops a resend it already has;
 /// `at_least_once` elsewhere).
-fn builtin(raw: RawBuiltin, destination: &Spec) -> EngineSpec {
-    EngineSpec {
+fn builtin(raw: RawBuiltin, destination: &Spec) -> Result<EngineSpec, Located> {
+    let segment_bytes = match raw.segment {
+        Some(s) if s.value.0 < 4096 => {
+            return Err(at(
+                &s.referenced,
+                "field `system.builtin.segment`: at least 4KB (a segment holds whole batches)"
+                    .to_string(),
+            ));
+        }
+        s => s.map(|s| s.value.0),
+    };
+    Ok(EngineSpec {
         order: raw.order.unwrap_or_default(),
         promise: raw
             .promise
@@ -310,10 +320,11 @@ fn builtin(raw: RawBuiltin, destination: &Spec) -> EngineSpec {
                     r.backoff[1].0.max(r.backoff[0].0),
                 )
             }),
+        segment_bytes,
         tail: None,
         consume: None,
         outbox: None,
-    }
+    })
 }
 
 /// `workload:`: how fast, how long, over how many keys, and which records are poison — each
@@ -1032,28 +1043,50 @@ fn disk_fault(entry: &FaultEntry) -> Result<ScheduledFault, Located> {
 }
 
 /// `target: engine, clock: jump, by: +2h`: the engine's wall clock steps by `by` (whole
-/// seconds, signed) and stays there; its monotonic clock runs on.
+/// seconds, signed) and stays there; `clock: drift, by: +10m, for: 60s`: it gains `by` over
+/// `for`, stepped by drill once a second. Its monotonic clock runs on either way.
 fn clock_fault(entry: &FaultEntry) -> Result<ScheduledFault, Located> {
     let f = entry.raw;
+    let drift = f.clock == Some(super::raw::ClockFaultKind::Drift);
     refuse_fields(
         entry,
         link_fields(f)
             .into_iter()
             .chain(destination_fields(f))
             .chain(process_fields(f).into_iter().skip(2))
-            .chain([("for", f.for_.is_some())]),
-        "a clock fault takes `by` only: the clock stays where the jump put it (a second jump moves it again)",
+            .chain([("for", f.for_.is_some() && !drift)]),
+        if drift {
+            "a clock drift takes `by` and `for` only"
+        } else {
+            "a clock jump takes `by` only: the clock stays where the jump put it (a second jump moves it again; `clock: drift` moves it over `for`)"
+        },
     )?;
     let by = f.by.as_deref().ok_or_else(|| {
         entry.field(
             "by",
-            "missing; how far the engine's wall clock jumps, signed: +2h, -10m",
+            "missing; how far the engine's wall clock moves, signed: +2h, -10m",
         )
     })?;
     let by_s = signed_seconds(by).map_err(|why| entry.field("by", why))?;
+    let over = match (drift, f.for_) {
+        (false, _) => None,
+        (true, Some(d)) if d.0 >= Duration::from_secs(2) && d.0.subsec_nanos() == 0 => Some(d.0),
+        (true, Some(_)) => {
+            return Err(entry.field(
+                "for",
+                "a drift lasts whole seconds, at least 2s (drill steps the clock once a second)",
+            ));
+        }
+        (true, None) => {
+            return Err(entry.field(
+                "for",
+                "missing; how long the clock takes to gain `by`, e.g. `by: +10m, for: 60s`",
+            ));
+        }
+    };
     Ok(ScheduledFault {
         at: f.at.0,
-        what: FaultAction::Clock { by_s },
+        what: FaultAction::Clock { by_s, over },
         entry: entry.i,
     })
 }
@@ -1110,7 +1143,7 @@ fn signed_seconds(text: &str) -> Result<i64, String> {
     let d = crate::units::Dur::parse(rest)?.0;
     if d.is_zero() || d.subsec_nanos() != 0 {
         return Err(format!(
-            "`{t}`: a jump is whole seconds and not zero, e.g. +2h, -10m, +90s"
+            "`{t}`: whole seconds and not zero, e.g. +2h, -10m, +90s"
         ));
     }
     Ok(sign * d.as_secs() as i64)
@@ -1180,6 +1213,7 @@ fn power_cut(entry: &FaultEntry, action: ProcessAction) -> Result<PowerCut, Loca
     if action != ProcessAction::PowerCut {
         for (name, given) in [
             ("torn", f.torn.is_some()),
+            ("dirents", f.dirents.is_some()),
             ("crash_at", f.crash_at.is_some()),
         ] {
             if given {
@@ -1189,9 +1223,11 @@ fn power_cut(entry: &FaultEntry, action: ProcessAction) -> Result<PowerCut, Loca
         return Ok(PowerCut::default());
     }
     let torn = f.torn.unwrap_or(false);
+    let dirents = f.dirents;
     let Some(at) = &f.crash_at else {
         return Ok(PowerCut {
             torn,
+            dirents,
             crash_at: None,
         });
     };
@@ -1210,11 +1246,13 @@ fn power_cut(entry: &FaultEntry, action: ProcessAction) -> Result<PowerCut, Loca
     }
     Ok(PowerCut {
         torn,
+        dirents,
         crash_at: Some(CrashPoint {
             op: at.op,
             path: at.path.clone(),
             nth,
             torn,
+            dirents,
         }),
     })
 }
@@ -1482,7 +1520,7 @@ fn link_fields(f: &RawFault) -> [(&'static str, bool); 9] {
 }
 
 /// The fields only a process fault (engine, broker, proxy) takes, a disk fault's among them.
-fn process_fields(f: &RawFault) -> [(&'static str, bool); 15] {
+fn process_fields(f: &RawFault) -> [(&'static str, bool); 16] {
     [
         ("clock", f.clock.is_some()),
         ("by", f.by.is_some()),
@@ -1497,6 +1535,7 @@ fn process_fields(f: &RawFault) -> [(&'static str, bool); 15] {
         ("wipe_data", f.wipe_data.is_some()),
         ("down_for", f.down_for.is_some()),
         ("torn", f.torn.is_some()),
+        ("dirents", f.dirents.is_some()),
         ("crash_at", f.crash_at.is_some()),
         ("node", f.node.is_some()),
     ]
@@ -1714,6 +1753,15 @@ mod tests {
                 "name: k\ndestination: {{ kind: mqtt }}\nworkload: {{ rate: 10/s, duration: 1m }}\nfaults:\n  - {{ at: 1s, target: engine, {f} }}\n"
             )
         };
+        let plan = parse(
+            Path::new("k.yaml"),
+            &fault("clock: drift, by: \"-10m\", for: 1m"),
+        )
+        .unwrap();
+        assert!(matches!(
+            plan.faults[0].what,
+            FaultAction::Clock { by_s: -600, over: Some(d) } if d == Duration::from_secs(60)
+        ));
         for (by, want) in [("+2h", 7200), ("-10m", -600), ("+1m30s", 90)] {
             let plan = parse(
                 Path::new("k.yaml"),
@@ -1722,7 +1770,7 @@ mod tests {
             .unwrap();
             assert!(plan.needs_clock() && !plan.needs_powerfs());
             assert!(
-                matches!(plan.faults[0].what, FaultAction::Clock { by_s } if by_s == want),
+                matches!(plan.faults[0].what, FaultAction::Clock { by_s, over: None } if by_s == want),
                 "{by}"
             );
         }
@@ -1733,13 +1781,19 @@ mod tests {
             ("clock: jump, by: \"+1.5s\"", "whole seconds and not zero"),
             (
                 "clock: jump, by: \"+2h\", for: 5s",
-                "`faults[0].for`: a clock fault takes `by` only",
+                "`faults[0].for`: a clock jump takes `by` only",
             ),
             (
                 "clock: jump, by: \"+2h\", action: kill",
-                "`faults[0].action`: a clock fault takes",
+                "`faults[0].action`: a clock jump takes",
             ),
             ("clock: stop, by: \"+2h\"", "stop"),
+            (
+                "clock: drift, by: \"+2h\"",
+                "`faults[0].for`: missing; how long",
+            ),
+            ("clock: drift, by: \"+2h\", for: 1s", "at least 2s"),
+            ("clock: drift, by: \"+2h\", for: 2500ms", "whole seconds"),
             (
                 "action: kill, by: \"+2h\"",
                 "`faults[0].by`: only a clock fault",
@@ -1811,6 +1865,40 @@ mod tests {
             e.contains("`faults[0].crash_at`: only process faults"),
             "{e}"
         );
+        // Directory entries: a model on a power cut, the strictest one mounted for the drill.
+        let two = format!(
+            "{}  - {{ at: 9s, target: engine, action: power_cut, dirents: ext4, restart_after: 1s }}\n",
+            fault("target: engine, action: power_cut, dirents: posix, restart_after: 1s")
+        );
+        let plan = parse(Path::new("k.yaml"), &two).unwrap();
+        assert_eq!(plan.dirents(), Some(crate::powerfs::Dirents::Posix));
+        let e = err(&fault("target: engine, action: kill, dirents: posix"));
+        assert!(
+            e.contains("`faults[0].dirents`: only a `power_cut` takes it"),
+            "{e}"
+        );
+        let e = err(&fault("target: engine, action: power_cut, dirents: ntfs"));
+        assert!(e.contains("s.yaml:") && e.contains("ntfs"), "{e}");
+        let e = err(&fault("link: mqtt, fault: refuse, dirents: posix"));
+        assert!(
+            e.contains("`faults[0].dirents`: only process faults"),
+            "{e}"
+        );
+        // The record log's segment size, for drills that roll segments often.
+        let seg = |size: &str| {
+            format!(
+                "name: k\ndestination: {{ kind: mqtt }}\nsystem:\n  builtin: {{ segment: {size} }}\nworkload: {{ rate: 10/s, duration: 1m }}\n"
+            )
+        };
+        let plan = parse(Path::new("k.yaml"), &seg("16KB")).unwrap();
+        assert_eq!(plan.engine.segment_bytes, Some(16 << 10));
+        let e = err(&seg("1KB"));
+        assert!(
+            e.starts_with("s.yaml:4:") && e.contains("`system.builtin.segment`: at least 4KB"),
+            "{e}"
+        );
+        let e = err(&seg("16"));
+        assert!(e.contains("has no unit"), "{e}");
         // A full disk lasts `for`, and takes nothing else.
         let plan = parse(
             Path::new("k.yaml"),
