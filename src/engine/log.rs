@@ -1063,8 +1063,9 @@ impl DeliveryMarks {
             file.sync_data()
                 .map_err(io_err(&marks_path(&self.dir, &self.output, *segment)))?;
         }
-        if std::mem::take(&mut self.new_file) {
+        if self.new_file {
             sync_dir(&self.dir)?;
+            self.new_file = false;
         }
         Ok(())
     }

@@ -242,6 +242,9 @@ impl State {
     /// Logs directory changes from now on, so that a cut can forget those `strictest` (the
     /// strictest model any cut will use) does not keep.
     pub(crate) fn track_dirents(&mut self, strictest: Dirents) -> io::Result<()> {
+        if self.dirents.is_some() {
+            return Ok(());
+        }
         self.dirents = Some(DirentLog::new(&self.backing, strictest)?);
         Ok(())
     }
@@ -710,17 +713,20 @@ impl State {
         self.alive()?;
         let rel = self.child(parent, name)?;
         let real = self.real(&rel);
-        let Some(log) = &mut self.dirents else {
+        // While directory changes are logged, the file lives on, linked beside the backing
+        // directory, until its removal is durable (not a directory: unlink(2) refuses one
+        // with EISDIR, and so does remove_file below). Where no link can be made the removal
+        // is durable at once; it never fails for want of one.
+        let is_file = fs::symlink_metadata(&real).is_ok_and(|m| !m.is_dir());
+        let kept = match &mut self.dirents {
+            Some(log) if is_file => log.keep(&rel),
+            _ => None,
+        };
+        let Some(kept) = kept else {
             fs::remove_file(&real).map_err(errno)?;
             self.detach(&rel);
             return Ok(());
         };
-        // The file lives on, linked beside the backing directory, until its removal is
-        // durable (a link to a directory is refused: unlink(2) answers EISDIR for one).
-        if fs::symlink_metadata(&real).map_err(errno)?.is_dir() {
-            return Err(Errno::EISDIR);
-        }
-        let kept = log.keep(&rel).map_err(errno)?;
         if let Err(e) = fs::remove_file(&real) {
             let _ = fs::remove_file(&kept);
             return Err(errno(e));
@@ -760,14 +766,22 @@ impl State {
         self.io_fault(Some(&from), IoOp::Rename)?;
         let (real_from, real_to) = (self.real(&from), self.real(&to));
         let exchange = flags & nix::fcntl::RenameFlags::RENAME_EXCHANGE.bits() != 0;
-        let replaced = match (&mut self.dirents, exchange || from == to) {
-            (Some(log), false) => match fs::symlink_metadata(&real_to) {
+        // What the rename replaces is kept for an undo; where it cannot be (no link could be
+        // made), the rename is durable at once.
+        let mut tracked = self.dirents.is_some() && !exchange && from != to;
+        let replaced = match (&mut self.dirents, tracked) {
+            (Some(log), true) => match fs::symlink_metadata(&real_to) {
                 Ok(m) if m.is_dir() => Some(Replaced::Dir(dirents::mode_of(&m))),
-                Ok(_) => Some(Replaced::File(log.keep(&to).map_err(errno)?)),
+                Ok(_) => {
+                    let kept = log.keep(&to);
+                    tracked = kept.is_some();
+                    kept.map(Replaced::File)
+                }
                 Err(_) => None,
             },
             _ => None,
         };
+        tracked |= exchange && from != to;
         let done = if flags == 0 {
             fs::rename(&real_from, &real_to).map_err(errno)
         } else {
@@ -782,12 +796,14 @@ impl State {
         if from == to {
             return Ok(());
         }
-        self.log_change(Change::Renamed {
-            from: from.clone(),
-            to: to.clone(),
-            replaced,
-            exchange,
-        });
+        if tracked {
+            self.log_change(Change::Renamed {
+                from: from.clone(),
+                to: to.clone(),
+                replaced,
+                exchange,
+            });
+        }
         if exchange {
             self.remap(|p| moved(p, &from, &to).or_else(|| moved(p, &to, &from)));
         } else {
@@ -1443,5 +1459,75 @@ mod tests {
         s.fsyncdir(sub).unwrap();
         assert_eq!(s.power_cut(false, Some(Dirents::Posix)).entries, 0);
         assert_eq!(fs::read(dir.path().join("sub/f")).unwrap(), b"x");
+    }
+
+    /// What the review found (posix): a file renamed into a new directory that was synced
+    /// keeps the directory's making; a create inside a directory later moved away and replaced
+    /// by another never takes the replacement's durable file; an unlink in a directory moved
+    /// away never brings the file back into a new directory of the old name.
+    #[test]
+    fn no_undo_takes_a_durable_name_with_it() {
+        let (dir, mut s) = tracking(Dirents::Posix);
+        made(&mut s, "a", b"durable");
+        s.fsyncdir(ROOT).unwrap();
+        let sub = s.mkdir(ROOT, "sub".as_ref(), 0o755, ME).unwrap().ino.0;
+        s.rename(ROOT, "a".as_ref(), sub, "a".as_ref(), 0).unwrap();
+        s.fsyncdir(sub).unwrap();
+        s.power_cut(false, Some(Dirents::Posix));
+        assert_eq!(fs::read(dir.path().join("sub/a")).unwrap(), b"durable");
+
+        let (dir, mut s) = tracking(Dirents::Posix);
+        let x = s.mkdir(ROOT, "x".as_ref(), 0o755, ME).unwrap().ino.0;
+        let f = s.create(x, "f".as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.write(f, 0, b"x's").unwrap();
+        s.fsync(f, true).unwrap();
+        s.release(f);
+        s.fsyncdir(x).unwrap();
+        let d = s.mkdir(ROOT, "d".as_ref(), 0o755, ME).unwrap().ino.0;
+        s.fsyncdir(ROOT).unwrap();
+        let lost = s.create(d, "f".as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.release(lost);
+        s.rename(ROOT, "d".as_ref(), ROOT, "e".as_ref(), 0).unwrap();
+        s.rename(ROOT, "x".as_ref(), ROOT, "d".as_ref(), 0).unwrap();
+        s.fsyncdir(ROOT).unwrap();
+        s.power_cut(false, Some(Dirents::Posix));
+        assert_eq!(fs::read(dir.path().join("d/f")).unwrap(), b"x's");
+
+        let (dir, mut s) = tracking(Dirents::Posix);
+        let d = s.mkdir(ROOT, "d".as_ref(), 0o755, ME).unwrap().ino.0;
+        s.fsyncdir(ROOT).unwrap();
+        let f = s.create(d, "f".as_ref(), 0o644, 0, ME).unwrap().ino.0;
+        s.release(f);
+        s.fsyncdir(d).unwrap();
+        s.unlink(d, "f".as_ref()).unwrap();
+        s.rename(ROOT, "d".as_ref(), ROOT, "e".as_ref(), 0).unwrap();
+        s.mkdir(ROOT, "d".as_ref(), 0o700, ME).unwrap();
+        s.fsyncdir(ROOT).unwrap();
+        s.power_cut(false, Some(Dirents::Posix));
+        assert!(!dir.path().join("d/f").exists());
+        assert!(!dir.path().join("e/f").exists());
+    }
+
+    /// Syncing a directory after thousands of changes in it stays cheap (it runs under the
+    /// filesystem's lock): 20 000 creates and one fsync of their directory well under a second
+    /// even in a debug build.
+    #[test]
+    fn syncing_a_directory_after_many_changes_is_not_quadratic() {
+        let (_dir, mut s) = tracking(Dirents::Posix);
+        let sub = s.mkdir(ROOT, "many".as_ref(), 0o755, ME).unwrap().ino.0;
+        for i in 0..20_000 {
+            s.log_change(Change::Made {
+                path: PathBuf::from(format!("many/{i}")),
+            });
+        }
+        let started = std::time::Instant::now();
+        s.fsyncdir(sub).unwrap();
+        // The directory's own making goes with them: a durable name below it needs it.
+        assert_eq!(s.dirents_pending(), 0);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

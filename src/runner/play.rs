@@ -274,7 +274,16 @@ impl<'a> Drill<'a> {
             f.no_target = Some(format!("the clock did not move: {why}"));
         }
         if tick.last {
-            self.close_fault(&FaultTarget::EngineClock);
+            // This drift's record, not the newest clock fault's: drifts may overlap.
+            let end = ms(self.t0.elapsed());
+            if let Some(f) = self
+                .faults
+                .iter_mut()
+                .rev()
+                .find(|f| f.index == index && f.until_ms.is_none())
+            {
+                f.until_ms = Some(end);
+            }
             let offset = self.system.clock().map_or(0, |c| c.offset_s());
             say(&format!(
                 "  {:>4}s  engine clock drift over (now {} from the real clock)",

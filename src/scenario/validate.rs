@@ -1070,11 +1070,13 @@ fn clock_fault(entry: &FaultEntry) -> Result<ScheduledFault, Located> {
     let by_s = signed_seconds(by).map_err(|why| entry.field("by", why))?;
     let over = match (drift, f.for_) {
         (false, _) => None,
-        (true, Some(d)) if d.0 >= Duration::from_secs(2) && d.0.subsec_nanos() == 0 => Some(d.0),
+        (true, Some(d)) if (2..=3600).contains(&d.0.as_secs()) && d.0.subsec_nanos() == 0 => {
+            Some(d.0)
+        }
         (true, Some(_)) => {
             return Err(entry.field(
                 "for",
-                "a drift lasts whole seconds, at least 2s (drill steps the clock once a second)",
+                "a drift lasts whole seconds, from 2s to 1h (drill steps the clock once a second; a longer drift is several drifts in a row)",
             ));
         }
         (true, None) => {
@@ -1792,7 +1794,8 @@ mod tests {
                 "clock: drift, by: \"+2h\"",
                 "`faults[0].for`: missing; how long",
             ),
-            ("clock: drift, by: \"+2h\", for: 1s", "at least 2s"),
+            ("clock: drift, by: \"+2h\", for: 1s", "from 2s to 1h"),
+            ("clock: drift, by: \"+2h\", for: 2h", "from 2s to 1h"),
             ("clock: drift, by: \"+2h\", for: 2500ms", "whole seconds"),
             (
                 "action: kill, by: \"+2h\"",
