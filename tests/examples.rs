@@ -488,3 +488,63 @@ fn the_rsyslog_disk_queue_after_fsync_errors_and_a_power_cut_takes_messages_it_n
         );
     }
 }
+
+/// drill's MQTT ingest in MQTT 3.1.1 (`version: "3.1.1"`, for listeners that speak nothing
+/// newer: RabbitMQ's MQTT plugin, older bridges), against mosquitto as the engine: every record
+/// is acknowledged and delivered, and mosquitto's own log says the client spoke MQTT 3.1.1
+/// (`p2` in mosquitto's numbering) — MQTT 5 (`p5`) without `version`.
+#[test]
+fn the_mqtt_ingest_speaks_3_1_1_where_asked() {
+    if !have("mosquitto", &["/usr/sbin/mosquitto"]) {
+        return;
+    }
+    let examples = format!("{}/scenarios/examples", env!("CARGO_MANIFEST_DIR"));
+    let drill = |version: &str| {
+        let out = tempfile::tempdir().unwrap();
+        let name = format!("mqtt-ingest-v{}", version.replace('.', ""));
+        let version_field = match version {
+            "5" => String::new(),
+            v => format!(", version: \"{v}\""),
+        };
+        let text = format!(
+            "name: {name}\nabout: drill's MQTT ingest into a mosquitto bridge, protocol {version}, no faults, every record arrives.\nscenario_dir: {examples}\ntags: [examples]\ndestination: {{ kind: mqtt, runtime: process, topic: drill/{name} }}\nsystem:\n  command: [mosquitto, -c, \"{{work_dir}}/mosquitto.conf\"]\n  files: {{ mosquitto.conf: mosquitto-bridge.conf.tmpl }}\n  ingest: {{ kind: mqtt, topic: in/x{version_field} }}\n  ready: {{ tcp: true, within: 10s }}\n  promise: at_least_once\nworkload: {{ rate: 50/s, duration: 8s, keys: 4 }}\nexpect: {{ lost: 0, reordered: 0 }}\n"
+        );
+        let file = out.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, text).unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_drill"))
+            .args(["run"])
+            .arg(&file)
+            .arg("--out")
+            .arg(out.path())
+            .output()
+            .expect("drill runs");
+        let shown = format!(
+            "exit {:?}\n{}\n{}",
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(output.status.code(), Some(0), "{shown}");
+        let dir = out.path().join(&name);
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap())
+                .unwrap();
+        let log = std::fs::read_to_string(dir.join("engine.log")).unwrap_or_default();
+        let connected = log
+            .lines()
+            .find(|l| l.contains("as drill-ingest-"))
+            .unwrap_or_else(|| panic!("no ingest connection in mosquitto's log:\n{log}"))
+            .to_string();
+        (r["ledger"]["delivered"].as_u64().unwrap(), connected)
+    };
+    let (v311, v5) = std::thread::scope(|s| {
+        let a = s.spawn(|| drill("3.1.1"));
+        let b = s.spawn(|| drill("5"));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(v311.0, 400, "{}", v311.1);
+    // mosquitto numbers its protocols itself: p2 is MQTT 3.1.1 (p1 3.1), p5 is MQTT 5.
+    assert!(v311.1.contains("(p2,"), "{}", v311.1);
+    assert_eq!(v5.0, 400, "{}", v5.1);
+    assert!(v5.1.contains("(p5,"), "{}", v5.1);
+}

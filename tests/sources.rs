@@ -419,6 +419,16 @@ fn a_bad_source_spec_is_refused_with_its_file_line_and_field() {
             5,
         ),
         (
+            "system:\n  command: [cat]\n  ingest: { kind: mqtt, topic: in/x, version: \"3.1\" }\n",
+            "field `system.ingest.version`: `3.1`; drill speaks MQTT \"5\" (the default) or \"3.1.1\"",
+            6,
+        ),
+        (
+            "system:\n  ingest: { kind: http, version: \"3.1.1\" }\n",
+            "field `system.ingest.version`: not used by `kind: http`",
+            5,
+        ),
+        (
             "system:\n  ingest: { kind: kafka, rotate: { every: 10s } }\n",
             "field `system.ingest.rotate`: not used by `kind: kafka`",
             5,

@@ -39,6 +39,10 @@ pub(super) struct RawIngest {
     topic: Option<String>,
     #[serde(default)]
     qos: Option<u8>,
+    /// `kind: mqtt`: the protocol drill speaks to the engine's listener, `"5"` (the default)
+    /// or `"3.1.1"` (what older brokers and bridges take: RabbitMQ's MQTT plugin).
+    #[serde(default)]
+    version: Option<String>,
     /// `kind: postgres_outbox`: the outbox table (default `drill_outbox`).
     #[serde(default)]
     table: Option<String>,
@@ -184,7 +188,8 @@ pub enum IngestSpec {
     /// POST NDJSON batches of at most `batch` lines to `path`: 2xx = every line held.
     Http { path: String, batch: usize },
     /// Publish each record to `topic` on the engine's MQTT listener: the PUBACK means held.
-    Mqtt { topic: String, qos: u8 },
+    /// `v311`: MQTT 3.1.1 instead of 5 (its PUBACK has no reason code: it always means held).
+    Mqtt { topic: String, qos: u8, v311: bool },
     /// Newline-delimited records on a TCP connection: no acknowledgement exists.
     TcpLines,
     /// Each record as an RFC 5424 message on a RELP session to the engine's listener: its
@@ -457,7 +462,7 @@ impl IngestKind {
     fn takes(self) -> &'static [&'static str] {
         match self {
             IngestKind::Http => &["path", "batch"],
-            IngestKind::Mqtt => &["topic", "qos"],
+            IngestKind::Mqtt => &["topic", "qos", "version"],
             IngestKind::TcpLines | IngestKind::Relp => &[],
             IngestKind::File => &["path", "format", "rotate", "checkpoint"],
             IngestKind::Kafka => &["topic", "group"],
@@ -476,6 +481,7 @@ pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
         ("batch", i.batch.is_some()),
         ("topic", i.topic.is_some()),
         ("qos", i.qos.is_some()),
+        ("version", i.version.is_some()),
         ("format", i.format.is_some()),
         ("rotate", i.rotate.is_some()),
         ("checkpoint", i.checkpoint.is_some()),
@@ -541,7 +547,19 @@ pub(super) fn ingest(raw: Spanned<RawIngest>) -> Result<IngestSpec, Located> {
                     "field `system.ingest.topic`: a topic name, without wildcards".to_string(),
                 ));
             }
-            Ok(IngestSpec::Mqtt { topic, qos })
+            let v311 = match i.version.as_deref().map(str::trim) {
+                None | Some("5" | "5.0") => false,
+                Some("3.1.1") => true,
+                Some(other) => {
+                    return Err(at(
+                        &here,
+                        format!(
+                            "field `system.ingest.version`: `{other}`; drill speaks MQTT \"5\" (the default) or \"3.1.1\" (quote it: YAML reads 5 and 3.1 as numbers)"
+                        ),
+                    ));
+                }
+            };
+            Ok(IngestSpec::Mqtt { topic, qos, v311 })
         }
         IngestKind::TcpLines => Ok(IngestSpec::TcpLines),
         IngestKind::Relp => Ok(IngestSpec::Relp),

@@ -7,7 +7,8 @@
 //!   not accepted; no answer means unknown.
 //! - [`Ingest::Mqtt`]: publish each record at QoS 1 to the engine's own listener; its PUBACK
 //!   (reason < 0x80) means held; a PUBACK ≥ 0x80 means not accepted; a connection lost before
-//!   the PUBACK means unknown.
+//!   the PUBACK means unknown. MQTT 5, or 3.1.1 where the engine speaks nothing newer (its
+//!   PUBACK has no reason code: always held).
 //! - [`Ingest::TcpLines`]: newline-delimited records on one TCP connection. The protocol has no
 //!   acknowledgement: a record counts as held once the OS took its bytes for the engine's
 //!   socket (`sent_unconfirmed`, docs/src/design.md#rule-1-6); the report says so.
@@ -27,12 +28,13 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::{Sink, SinkExt, Stream, StreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::scenario::IngestSpec;
 use crate::wire::mqtt::{self, Inbound, Packet, Publish, QoS};
+use crate::wire::mqtt311;
 use crate::wire::relp::{self, Reply};
 use crate::wire::syslog::rfc5424;
 use crate::workload::{IngestAnswer, Intake, Record};
@@ -51,8 +53,10 @@ pub enum Ingest {
         addr: SocketAddr,
         topic: String,
         client_id: String,
-        session: Option<Box<mqtt::Session>>,
+        session: Option<MqttLink>,
         next_pkid: u16,
+        /// MQTT 3.1.1 instead of 5.
+        v311: bool,
     },
     TcpLines {
         addr: SocketAddr,
@@ -67,6 +71,12 @@ pub enum Ingest {
     Outbox(crate::source::OutboxSource),
 }
 
+/// An MQTT ingest session, in the protocol the engine's listener speaks.
+pub enum MqttLink {
+    V5(Box<mqtt::Session>),
+    V311(Box<mqtt311::Session>),
+}
+
 impl Ingest {
     /// The ingest `spec` describes, at `addr`; `run` names the MQTT client.
     pub fn new(spec: &IngestSpec, addr: SocketAddr, run: &str) -> Result<Ingest, String> {
@@ -79,12 +89,13 @@ impl Ingest {
                     .build()
                     .map_err(|e| format!("cannot build an HTTP client: {e}"))?,
             },
-            IngestSpec::Mqtt { topic, .. } => Ingest::Mqtt {
+            IngestSpec::Mqtt { topic, v311, .. } => Ingest::Mqtt {
                 addr,
                 topic: topic.clone(),
                 client_id: format!("drill-ingest-{run}"),
                 session: None,
                 next_pkid: 1,
+                v311: *v311,
             },
             IngestSpec::TcpLines => Ingest::TcpLines { addr, stream: None },
             IngestSpec::Relp => Ingest::Relp {
@@ -152,7 +163,16 @@ impl Ingest {
                 client_id,
                 session,
                 next_pkid,
-            } => publish(*addr, topic, client_id, session, next_pkid, lines).await,
+                v311,
+            } => {
+                let to = Publisher {
+                    addr: *addr,
+                    topic,
+                    client_id,
+                    v311: *v311,
+                };
+                to.publish(session, next_pkid, lines).await
+            }
             Ingest::TcpLines { addr, stream } => write_lines(*addr, stream, &lines).await,
             Ingest::Relp { addr, session } => send_relp(*addr, session, &lines).await,
             // Handled above, before the lines were made.
@@ -227,62 +247,125 @@ fn answered_keys(v: &serde_json::Value) -> Option<Vec<String>> {
     )
 }
 
-async fn publish(
+/// Where an MQTT ingest publishes, and in which protocol.
+struct Publisher<'a> {
     addr: SocketAddr,
-    topic: &str,
-    client_id: &str,
-    session: &mut Option<Box<mqtt::Session>>,
+    topic: &'a str,
+    client_id: &'a str,
+    v311: bool,
+}
+
+impl Publisher<'_> {
+    /// Publishes `lines` at QoS 1 on the session (connected first if there is none), and
+    /// waits for their PUBACKs; a session that broke is dropped.
+    async fn publish(
+        &self,
+        session: &mut Option<MqttLink>,
+        next_pkid: &mut u16,
+        lines: Vec<String>,
+    ) -> Vec<IngestAnswer> {
+        let n = lines.len();
+        if session.is_none() {
+            let keep_alive = Duration::from_secs(30);
+            let linked = if self.v311 {
+                mqtt311::connect(self.addr, self.client_id, keep_alive, ANSWER_LIMIT)
+                    .await
+                    .map(|s| MqttLink::V311(Box::new(s)))
+            } else {
+                mqtt::connect(self.addr, self.client_id, keep_alive, ANSWER_LIMIT)
+                    .await
+                    .map(|s| MqttLink::V5(Box::new(s)))
+            };
+            match linked {
+                Ok(l) => *session = Some(l),
+                Err(e) => return vec![IngestAnswer::NotAccepted(e.to_string()); n],
+            }
+        }
+        let topic = self.topic;
+        let (answers, broken) = match session.as_mut() {
+            Some(MqttLink::V5(s)) => {
+                let packet = |pkid, line: String| {
+                    let mut p =
+                        Publish::new(topic, QoS::AtLeastOnce, bytes::Bytes::from(line), None);
+                    p.pkid = pkid;
+                    Packet::Publish(p)
+                };
+                let ack = |inbound| match inbound {
+                    Inbound::Ack(ack) if ack.accepted() => Some((ack.pkid, Ok(()))),
+                    Inbound::Ack(ack) => Some((ack.pkid, Err(ack.describe()))),
+                    _ => None,
+                };
+                publish_on(&mut s.framed, next_pkid, lines, packet, ack).await
+            }
+            Some(MqttLink::V311(s)) => {
+                use rumqttc::mqttbytes::v4;
+                let packet = |pkid, line: String| {
+                    let mut p = v4::Publish::new(topic, rumqttc::mqttbytes::QoS::AtLeastOnce, line);
+                    p.pkid = pkid;
+                    v4::Packet::Publish(p)
+                };
+                let ack = |inbound| match inbound {
+                    v4::Packet::PubAck(ack) => Some((ack.pkid, Ok(()))),
+                    _ => None,
+                };
+                publish_on(&mut s.framed, next_pkid, lines, packet, ack).await
+            }
+            None => (
+                vec![IngestAnswer::NotAccepted("no session".to_string()); n],
+                false,
+            ),
+        };
+        if broken {
+            *session = None;
+        }
+        answers
+    }
+}
+
+/// Feeds one QoS 1 publish per line (`packet` makes it with its packet id), flushes, and reads
+/// until every one is answered (`ack` finds a PUBACK: its id, and a refusal's words) or the
+/// answer limit passes. Returns the answers, and whether the session broke (closed, an error,
+/// silent): what was not acknowledged then stays unknown.
+async fn publish_on<F, P, I, E>(
+    framed: &mut F,
     next_pkid: &mut u16,
     lines: Vec<String>,
-) -> Vec<IngestAnswer> {
-    let n = lines.len();
-    if session.is_none() {
-        match mqtt::connect(addr, client_id, Duration::from_secs(30), ANSWER_LIMIT).await {
-            Ok(s) => *session = Some(Box::new(s)),
-            Err(e) => return vec![IngestAnswer::NotAccepted(e.to_string()); n],
-        }
-    }
-    let Some(s) = session.as_mut() else {
-        return vec![IngestAnswer::NotAccepted("no session".to_string()); n];
-    };
-    let mut answers = vec![IngestAnswer::Unknown; n];
+    packet: impl Fn(u16, String) -> P,
+    ack: impl Fn(I) -> Option<(u16, Result<(), String>)>,
+) -> (Vec<IngestAnswer>, bool)
+where
+    F: Sink<P> + Stream<Item = Result<I, E>> + Unpin,
+{
+    let mut answers = vec![IngestAnswer::Unknown; lines.len()];
     let mut waiting: HashMap<u16, usize> = HashMap::new();
     for (i, line) in lines.into_iter().enumerate() {
         let pkid = *next_pkid;
         *next_pkid = next_pkid.checked_add(1).unwrap_or(1);
-        let mut p = Publish::new(topic, QoS::AtLeastOnce, bytes::Bytes::from(line), None);
-        p.pkid = pkid;
-        if s.framed.feed(Packet::Publish(p)).await.is_err() {
-            *session = None;
-            return answers;
+        if framed.feed(packet(pkid, line)).await.is_err() {
+            return (answers, true);
         }
         waiting.insert(pkid, i);
     }
-    if s.framed.flush().await.is_err() {
-        *session = None;
-        return answers;
+    if framed.flush().await.is_err() {
+        return (answers, true);
     }
     let deadline = tokio::time::Instant::now() + ANSWER_LIMIT;
     while !waiting.is_empty() {
-        match tokio::time::timeout_at(deadline, s.framed.next()).await {
-            Ok(Some(Ok(Inbound::Ack(ack)))) => {
-                if let Some(i) = waiting.remove(&ack.pkid) {
-                    answers[i] = if ack.accepted() {
-                        IngestAnswer::Accepted(None)
-                    } else {
-                        IngestAnswer::NotAccepted(ack.describe())
+        match tokio::time::timeout_at(deadline, framed.next()).await {
+            Ok(Some(Ok(inbound))) => {
+                if let Some((pkid, said)) = ack(inbound)
+                    && let Some(i) = waiting.remove(&pkid)
+                {
+                    answers[i] = match said {
+                        Ok(()) => IngestAnswer::Accepted(None),
+                        Err(why) => IngestAnswer::NotAccepted(why),
                     };
                 }
             }
-            Ok(Some(Ok(_))) => {}
-            // Closed, broken or silent: what was not acknowledged stays unknown.
-            Ok(Some(Err(_))) | Ok(None) | Err(_) => {
-                *session = None;
-                break;
-            }
+            Ok(Some(Err(_))) | Ok(None) | Err(_) => return (answers, true),
         }
     }
-    answers
+    (answers, false)
 }
 
 async fn write_lines(

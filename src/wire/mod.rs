@@ -7,5 +7,6 @@
 
 pub mod kafka;
 pub mod mqtt;
+pub mod mqtt311;
 pub mod relp;
 pub mod syslog;
