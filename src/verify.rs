@@ -86,6 +86,10 @@ pub struct Received {
     /// requests that arrived while an earlier request with the same key was unanswered and its
     /// connection still open, in arrival order. `None` where the destination cannot tell.
     pub overlapping_keys: Option<Vec<String>>,
+    /// Where drill answers for the destination: the ids of records a destination fault
+    /// refused for good (withheld, never stored) — each is expected failed unless a later
+    /// write stored it.
+    pub refused_by_destination: Vec<String>,
 }
 
 /// How many messages without a harness id the report quotes.

@@ -69,6 +69,70 @@ fn an_engine_that_counts_503_as_a_refusal_fails_with_records_failed() {
     assert_eq!(broken, ["failed"], "{:#}", r["expectations"]);
 }
 
+/// "Yes, but" on an Elasticsearch `_bulk` endpoint: every request answered 200, one item in
+/// ten rejected 429 for 6 s, then one in twenty refused 400 for 4 s — withheld, never stored.
+/// The correct engine reads the items: it resends the 429s (nothing lost, no copy) and counts
+/// the 400s failed, exactly as many as the endpoint refused.
+#[test]
+fn a_bulk_answer_s_item_errors_are_resent_or_counted_by_the_correct_engine() {
+    let ran = catalogue_drill_passes("http-bulk-reject");
+    let r = &ran.report;
+    let failed = ran.number(&["ledger", "failed"]);
+    let expected = r["expectations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["check"] == "failed")
+        .map(|e| e["expected"].as_str().unwrap_or("").to_string());
+    assert_eq!(
+        expected,
+        Some(format!("= {failed}")),
+        "{:#}",
+        r["expectations"]
+    );
+    // 5% of the ~400 records written in the 400 window.
+    assert!((15..=25).contains(&failed), "{:#}", r["ledger"]);
+    assert_eq!(
+        ran.number(&["attempts", "refused"]),
+        failed,
+        "{:#}",
+        r["attempts"]
+    );
+    assert_eq!(ran.number(&["ledger", "lost"]), 0);
+    assert_eq!(ran.number(&["ledger", "duplicates"]), 0);
+    // The 429s ended their sessions: the records went again.
+    assert!(
+        ran.number(&["attempts", "possibly_sent"]) >= 50,
+        "{:#}",
+        r["attempts"]
+    );
+}
+
+/// The same drill against an engine that reads only the request's 200 (`bulk-status-only`):
+/// every rejected item counted delivered — the 429s (~60) and the 400s (~20) all lost, none
+/// failed.
+#[cfg(feature = "mutants")]
+#[test]
+fn an_engine_that_reads_only_the_bulk_status_loses_the_rejected_items() {
+    let ran = run_drill_with(
+        &catalogue("http-bulk-reject"),
+        "http-bulk-reject",
+        &[],
+        &[("DRILL_MUTANT", "bulk-status-only")],
+    );
+    ran.say("http-bulk-reject (mutant bulk-status-only)");
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(1), "{}\n{r:#}", show(o));
+    let lost = ran.number(&["ledger", "lost"]);
+    assert_eq!(ran.number(&["ledger", "failed"]), 0, "{:#}", r["ledger"]);
+    assert!(
+        (70..=90).contains(&lost),
+        "60 rejected 429 + 20 refused 400: {:#}",
+        r["ledger"]
+    );
+    assert_eq!(ran.number(&["ledger", "duplicates"]), 0);
+}
+
 /// An endpoint that answers every write 4xx (401 for 10 s, then 422 for 8 s) is away, not
 /// refusing records: the probe sent after each 4xx gets the same answer, so nothing is
 /// refused and nothing ends in Failed messages. The engine before this rule (a 4xx counted as
@@ -189,6 +253,42 @@ fn what_an_http_destination_cannot_honour_exits_2_located() {
             fault("{ at: 1s, link: http, fault: refuse, answer: 503, for: 2s }"),
             "field `faults[0].answer`: only destination faults",
             "{ at: 1s",
+        ),
+        (
+            "reject-fraction-above-one",
+            fault("{ at: 1s, target: destination, reject: { fraction: 1.5, status: 429 }, for: 2s }"),
+            "field `faults[0].reject.fraction`: 1.5 is not a share of the records",
+            "{ fraction",
+        ),
+        (
+            "reject-with-401",
+            fault("{ at: 1s, target: destination, reject: { fraction: 0.1, status: 401 }, for: 2s }"),
+            "field `faults[0].reject.status`: `401` is not a status a record is rejected with",
+            "{ fraction",
+        ),
+        (
+            "reject-with-answer",
+            fault("{ at: 1s, target: destination, answer: 503, reject: { fraction: 0.1, status: 429 }, for: 2s }"),
+            "field `faults[0].answer`: give `reject` alone",
+            "{ at: 1s",
+        ),
+        (
+            "reject-unknown-field",
+            fault("{ at: 1s, target: destination, reject: { share: 0.1, status: 429 }, for: 2s }"),
+            "share",
+            "share",
+        ),
+        (
+            "bulk-with-dedupe",
+            "destination: { kind: http, topic: /logs/_bulk, dedupe: true }\n".to_string(),
+            "field `destination.dedupe`: a `_bulk` endpoint (`topic: /logs/_bulk`) recognises a repeat by its document `_id`",
+            "true",
+        ),
+        (
+            "bulk-key-in-a-header",
+            "destination: { kind: http, topic: /logs/_bulk }\nsystem: { command: [x, \"{ingest}\"], ingest: { kind: http }, write_key: { http_header: Idempotency-Key } }\n".to_string(),
+            "write http_header: _id",
+            "{ http_header",
         ),
         (
             "container",

@@ -251,6 +251,11 @@ pub enum AnswerFault {
     /// Writes are stored at once and answered this late (`answer_after: 30s`): an engine's
     /// answer timeout ends them `possibly_sent`.
     After(Duration),
+    /// "Yes, but" (`reject: { fraction: 0.1, status: 429 }`): this many parts per million of
+    /// the records written are refused with `status` while the answer as a whole says yes —
+    /// an Elasticsearch `_bulk` answer `200` with per-item errors (a plain POST is answered
+    /// `status` whole). A refused record is withheld: never stored.
+    Reject { status: u16, per_million: u32 },
 }
 
 impl AnswerFault {
@@ -263,6 +268,13 @@ impl AnswerFault {
             } => format!("answer {code} (Retry-After {}s)", r.as_secs()),
             AnswerFault::Status { code, .. } => format!("answer {code}"),
             AnswerFault::After(d) => format!("answer after {}", crate::units::Dur(*d)),
+            AnswerFault::Reject {
+                status,
+                per_million,
+            } => format!(
+                "reject {}% of records with {status}",
+                f64::from(*per_million) / 10_000.0
+            ),
         }
     }
 }

@@ -139,6 +139,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "backoff-by-wall-clock",
         "waits out its reconnect backoff until a wall-clock time instead of on the monotonic clock: a clock jumped back during an outage keeps it from reconnecting for as long as the jump",
     ),
+    (
+        "bulk-status-only",
+        "reads an Elasticsearch _bulk answer by its top-level 200 alone: every item counted delivered, the ones the answer rejected (429) or refused (400) among them",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -262,11 +266,15 @@ pub enum Mutant {
     /// the wall clock during an outage (`clock-jump-back`): its next connect waits out the
     /// jump, and the records held wait past the drain (`undelivered`).
     BackoffByWallClock,
+    /// HTTP `_bulk`: `HttpSession::send_bulk` (`src/dest/http/sink.rs`). Caught by a
+    /// `reject` fault (`http-bulk-reject`): the items rejected 429 are never resent and the
+    /// ones refused 400 never counted failed, all lost.
+    BulkStatusOnly,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 27] = [
+    pub const ALL: [Mutant; 28] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -294,6 +302,7 @@ impl Mutant {
         Mutant::NoDirFsync,
         Mutant::ExpireByWallClock,
         Mutant::BackoffByWallClock,
+        Mutant::BulkStatusOnly,
     ];
 
     fn index(self) -> usize {
@@ -326,7 +335,8 @@ impl Mutant {
             | Mutant::MarkOnPoll
             | Mutant::FsyncRetryBelieves
             | Mutant::NoDirFsync
-            | Mutant::ExpireByWallClock => &[Signature::Lost],
+            | Mutant::ExpireByWallClock
+            | Mutant::BulkStatusOnly => &[Signature::Lost],
             // Where drill is the destination (HTTP) or the link pairs statements with answers
             // (PostgreSQL), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
@@ -379,6 +389,7 @@ impl Mutant {
             Mutant::NoDirFsync => "power-cut-dirents",
             Mutant::ExpireByWallClock => "clock-jump-forward",
             Mutant::BackoffByWallClock => "clock-jump-back",
+            Mutant::BulkStatusOnly => "http-bulk-reject",
         }
     }
 

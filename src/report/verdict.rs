@@ -10,6 +10,7 @@
 use super::last_seen::last_seen;
 use super::oracle::{self, Allowance, Crashes};
 use super::recovery::{recovery, series};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use super::{
@@ -17,7 +18,7 @@ use super::{
 };
 use crate::runner::Facts;
 use crate::scenario::Expectations;
-use crate::verify::{self, Reconciliation};
+use crate::verify::{self, Received, Reconciliation};
 
 /// Closes the ledger and checks every expectation.
 pub fn judge(facts: &Facts) -> Report {
@@ -426,6 +427,23 @@ struct Judged<'a> {
     undelivered: Option<&'a Undelivered>,
 }
 
+/// Records a destination fault refused for good (withheld, never stored) that no later write
+/// stored: each one a refusal the engine must count failed.
+fn refused_by_destination(received: &Received) -> u64 {
+    let arrived: HashSet<&str> = received
+        .arrivals
+        .iter()
+        .filter_map(|a| a.id.as_deref())
+        .collect();
+    let refused: HashSet<&str> = received
+        .refused_by_destination
+        .iter()
+        .map(String::as_str)
+        .filter(|id| !arrived.contains(id))
+        .collect();
+    refused.len() as u64
+}
+
 /// One row per expectation the scenario sets, in a fixed order.
 fn expectations(facts: &Facts, j: Judged<'_>) -> Vec<ExpectationResult> {
     let e: &Expectations = &facts.plan.expect;
@@ -484,8 +502,10 @@ fn expectations(facts: &Facts, j: Judged<'_>) -> Vec<ExpectationResult> {
         at_most(Check::OverlappingAttempts, name, n, seen);
     }
     // Set aside: exactly as many as the destination refused (drill's brokers refuse only the
-    // planted poison records), so drops reported as "failed" do not pass.
+    // planted poison records; where drill answers for the destination, also the records a
+    // destination fault refused for good), so drops reported as "failed" do not pass.
     if let Some(n) = e.failed {
+        let n = n + refused_by_destination(&facts.received);
         let ok = l.failed == n;
         rows.push(row(
             Check::Failed,

@@ -683,9 +683,17 @@ impl<'a> Drill<'a> {
             ProcessAction::FillDisk => FaultTarget::EngineDisk,
             _ => FaultTarget::Engine,
         };
+        // A power cut that threw away writes or names met the engine's state, whether or not
+        // a record was in flight at that instant (the delivery marks it lost come back as
+        // copies): it is not judged by the records alone.
+        let destroyed = matches!(&kind, FaultKind::PowerCut { cut, .. }
+            if cut.writes + cut.torn + cut.entries > 0);
         self.record(index, now, target, kind);
         if let Some(f) = self.faults.last_mut() {
             f.wiped = wipe_data;
+            if destroyed {
+                f.bit = Some(true);
+            }
             say(&format!(
                 "  {:>4}s  fault: engine {}",
                 now.as_secs(),

@@ -227,6 +227,12 @@ pub(super) struct RawFault {
     #[serde(default)]
     #[schemars(with = "Option<Dur>")]
     pub(super) answer_after: Option<Spanned<Dur>>,
+    /// `target: destination`: "yes, but" — refuse a fraction of the records written with a
+    /// status while the answer as a whole says yes (per-item errors in a `_bulk` answer), for
+    /// `for`. Refused records are never stored.
+    #[serde(default)]
+    #[schemars(with = "Option<RawReject>")]
+    pub(super) reject: Option<Spanned<RawReject>>,
     /// `bad_certificate`: which certificate the link presents: `other_ca` (default: one from a
     /// CA nobody trusts) or `expired` (the broker's own, from the drill's CA, expired).
     #[serde(default)]
@@ -355,4 +361,16 @@ pub(super) struct RawExpect {
 #[serde(rename_all = "snake_case")]
 pub(super) enum LedgerExpectation {
     Closes,
+}
+
+/// `reject:` of a destination fault.
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReject {
+    /// The share of records refused, above 0 and at most 1 (e.g. 0.1): every record whose
+    /// turn it is, counted in the order they arrive, so exactly this share is refused.
+    pub(super) fraction: f64,
+    /// What each refused record is answered: 429 (retriable: rejected for now) or 400 (this
+    /// record is refused), or another 4xx or 5xx.
+    pub(super) status: u16,
 }

@@ -1349,7 +1349,7 @@ fn destination_fault(
         return Err(entry.field(
             "target",
             format!(
-                "a `{}` destination's answers are its broker's own; destination faults (answer, answer_after) need a destination drill hosts: kind http",
+                "a `{}` destination's answers are its broker's own; destination faults (answer, answer_after, reject) need a destination drill hosts: kind http",
                 destination.kind.name()
             ),
         ));
@@ -1361,19 +1361,67 @@ fn destination_fault(
     refuse_fields(
         entry,
         other,
-        "a destination fault takes `answer` (with `retry_after`) or `answer_after`, and `for`",
+        "a destination fault takes `answer` (with `retry_after`), `answer_after` or `reject`, and `for`",
     )?;
     let lasts = f
         .for_
         .map(|d| d.0)
         .filter(|d| !d.is_zero())
         .ok_or_else(|| entry.field("for", "missing; how long the destination answers so"))?;
+    if let Some(reject) = &f.reject {
+        if let Some(other) = [
+            ("answer", f.answer.is_some()),
+            ("answer_after", f.answer_after.is_some()),
+            ("retry_after", f.retry_after.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(n, given)| given.then_some(n))
+        {
+            return Err(entry.field(
+                other,
+                "give `reject` alone: it refuses some records while the answer says yes",
+            ));
+        }
+        let r = &reject.value;
+        let field = |name: &str, why: String| {
+            at(
+                &reject.referenced,
+                format!("field `faults[{}].reject.{name}`: {why}", entry.i),
+            )
+        };
+        if !(r.fraction > 0.0 && r.fraction <= 1.0) {
+            return Err(field(
+                "fraction",
+                format!(
+                    "{} is not a share of the records; give one above 0 and at most 1, e.g. 0.1",
+                    r.fraction
+                ),
+            ));
+        }
+        if !matches!(r.status, 400 | 413 | 422 | 429 | 500 | 503) {
+            return Err(field(
+                "status",
+                format!(
+                    "`{}` is not a status a record is rejected with; use 429, 500 or 503 (rejected for now: resent) or 400, 413 or 422 (this record refused: counted failed)",
+                    r.status
+                ),
+            ));
+        }
+        return Ok(ScheduledFault {
+            at: f.at.0,
+            entry: entry.i,
+            what: FaultAction::Answer {
+                fault: AnswerFault::Reject {
+                    status: r.status,
+                    per_million: ((r.fraction * 1e6).round() as u32).clamp(1, 1_000_000),
+                },
+                lasts,
+            },
+        });
+    }
     let fault = match (&f.answer, &f.answer_after) {
         (Some(code), None) => {
-            let known = axum::http::StatusCode::from_u16(code.value)
-                .ok()
-                .filter(|s| s.canonical_reason().is_some());
-            if !(400..=599).contains(&code.value) || known.is_none() {
+            if !known_error_status(code.value) {
                 return Err(at(
                     &code.referenced,
                     format!(
@@ -1413,7 +1461,7 @@ fn destination_fault(
         (None, None) => {
             return Err(entry.field(
                 "answer",
-                "missing; e.g. answer: 503 (with retry_after: 10s) or answer_after: 30s",
+                "missing; e.g. answer: 503 (with retry_after: 10s), answer_after: 30s or reject: { fraction: 0.1, status: 429 }",
             ));
         }
     };
@@ -1422,6 +1470,14 @@ fn destination_fault(
         entry: entry.i,
         what: FaultAction::Answer { fault, lasts },
     })
+}
+
+/// A 4xx or 5xx HTTP status with a name.
+fn known_error_status(code: u16) -> bool {
+    (400..=599).contains(&code)
+        && axum::http::StatusCode::from_u16(code)
+            .ok()
+            .is_some_and(|s| s.canonical_reason().is_some())
 }
 
 /// A process fault whose target does not take its action.
@@ -1544,11 +1600,12 @@ fn process_fields(f: &RawFault) -> [(&'static str, bool); 16] {
 }
 
 /// The fields only a destination fault takes.
-fn destination_fields(f: &RawFault) -> [(&'static str, bool); 3] {
+fn destination_fields(f: &RawFault) -> [(&'static str, bool); 4] {
     [
         ("answer", f.answer.is_some()),
         ("answer_after", f.answer_after.is_some()),
         ("retry_after", f.retry_after.is_some()),
+        ("reject", f.reject.is_some()),
     ]
 }
 

@@ -36,7 +36,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
-use super::{Dedupe, Http};
+use super::{Dedupe, Http, bulk};
 use crate::dest::running::Place;
 use crate::dest::{
     AnswerControl, AnswerFault, DestError, Destination, Provision, Provisioned, ReadBack,
@@ -55,6 +55,8 @@ struct Copy {
 /// What the endpoint holds and how it answers now.
 pub struct Store {
     path: String,
+    /// The path ends in `/_bulk`: bodies are Elasticsearch `_bulk` requests ([`bulk`]).
+    bulk: bool,
     dedupe: Dedupe,
     key_header: String,
     /// Bodies larger than this are answered 422 (poison records).
@@ -76,6 +78,13 @@ struct Inner {
     /// Requests answered `409` (`dedupe: conflict`).
     conflicts: u64,
     fault: Option<AnswerFault>,
+    /// Records written while a `reject` fault is on (whose turn it is to be refused).
+    reject_turn: u64,
+    /// Records a `reject` fault refused for good (400, 413, 422): withheld, never stored;
+    /// the verdict expects them failed unless a later write stored them.
+    refused_by_fault: Vec<Copy>,
+    /// `_bulk`: document ids stored.
+    docs: HashSet<String>,
     /// Counts for the report: writes answered by a fault, repeats recognised, poison refused.
     by_fault: u64,
     repeats: u64,
@@ -93,6 +102,7 @@ impl Store {
     ) -> Store {
         Store {
             path: path.to_string(),
+            bulk: bulk::is_bulk(path),
             dedupe,
             key_header: key_header.to_ascii_lowercase(),
             message_limit,
@@ -117,11 +127,13 @@ impl Store {
     pub fn summary(&self) -> String {
         let inner = self.lock();
         format!(
-            "HTTP endpoint: {} copies stored, {} repeats recognised (dedupe {}), {} writes answered by a destination fault, {} refused (422), {} overlapping attempts, {} answered 409 (a key in flight)",
+            "HTTP endpoint{}: {} copies stored, {} repeats recognised (dedupe {}), {} writes answered by a destination fault ({} of them refused for good), {} refused (422), {} overlapping attempts, {} answered 409 (a key in flight)",
+            if self.bulk { " (_bulk)" } else { "" },
             inner.copies.len(),
             inner.repeats,
-            self.dedupe.name(),
+            if self.bulk { "by document _id" } else { self.dedupe.name() },
             inner.by_fault,
+            inner.refused_by_fault.len(),
             inner.refused,
             inner.overlaps.len(),
             inner.conflicts
@@ -131,7 +143,35 @@ impl Store {
 
 impl AnswerControl for Store {
     fn set(&self, fault: Option<AnswerFault>) {
-        self.lock().fault = fault;
+        let mut inner = self.lock();
+        inner.fault = fault;
+        inner.reject_turn = 0;
+    }
+}
+
+impl Inner {
+    /// Under a `reject` fault, the status this record is refused with when it is its turn:
+    /// exactly the fault's share of the records, counted in the order they arrive.
+    fn rejects_next(&mut self) -> Option<u16> {
+        let Some(AnswerFault::Reject {
+            status,
+            per_million,
+        }) = self.fault
+        else {
+            return None;
+        };
+        let (n, p) = (self.reject_turn, u64::from(per_million));
+        self.reject_turn += 1;
+        ((n + 1) * p / 1_000_000 > n * p / 1_000_000).then_some(status)
+    }
+
+    /// A record a `reject` fault answered `status`: counted, and kept apart when refused for
+    /// good.
+    fn rejected(&mut self, status: u16, copy: Copy) {
+        self.by_fault += 1;
+        if matches!(bulk::item_status(status), bulk::ItemStatus::Refused(_)) {
+            self.refused_by_fault.push(copy);
+        }
     }
 }
 
@@ -173,11 +213,18 @@ pub(super) async fn provision(
         store: store.clone(),
         stop,
     };
-    let version = format!(
-        "drill's HTTP endpoint (POST {}, dedupe {})",
-        http.path,
-        http.dedupe.name()
-    );
+    let version = if store.bulk {
+        format!(
+            "drill's HTTP endpoint (Elasticsearch _bulk at POST {}, one copy per document _id)",
+            http.path
+        )
+    } else {
+        format!(
+            "drill's HTTP endpoint (POST {}, dedupe {})",
+            http.path,
+            http.dedupe.name()
+        )
+    };
     let mut running = Running::new(
         dest,
         vec![addr],
@@ -240,13 +287,20 @@ async fn answer(
             return status(code, retry_after);
         }
         Some(AnswerFault::After(d)) => Some(d),
-        None => None,
+        Some(AnswerFault::Reject { .. }) | None => None,
     };
     if store.dedupe == Dedupe::Conflict && attempt.as_ref().is_some_and(|a| a.overlapped) {
         store.lock().conflicts += 1;
         return StatusCode::CONFLICT.into_response();
     }
     let result = match method {
+        Method::POST if store.bulk => {
+            let answer = bulk_write(&store, &headers, body, arrived);
+            if let Some(d) = late {
+                tokio::time::sleep(d).await;
+            }
+            return answer;
+        }
         Method::POST => store_write(&store, key.as_deref(), &headers, body, arrived),
         Method::HEAD | Method::GET => StatusCode::OK,
         _ => StatusCode::METHOD_NOT_ALLOWED,
@@ -392,13 +446,19 @@ fn store_write(
         store.lock().refused += 1;
         return StatusCode::UNPROCESSABLE_ENTITY;
     }
-    let kept: Arc<Vec<(String, String)>> = Arc::new(
-        headers
-            .iter()
-            .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
-            .collect(),
-    );
+    let kept = Arc::new(kept_headers(headers));
     let mut inner = store.lock();
+    if let Some(status) = inner.rejects_next() {
+        for line in lines {
+            let copy = Copy {
+                line,
+                headers: kept.clone(),
+                at,
+            };
+            inner.rejected(status, copy);
+        }
+        return StatusCode::from_u16(status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    }
     if let Some(key) = key {
         let repeat = match store.dedupe {
             Dedupe::Off => false,
@@ -420,6 +480,78 @@ fn store_write(
         });
     }
     StatusCode::OK
+}
+
+/// A request's headers, kept with each copy (the decoder reads a write key from them).
+fn kept_headers(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect()
+}
+
+/// One `_bulk` request ([`bulk`]): each item stored, recognised by its `_id`, refused (poison,
+/// or a `reject` fault's turn: withheld, never stored) or answered 400 (an action the endpoint
+/// does not take), and the answer `200` with a status per item. A body that is no `_bulk`
+/// request is answered 400 whole and nothing of it is stored. Each copy keeps its document
+/// `_id` as a header named `_id`, where the decoder reads the write key.
+fn bulk_write(store: &Store, headers: &HeaderMap, body: Bytes, at: Instant) -> Response {
+    let lines = records(&body);
+    let refs: Vec<&[u8]> = lines.iter().map(|l| l.as_ref()).collect();
+    let actions = match bulk::read_request(&refs) {
+        Ok(a) => a,
+        Err(why) => {
+            let error = serde_json::json!({
+                "error": { "type": "illegal_argument_exception", "reason": why },
+                "status": 400
+            });
+            return (StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
+        }
+    };
+    let kept = kept_headers(headers);
+    let default_index = bulk::index_of(&store.path);
+    let mut inner = store.lock();
+    let mut items = Vec::with_capacity(actions.len());
+    for a in actions {
+        let index = a.index.as_deref().unwrap_or(default_index);
+        let id = a
+            .id
+            .clone()
+            .unwrap_or_else(|| format!("drill-{}", inner.copies.len()));
+        let item = |status| bulk::answer_item(&a.op, index, &id, status);
+        let source = match a.source {
+            Some(s) if a.op == "create" || a.op == "index" => s,
+            _ => {
+                items.push(item(400));
+                continue;
+            }
+        };
+        let mut with_id = kept.clone();
+        with_id.push(("_id".to_string(), id.clone()));
+        let copy = Copy {
+            line: body.slice_ref(source),
+            headers: Arc::new(with_id),
+            at,
+        };
+        if store.message_limit.is_some_and(|l| source.len() > l) {
+            inner.refused += 1;
+            items.push(item(400));
+            continue;
+        }
+        if let Some(status) = inner.rejects_next() {
+            inner.rejected(status, copy);
+            items.push(item(status));
+            continue;
+        }
+        if a.id.is_some() && !inner.docs.insert(id.clone()) {
+            inner.repeats += 1;
+            items.push(item(if a.op == "create" { 409 } else { 200 }));
+            continue;
+        }
+        inner.copies.push(copy);
+        items.push(item(201));
+    }
+    axum::Json(bulk::answer(items)).into_response()
 }
 
 /// The read-back: what the endpoint stored, decoded when the drill ends.
@@ -450,13 +582,16 @@ impl ReadBack for Reader {
             let mut received = Received::default();
             let inner = self.store.lock();
             received.overlapping_keys = Some(inner.overlaps.clone());
+            let mut refused = Received::default();
+            for copy in &inner.refused_by_fault {
+                let meta = |name: &str| header(copy, name);
+                let at = copy.at.saturating_duration_since(self.t0);
+                self.decoder.add(&copy.line, meta, at, &mut refused);
+            }
+            received.refused_by_destination =
+                refused.arrivals.into_iter().filter_map(|a| a.id).collect();
             for copy in &inner.copies {
-                let meta = |name: &str| {
-                    copy.headers
-                        .iter()
-                        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                        .map(|(_, v)| v.clone())
-                };
+                let meta = |name: &str| header(copy, name);
                 let at = copy.at.saturating_duration_since(self.t0);
                 self.decoder.add(&copy.line, meta, at, &mut received);
             }
@@ -464,6 +599,14 @@ impl ReadBack for Reader {
         }
         .boxed()
     }
+}
+
+/// A header kept with a copy, by name.
+fn header(copy: &Copy, name: &str) -> Option<String> {
+    copy.headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.clone())
 }
 
 #[cfg(test)]
@@ -633,6 +776,81 @@ mod tests {
             drop((again, a, b));
             stop.cancel();
         }
+    }
+
+    /// A `_bulk` endpoint on real sockets: items stored once per `_id` (a repeated `create`
+    /// answered 409, a repeated `index` 200, neither stored again), a `reject` fault refusing
+    /// exactly its share in arrival order inside a 200 — withheld, the 400s kept apart for the
+    /// verdict — a poison item 400, an action it does not take 400, a body that is no `_bulk`
+    /// request 400 whole.
+    #[tokio::test]
+    async fn a_bulk_endpoint_answers_item_by_item() {
+        let s = Arc::new(Store::new("/logs/_bulk", Dedupe::Atomic, "_id", Some(100)));
+        let (addr, stop) = serve(s.clone()).await.unwrap();
+        let client = reqwest::Client::new();
+        let bulk = |body: String| {
+            let request = client.post(format!("http://{addr}/logs/_bulk")).body(body);
+            async move {
+                let r = request.send().await.unwrap();
+                let status = r.status().as_u16();
+                let v: serde_json::Value = r.json().await.unwrap();
+                (status, v)
+            }
+        };
+        let items = |v: &serde_json::Value| -> Vec<u64> {
+            v["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i.as_object().unwrap().values().next().unwrap()["status"].as_u64().unwrap())
+                .collect()
+        };
+        let pair = |op: &str, id: u32| format!("{{\"{op}\":{{\"_id\":\"k{id}\"}}}}\n{{\"id\":\"r{id}\"}}\n");
+        let (status, v) = bulk(format!("{}{}{}", pair("create", 1), pair("index", 2), pair("create", 1))).await;
+        assert_eq!((status, items(&v)), (200, vec![201, 201, 409]));
+        assert_eq!(v["errors"], true);
+        let (_, v) = bulk(pair("index", 2)).await;
+        assert_eq!(items(&v), [200]);
+        assert_eq!(s.lock().copies.len(), 2, "one copy per _id");
+        let poison = format!("{{\"create\":{{\"_id\":\"p\"}}}}\n{}\n{{\"delete\":{{\"_id\":\"k1\"}}}}\n", "x".repeat(101));
+        let (_, v) = bulk(poison).await;
+        assert_eq!(items(&v), [400, 400], "poison, and an action not taken");
+        s.set(Some(AnswerFault::Reject { status: 400, per_million: 250_000 }));
+        let body: String = (10..18).map(|i| pair("create", i)).collect();
+        let (status, v) = bulk(body).await;
+        assert_eq!(status, 200);
+        assert_eq!(items(&v), [201, 201, 201, 400, 201, 201, 201, 400], "every fourth");
+        s.set(Some(AnswerFault::Reject { status: 429, per_million: 500_000 }));
+        let (_, v) = bulk(format!("{}{}", pair("create", 20), pair("create", 21))).await;
+        assert_eq!(items(&v), [201, 429]);
+        s.set(None);
+        let (_, v) = bulk(pair("create", 21)).await;
+        assert_eq!(items(&v), [201], "the 429 withheld it: stored now, once");
+        let refused: Vec<String> = s
+            .lock()
+            .refused_by_fault
+            .iter()
+            .map(|c| String::from_utf8_lossy(&c.line).into_owned())
+            .collect();
+        assert_eq!(refused, ["{\"id\":\"r13\"}", "{\"id\":\"r17\"}"], "the 400s only");
+        assert_eq!(s.lock().copies.len(), 2 + 6 + 1 + 1);
+        let (status, _) = bulk("{\"create\":{}}\n".to_string()).await;
+        assert_eq!(status, 400, "no source line: not a _bulk request");
+        assert_eq!(s.lock().copies.len(), 10);
+        // A plain POST path takes a `reject` as a status for the whole request.
+        let plain = store(Dedupe::Off, None);
+        let (paddr, pstop) = serve(plain.clone()).await.unwrap();
+        plain.set(Some(AnswerFault::Reject { status: 422, per_million: 500_000 }));
+        let mut codes = Vec::new();
+        for i in 0..4 {
+            codes.push(post(&client, paddr, &format!("k{i}"), "{\"id\":1}").await.status().as_u16());
+        }
+        assert_eq!(codes, [200, 422, 200, 422]);
+        let inner = plain.lock();
+        assert_eq!((inner.copies.len(), inner.refused_by_fault.len()), (2, 2));
+        drop(inner);
+        stop.cancel();
+        pstop.cancel();
     }
 
     /// Without dedupe every copy is stored.

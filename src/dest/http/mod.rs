@@ -14,10 +14,18 @@
 //!   503` (any 4xx or 5xx, with `retry_after`) for a window, nothing stored; `answer_after:
 //!   30s`, stored at once and answered late. Poison records (`workload.poison`) are answered
 //!   `422` while every other write is taken: a real refusal.
+//! - **`_bulk`** ([`bulk`]): a topic that ends in `/_bulk` (`topic: /logs/_bulk`) makes the
+//!   endpoint Elasticsearch's bulk API: NDJSON action/source pairs, the document `_id` the write
+//!   key (stored once; a `create` of an `_id` already there is answered item `409`), and a
+//!   `200` with a status per item. The destination fault `reject: { fraction, status }` refuses
+//!   that share of the items with `status` inside the `200` — withheld, never stored; the ones
+//!   refused for good (400, 413, 422) are expected failed. A user's engine names the key
+//!   `write_key: { http_header: _id }`.
 //! - **Links**: one plain TCP link named `http` in front of the endpoint, as for every kind.
 //! - **Runtimes**: the endpoint runs inside drill (`auto`, `process` and `embedded` all mean
 //!   that); a container or a user's endpoint is not this kind's: the oracle must be drill's.
 
+pub mod bulk;
 pub mod endpoint;
 pub mod sink;
 
@@ -62,6 +70,10 @@ pub static ENTRY: Entry = Entry {
     link_bench: None,
     taps: None,
 };
+
+/// Where a `_bulk` endpoint keeps each copy's write key: its document `_id`, kept with the copy
+/// under this name.
+pub const BULK_KEY: &str = "_id";
 
 /// How the endpoint recognises a repeat of a write key, as real APIs do (`dedupe:`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,8 +215,28 @@ fn validate(section: &Section) -> Result<Own, Located> {
             ),
         ));
     }
+    let path = path_of(topic);
+    if bulk::is_bulk(&path) {
+        // Elasticsearch's bulk API: a document `_id` is stored once, whatever the header says.
+        for (name, given) in [
+            ("dedupe", raw.dedupe.as_ref().map(|d| &d.referenced)),
+            ("key_header", raw.key_header.as_ref().map(|h| &h.referenced)),
+        ] {
+            if let Some(span) = given {
+                return Err(at(
+                    span,
+                    format!("field `destination.{name}`: a `_bulk` endpoint (`topic: {path}`) recognises a repeat by its document `_id`, as Elasticsearch does; leave `{name}` out"),
+                ));
+            }
+        }
+        return Ok(Own::started(Http {
+            path,
+            dedupe: Dedupe::Atomic,
+            key_header: BULK_KEY.to_string(),
+        }));
+    }
     Ok(Own::started(Http {
-        path: path_of(topic),
+        path,
         dedupe: raw.dedupe.as_ref().map_or(Dedupe::Off, |d| d.value),
         key_header: key_header.to_ascii_lowercase(),
     }))
@@ -250,7 +282,11 @@ impl Destination for Http {
     }
 
     fn write_key_place(&self, value: &serde_json::Value) -> Result<WriteKeyPlace, String> {
+        let bulk = bulk::is_bulk(&self.path);
         match value.as_str().map(str::trim).filter(|s| !s.is_empty()) {
+            Some(name) if bulk && name != BULK_KEY => Err(format!(
+                "a `_bulk` endpoint's write key is each document's `_id` (in its action line), not `{name}`: write http_header: _id"
+            )),
             Some(name) if self.dedupe.recognises_repeats() && !name.eq_ignore_ascii_case(&self.key_header) => Err(format!(
                 "the endpoint recognises a repeat by the header `{}` (`destination.key_header`), so a key in `{name}` would never be recognised: name the same header here, or set `destination.key_header: {name}`",
                 self.key_header
@@ -262,7 +298,7 @@ impl Destination for Http {
 
     fn output_options(&self, cfg: &mut crate::engine::OutputConfig) {
         cfg.topic = self.path.clone();
-        if self.key_header != KEY_HEADER.to_ascii_lowercase() {
+        if self.key_header != KEY_HEADER.to_ascii_lowercase() && !bulk::is_bulk(&self.path) {
             cfg.key_header = Some(self.key_header.clone());
         }
     }

@@ -9,6 +9,15 @@
 //! | 5xx, 408, 429, a transport error | the destination is away: the session ends, its open attempts end `possibly_sent` (a 5xx may come from a gateway after the write landed), and **no attempt is spent**; the next session starts with a probe |
 //! | no answer within the answer timeout | `possibly_sent` (the tick ends the session) |
 //!
+//! A topic that ends in `/_bulk` speaks Elasticsearch's bulk API ([`super::bulk`]): the
+//! attempts sent together go in one request, each as a `create` with its write key as the
+//! document `_id`, and the answer is read **item by item** — a `200` says nothing about any
+//! one record: an item 201, or 409 (the document is there already), is delivered; 429, 408
+//! or 5xx is "not now": the session ends and the record goes again, no attempt spent; any
+//! other 4xx refuses that record (the request's own 200 says the endpoint takes requests, so
+//! no probe is needed). A record with a line break cannot go in a `_bulk` body and is refused
+//! before it leaves.
+//!
 //! The probe is `HEAD {topic}` (writes nothing); a 2xx or 3xx, or 404/405 (no `HEAD` route),
 //! means the endpoint takes requests — the same rule opens a session and judges a 4xx. Any
 //! other answer is an outage: a `Retry-After` on it is waited out (at most 30 s), and after an
@@ -26,6 +35,7 @@ use reqwest::StatusCode;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::bulk;
 use crate::engine::OutputConfig;
 use crate::engine::output::Answer;
 use crate::engine::sink::{Answers, Attempts, Connect, Open, Session, Sink, Tick};
@@ -71,6 +81,13 @@ pub struct HttpSink;
 /// What one request came back with: its status, its `Retry-After`, and after a record-level
 /// 4xx what the probe sent right after it answered (`None`: no answer).
 type Reply = Result<(StatusCode, Option<Duration>, Option<StatusCode>), String>;
+
+/// What came back for one attempt: the answer to its own request, or its item in a `_bulk`
+/// answer.
+enum Outcome {
+    Whole(Reply),
+    Item(bulk::ItemStatus),
+}
 
 impl Sink for HttpSink {
     type Session = HttpSession;
@@ -137,6 +154,7 @@ impl Sink for HttpSink {
         let (done, replies) = mpsc::unbounded_channel();
         Ok(HttpSession {
             client,
+            bulk: bulk::is_bulk(&cfg.topic),
             url,
             key_header: cfg
                 .key_header
@@ -183,16 +201,33 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
 /// One session: a client with its own pool, the requests in flight, their replies.
 pub struct HttpSession {
     client: reqwest::Client,
+    /// The topic ends in `/_bulk`: one request per send, answered item by item.
+    bulk: bool,
     url: String,
     key_header: String,
     answer_timeout: Duration,
     /// Dropped with the session: requests still in flight are abandoned with it.
     requests: JoinSet<()>,
-    done: mpsc::UnboundedSender<(u16, Reply)>,
-    replies: mpsc::UnboundedReceiver<(u16, Reply)>,
+    done: mpsc::UnboundedSender<(u16, Outcome)>,
+    replies: mpsc::UnboundedReceiver<(u16, Outcome)>,
 }
 
 impl HttpSession {
+    /// What one attempt's outcome means: an answer for it, or why the destination is away.
+    fn judge(outcome: Outcome) -> Result<Answer, Away> {
+        match outcome {
+            Outcome::Whole(reply) => HttpSession::classify(reply),
+            Outcome::Item(bulk::ItemStatus::Stored) => Ok(Answer::Accepted),
+            Outcome::Item(bulk::ItemStatus::Refused(s)) => {
+                Ok(Answer::Refused(format!("_bulk item {s}")))
+            }
+            Outcome::Item(bulk::ItemStatus::NotNow(s)) => Err(Away {
+                why: format!("_bulk item {s}: the destination is away"),
+                not_taking: false,
+            }),
+        }
+    }
+
     /// What one reply means: an answer for the attempt, or why the destination is away.
     fn classify(reply: Reply) -> Result<Answer, Away> {
         let gone = |why: String| Away {
@@ -243,6 +278,79 @@ impl HttpSession {
     }
 }
 
+impl HttpSession {
+    /// `_bulk`: every attempt of this send in one request ([`bulk::item`]); each gets its
+    /// item's status back, or the request's own answer when it was not a `200` with items.
+    fn send_bulk(&mut self, attempts: &mut Attempts, answers: &mut Answers) {
+        let mut body = Vec::new();
+        let mut tags = Vec::new();
+        for (tag, record) in attempts.drain(..) {
+            if record.data.contains('\n') {
+                let why = "a record with a line break cannot go in a _bulk body".to_string();
+                answers.push((tag, Answer::Refused(why)));
+                continue;
+            }
+            bulk::item(&record.key, record.data.as_bytes(), &mut body);
+            tags.push(tag);
+        }
+        if tags.is_empty() {
+            return;
+        }
+        let request = self
+            .client
+            .post(&self.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/x-ndjson")
+            .body(body);
+        let probe = self.client.head(&self.url).timeout(self.answer_timeout / 4);
+        let done = self.done.clone();
+        self.requests.spawn(async move {
+            let whole = |reply: Reply| {
+                for tag in &tags {
+                    let _ = done.send((*tag, Outcome::Whole(reply.clone())));
+                }
+            };
+            let r = match request.send().await {
+                Ok(r) => r,
+                Err(e) => return whole(Err(format!("request failed: {e}"))),
+            };
+            let (status, retry) = (r.status(), retry_after(r.headers()));
+            if !status.is_success() {
+                let up = if about_the_record(status) {
+                    probe.send().await.ok().map(|p| p.status())
+                } else {
+                    None
+                };
+                return whole(Ok((status, retry, up)));
+            }
+            #[cfg(feature = "mutants")]
+            if mutant::is(Mutant::BulkStatusOnly) {
+                // MUTANT: the request's 200 read as every item stored; the items' own
+                // statuses are never looked at.
+                return whole(Ok((status, retry, None)));
+            }
+            let body = match r.bytes().await {
+                Ok(b) => b,
+                Err(e) => return whole(Err(format!("reading the _bulk answer: {e}"))),
+            };
+            let items = match bulk::read_answer(&body) {
+                Ok(items) => items,
+                Err(why) => return whole(Err(why)),
+            };
+            for (i, tag) in tags.iter().enumerate() {
+                let outcome = match items.get(i) {
+                    Some(s) => Outcome::Item(bulk::item_status(*s)),
+                    None => Outcome::Whole(Err(format!(
+                        "the _bulk answer has {} items for {} records",
+                        items.len(),
+                        tags.len()
+                    ))),
+                };
+                let _ = done.send((*tag, outcome));
+            }
+        });
+    }
+}
+
 /// Why a session ends on an answer: the destination is away; `not_taking` when it answered,
 /// but takes no requests (the next probe is paced).
 struct Away {
@@ -254,8 +362,12 @@ impl Session for HttpSession {
     async fn send(
         &mut self,
         attempts: &mut Attempts,
-        _answers: &mut Answers,
+        answers: &mut Answers,
     ) -> Result<(), String> {
+        if self.bulk {
+            self.send_bulk(attempts, answers);
+            return Ok(());
+        }
         for (tag, record) in attempts.drain(..) {
             let request = self
                 .client
@@ -277,7 +389,7 @@ impl Session for HttpSession {
                     Ok(r) => Ok((r.status(), retry_after(r.headers()), None)),
                     Err(e) => Err(format!("request failed: {e}")),
                 };
-                let _ = done.send((tag, reply));
+                let _ = done.send((tag, Outcome::Whole(reply)));
             });
         }
         Ok(())
@@ -287,20 +399,28 @@ impl Session for HttpSession {
         let Some((tag, reply)) = self.replies.recv().await else {
             return Err("the session's requests are gone".to_string());
         };
+        // Every answer already in is recorded, also after one that ends the session (the
+        // other items of a `_bulk` answer were stored or refused all the same).
+        let mut away = None;
         let mut next = Some((tag, reply));
         while let Some((tag, reply)) = next {
-            match HttpSession::classify(reply) {
+            match HttpSession::judge(reply) {
                 Ok(answer) => into.push((tag, answer)),
-                Err(Away { why, not_taking }) => {
-                    if not_taking {
-                        mark_not_taking(&self.url);
-                    }
-                    return Err(why);
+                Err(a) => {
+                    away.get_or_insert(a);
                 }
             }
             next = self.replies.try_recv().ok();
         }
-        Ok(())
+        match away {
+            None => Ok(()),
+            Some(Away { why, not_taking }) => {
+                if not_taking {
+                    mark_not_taking(&self.url);
+                }
+                Err(why)
+            }
+        }
     }
 
     async fn tick(&mut self, _now: Instant, open: Open) -> Tick {
@@ -351,6 +471,14 @@ mod tests {
             assert!(classify(reply(away, Some(200))).is_err(), "{away}");
         }
         assert!(classify(Err("request failed".to_string())).is_err());
+        // A `_bulk` item: stored or already there, refused, or "not now" (the session ends).
+        let item = |s| HttpSession::judge(Outcome::Item(bulk::item_status(s)));
+        assert!(matches!(item(201), Ok(Answer::Accepted)));
+        assert!(matches!(item(409), Ok(Answer::Accepted)), "the document is there");
+        assert!(matches!(item(400), Ok(Answer::Refused(_))));
+        assert!(matches!(item(413), Ok(Answer::Refused(_))));
+        assert!(item(429).is_err_and(|a| !a.not_taking));
+        assert!(item(503).is_err_and(|a| !a.not_taking));
         assert!(takes_requests(StatusCode::OK) && takes_requests(StatusCode::METHOD_NOT_ALLOWED));
         assert!(!takes_requests(StatusCode::UNAUTHORIZED) && !takes_requests(StatusCode::UNPROCESSABLE_ENTITY));
         assert!(about_the_record(StatusCode::UNPROCESSABLE_ENTITY));

@@ -120,6 +120,7 @@ impl Reader {
                     verifier_fault: r.verifier_fault.clone(),
                     unexpected_examples: r.unexpected_examples.clone(),
                     overlapping_keys: r.overlapping_keys.clone(),
+                    refused_by_destination: r.refused_by_destination.clone(),
                 });
                 r.unwrap_or_default()
             }
