@@ -236,3 +236,64 @@ fn a_power_cut_that_forgets_unsynced_names_takes_segments_whose_directory_was_ne
     );
     assert!(forgotten(&broken) >= 3, "{}", broken.markdown);
 }
+
+/// The built-in engine makes the names of its journal files durable when it opens them
+/// (`Journal::open` fsyncs the data directory): the attempt journal and the failed messages may
+/// hold the only copy of what happened to a record. Started on the power-cut filesystem with
+/// `dirents: posix`, killed, and the power cut: no name is forgotten and the journal is there.
+/// Without that directory fsync the cut forgets the journal's names (the segment's own sync
+/// came before them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_files_are_named_durably_when_the_engine_opens_them() {
+    use crate::common::run::required;
+    use drill::powerfs::{Dirents, PowerFs};
+    if !required(
+        Path::new("/dev/fuse").exists() && nix::unistd::Uid::effective().is_root(),
+        "FUSE (/dev/fuse) and root",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (backing, mnt) = (dir.path().join("backing"), dir.path().join("mnt"));
+    for d in [&backing, &mnt] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let fs = PowerFs::mount(&backing, &mnt).unwrap();
+    fs.track_dirents(Dirents::Posix).unwrap();
+    let config = EngineConfig {
+        tail: None,
+        consume: None,
+        outbox: None,
+        listen: ([127, 0, 0, 1], drill::process::free_port().unwrap()).into(),
+        data_dir: mnt.clone(),
+        outputs: vec![OutputConfig::new(
+            "mqtt",
+            "nowhere",
+            "127.0.0.1:9".parse().unwrap(),
+            "t",
+        )],
+        disk: DiskLimits::default(),
+    };
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let mut engine = EngineProcess::start(Path::new(env!("CARGO_BIN_EXE_drill")), config, &work)
+        .await
+        .unwrap();
+    engine.kill().await;
+    let cut = fs.power_cut(false, Some(Dirents::Posix));
+    let mut names: Vec<String> = std::fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    fs.unmount();
+    println!(
+        "after the cut: {names:?}, {} entries forgotten",
+        cut.entries
+    );
+    assert_eq!(cut.entries, 0, "names forgotten; left: {names:?}");
+    assert!(
+        names.iter().any(|n| n == "attempts.jsonl"),
+        "the attempt journal's name: {names:?}"
+    );
+}
