@@ -289,6 +289,26 @@ impl Pump {
         }
     }
 
+    /// At the heal of a swallow, before the reset: what the peer wrote while the swallow was
+    /// in force and still waits in this socket's receive buffer (the pump woke for the heal
+    /// instead of reading it) is swallowed too — and read by the tap, because it did leave the
+    /// peer: a sender's write the operating system took is sent, not kept (CI once called two
+    /// such syslog records "lost before sending").
+    fn drain_received(&mut self, buf: &mut [u8]) {
+        while !self.at_eof {
+            let Some(from) = self.from.as_ref() else {
+                return;
+            };
+            match from.try_read(buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    self.tap_read(&buf[..n]);
+                    self.lose(n);
+                }
+            }
+        }
+    }
+
     fn counted(&self, forwarded: bool, n: usize) {
         let c = &self.shared.counters;
         let counter = match (self.side, forwarded) {
@@ -332,6 +352,9 @@ impl Pump {
             // docs/src/design.md#3-fault-vocabulary: after a swallow, a connection that lost
             // bytes is reset at the heal.
             let healed_with_hole = self.conn.lost.load(Ordering::SeqCst) && !swallows;
+            if healed_with_hole {
+                self.drain_received(&mut buf);
+            }
             if flow == Flow::Cut || healed_with_hole || self.conn.abort.is_cancelled() {
                 return self.reset();
             }
