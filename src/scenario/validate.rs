@@ -1369,55 +1369,7 @@ fn destination_fault(
         .filter(|d| !d.is_zero())
         .ok_or_else(|| entry.field("for", "missing; how long the destination answers so"))?;
     if let Some(reject) = &f.reject {
-        if let Some(other) = [
-            ("answer", f.answer.is_some()),
-            ("answer_after", f.answer_after.is_some()),
-            ("retry_after", f.retry_after.is_some()),
-        ]
-        .into_iter()
-        .find_map(|(n, given)| given.then_some(n))
-        {
-            return Err(entry.field(
-                other,
-                "give `reject` alone: it refuses some records while the answer says yes",
-            ));
-        }
-        let r = &reject.value;
-        let field = |name: &str, why: String| {
-            at(
-                &reject.referenced,
-                format!("field `faults[{}].reject.{name}`: {why}", entry.i),
-            )
-        };
-        if !(r.fraction > 0.0 && r.fraction <= 1.0) {
-            return Err(field(
-                "fraction",
-                format!(
-                    "{} is not a share of the records; give one above 0 and at most 1, e.g. 0.1",
-                    r.fraction
-                ),
-            ));
-        }
-        if !matches!(r.status, 400 | 413 | 422 | 429 | 500 | 503) {
-            return Err(field(
-                "status",
-                format!(
-                    "`{}` is not a status a record is rejected with; use 429, 500 or 503 (rejected for now: resent) or 400, 413 or 422 (this record refused: counted failed)",
-                    r.status
-                ),
-            ));
-        }
-        return Ok(ScheduledFault {
-            at: f.at.0,
-            entry: entry.i,
-            what: FaultAction::Answer {
-                fault: AnswerFault::Reject {
-                    status: r.status,
-                    per_million: ((r.fraction * 1e6).round() as u32).clamp(1, 1_000_000),
-                },
-                lasts,
-            },
-        });
+        return reject_fault(entry, reject, lasts);
     }
     let fault = match (&f.answer, &f.answer_after) {
         (Some(code), None) => {
@@ -1469,6 +1421,65 @@ fn destination_fault(
         at: f.at.0,
         entry: entry.i,
         what: FaultAction::Answer { fault, lasts },
+    })
+}
+
+/// `reject: { fraction, status }` of a destination fault: "yes, but" — that share of the
+/// records refused with `status` while the answer says yes. Given alone, with `for`.
+fn reject_fault(
+    entry: &FaultEntry,
+    reject: &Spanned<super::raw::RawReject>,
+    lasts: Duration,
+) -> Result<ScheduledFault, Located> {
+    let f = entry.raw;
+    if let Some(other) = [
+        ("answer", f.answer.is_some()),
+        ("answer_after", f.answer_after.is_some()),
+        ("retry_after", f.retry_after.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(n, given)| given.then_some(n))
+    {
+        return Err(entry.field(
+            other,
+            "give `reject` alone: it refuses some records while the answer says yes",
+        ));
+    }
+    let r = &reject.value;
+    let field = |name: &str, why: String| {
+        at(
+            &reject.referenced,
+            format!("field `faults[{}].reject.{name}`: {why}", entry.i),
+        )
+    };
+    if !(r.fraction > 0.0 && r.fraction <= 1.0) {
+        return Err(field(
+            "fraction",
+            format!(
+                "{} is not a share of the records; give one above 0 and at most 1, e.g. 0.1",
+                r.fraction
+            ),
+        ));
+    }
+    if !matches!(r.status, 400 | 413 | 422 | 429 | 500 | 503) {
+        return Err(field(
+            "status",
+            format!(
+                "`{}` is not a status a record is rejected with; use 429, 500 or 503 (rejected for now: resent) or 400, 413 or 422 (this record refused: counted failed)",
+                r.status
+            ),
+        ));
+    }
+    Ok(ScheduledFault {
+        at: f.at.0,
+        entry: entry.i,
+        what: FaultAction::Answer {
+            fault: AnswerFault::Reject {
+                status: r.status,
+                per_million: ((r.fraction * 1e6).round() as u32).clamp(1, 1_000_000),
+            },
+            lasts,
+        },
     })
 }
 
