@@ -243,9 +243,9 @@ fn what_an_http_destination_cannot_honour_exits_2_located() {
             "{ at: 1s",
         ),
         (
-            "destination-fault-on-mqtt",
-            "destination: { kind: mqtt }\nfaults:\n  - { at: 1s, target: destination, answer: 503, for: 2s }\n".to_string(),
-            "need a destination drill hosts",
+            "destination-fault-on-nats",
+            "destination: { kind: nats }\nfaults:\n  - { at: 1s, target: destination, answer: 503, for: 2s }\n".to_string(),
+            "need a destination drill answers for",
             "{ at: 1s",
         ),
         (
@@ -263,7 +263,7 @@ fn what_an_http_destination_cannot_honour_exits_2_located() {
         (
             "reject-with-401",
             fault("{ at: 1s, target: destination, reject: { fraction: 0.1, status: 401 }, for: 2s }"),
-            "field `faults[0].reject.status`: `401` is not a status a record is rejected with",
+            "field `faults[0].reject.status`: `401` is not an answer a record is rejected with; use 429, 500, 503 (rejected for now: resent) or 400, 413, 422",
             "{ fraction",
         ),
         (

@@ -28,6 +28,7 @@ mod init;
 mod kafka_codec;
 mod kafka_links;
 mod kind_contract;
+mod mqtt_answers;
 mod no_leftovers;
 mod postgres;
 mod powerfs;

@@ -252,10 +252,47 @@ pub enum AnswerFault {
     /// answer timeout ends them `possibly_sent`.
     After(Duration),
     /// "Yes, but" (`reject: { fraction: 0.1, status: 429 }`): this many parts per million of
-    /// the records written are refused with `status` while the answer as a whole says yes —
+    /// the records written are refused with `code` while the answer as a whole says yes —
     /// an Elasticsearch `_bulk` answer `200` with per-item errors (a plain POST is answered
-    /// `status` whole). A refused record is withheld: never stored.
-    Reject { status: u16, per_million: u32 },
+    /// `code` whole), an MQTT 5 PUBACK with an error reason (`reason: 0x97`) while the
+    /// session carries on. A refused record is withheld: never stored.
+    Reject { code: u16, per_million: u32 },
+}
+
+/// The `reject` words of a kind whose destination drill hosts: the field naming the answer
+/// and the answers it takes.
+#[derive(Debug)]
+pub struct RejectWords {
+    /// `status` (HTTP) or `reason` (MQTT 5).
+    pub field: &'static str,
+    /// Each answer a record may be rejected with: its code, whether it refuses the record for
+    /// good (`false`: "not now", the record goes again), and how the book writes it.
+    pub codes: &'static [(u16, bool, &'static str)],
+}
+
+impl RejectWords {
+    /// Whether `code` refuses the record for good (`None`: not one of the kind's answers).
+    pub fn for_good(&self, code: u16) -> Option<bool> {
+        self.codes
+            .iter()
+            .find(|(c, ..)| *c == code)
+            .map(|(_, good, _)| *good)
+    }
+}
+
+/// What a destination drill hosts can be told to answer (`target: destination` faults).
+#[derive(Debug)]
+pub struct ScriptedAnswers {
+    /// `answer: STATUS` and `answer_after: DELAY`: a status or a delay for every write.
+    pub whole: bool,
+    pub reject: RejectWords,
+}
+
+/// Under a `reject` fault, whether the record of turn `turn` (counted from 0 in arrival order
+/// since the fault began) is rejected: exactly `per_million` of every million, spread evenly.
+pub fn rejects_turn(turn: u64, per_million: u32) -> bool {
+    let p = u64::from(per_million);
+    (turn + 1) * p / 1_000_000 > turn * p / 1_000_000
 }
 
 impl AnswerFault {
@@ -268,12 +305,14 @@ impl AnswerFault {
             } => format!("answer {code} (Retry-After {}s)", r.as_secs()),
             AnswerFault::Status { code, .. } => format!("answer {code}"),
             AnswerFault::After(d) => format!("answer after {}", crate::units::Dur(*d)),
-            AnswerFault::Reject {
-                status,
-                per_million,
-            } => format!(
-                "reject {}% of records with {status}",
-                f64::from(*per_million) / 10_000.0
+            // An HTTP status is 100 or more; an MQTT reason code is written as MQTT writes it.
+            AnswerFault::Reject { code, per_million } => format!(
+                "reject {}% of records with {}",
+                f64::from(*per_million) / 10_000.0,
+                match code {
+                    0..0x100 => format!("reason 0x{code:02X}"),
+                    _ => format!("status {code}"),
+                }
             ),
         }
     }
@@ -320,6 +359,9 @@ pub struct Needs {
     /// The longest outage plus the longest backoff: what a resend must survive (a stream's
     /// duplicate window is judged against it).
     pub resend_after: Duration,
+    /// A destination fault is on the timeline: drill must answer for the destination (MQTT:
+    /// its embedded broker).
+    pub answers: bool,
 }
 
 /// What provisioning is given.
@@ -487,11 +529,11 @@ pub trait Destination: std::fmt::Debug + Send + Sync {
         64
     }
 
-    /// Whether drill hosts this destination and can script its answers (`target:
-    /// destination` faults: `answer: 503`, `answer_after: 30s`). A kind that answers `true`
-    /// gives [`Running::answers`].
-    fn scripted_answers(&self) -> bool {
-        false
+    /// What drill can make this destination answer (`target: destination` faults: `answer:
+    /// 503`, `answer_after: 30s`, `reject`), where drill hosts it. A kind that answers `Some`
+    /// gives [`Running::answers`] whenever the scenario has such a fault.
+    fn scripted_answers(&self) -> Option<&'static ScriptedAnswers> {
+        None
     }
 
     /// Settles what depends on the rest of the scenario (NATS: the duplicate window).

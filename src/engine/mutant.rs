@@ -143,6 +143,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "bulk-status-only",
         "reads an Elasticsearch _bulk answer by its top-level 200 alone: every item counted delivered, the ones the answer rejected (429) or refused (400) among them",
     ),
+    (
+        "puback-reason-ignored",
+        "reads an MQTT 5 PUBACK as delivered whatever its reason code: the publishes the broker answered 0x97 (quota exceeded) or refused (0x99) are counted delivered",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -270,11 +274,15 @@ pub enum Mutant {
     /// `reject` fault (`http-bulk-reject`): the items rejected 429 are never resent and the
     /// ones refused 400 never counted failed, all lost.
     BulkStatusOnly,
+    /// MQTT 5: `MqttSession::answers` (`src/dest/mqtt/sink.rs`). Caught by a `reject` fault
+    /// on the embedded broker (`mqtt-puback-reject`): the publishes answered 0x97 are never
+    /// resent and the ones refused 0x99 never counted failed, all lost.
+    PubackReasonIgnored,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 28] = [
+    pub const ALL: [Mutant; 29] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -303,6 +311,7 @@ impl Mutant {
         Mutant::ExpireByWallClock,
         Mutant::BackoffByWallClock,
         Mutant::BulkStatusOnly,
+        Mutant::PubackReasonIgnored,
     ];
 
     fn index(self) -> usize {
@@ -336,7 +345,8 @@ impl Mutant {
             | Mutant::FsyncRetryBelieves
             | Mutant::NoDirFsync
             | Mutant::ExpireByWallClock
-            | Mutant::BulkStatusOnly => &[Signature::Lost],
+            | Mutant::BulkStatusOnly
+            | Mutant::PubackReasonIgnored => &[Signature::Lost],
             // Where drill is the destination (HTTP) or the link pairs statements with answers
             // (PostgreSQL), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
@@ -390,6 +400,7 @@ impl Mutant {
             Mutant::ExpireByWallClock => "clock-jump-forward",
             Mutant::BackoffByWallClock => "clock-jump-back",
             Mutant::BulkStatusOnly => "http-bulk-reject",
+            Mutant::PubackReasonIgnored => "mqtt-puback-reject",
         }
     }
 

@@ -306,6 +306,10 @@ fn needs(plan: &Plan) -> Needs {
         broker_faults: broker(false),
         pauses: broker(true),
         resend_after: longest_outage(&plan.faults, plan.workload.duration) + plan.engine.refusals.2,
+        answers: plan
+            .faults
+            .iter()
+            .any(|f| matches!(f.what, FaultAction::Answer { .. })),
     }
 }
 

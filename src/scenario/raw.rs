@@ -370,7 +370,10 @@ pub(super) struct RawReject {
     /// The share of records refused, above 0 and at most 1 (e.g. 0.1): every record whose
     /// turn it is, counted in the order they arrive, so exactly this share is refused.
     pub(super) fraction: f64,
-    /// What each refused record is answered: 429 (retriable: rejected for now) or 400 (this
-    /// record is refused), or another 4xx or 5xx.
-    pub(super) status: u16,
+    /// HTTP: what each refused record is answered: 429, 500 or 503 (rejected for now) or 400,
+    /// 413 or 422 (this record is refused).
+    pub(super) status: Option<u16>,
+    /// MQTT 5: the PUBACK reason code each refused publish is answered: 0x97 (quota exceeded:
+    /// rejected for now) or 0x80, 0x83, 0x87, 0x90, 0x99 (this record is refused).
+    pub(super) reason: Option<u16>,
 }

@@ -1345,15 +1345,15 @@ fn destination_fault(
     workload_ends: Duration,
 ) -> Result<ScheduledFault, Located> {
     let f = entry.raw;
-    if !destination.imp.scripted_answers() {
+    let Some(answers) = destination.imp.scripted_answers() else {
         return Err(entry.field(
             "target",
             format!(
-                "a `{}` destination's answers are its broker's own; destination faults (answer, answer_after, reject) need a destination drill hosts: kind http",
+                "a `{}` destination's answers are its broker's own; destination faults (answer, answer_after, reject) need a destination drill answers for: kind http, or kind mqtt (reject, on drill's embedded broker)",
                 destination.kind.name()
             ),
         ));
-    }
+    };
     let other = link_fields(f)
         .into_iter()
         .chain(process_fields(f))
@@ -1369,7 +1369,22 @@ fn destination_fault(
         .filter(|d| !d.is_zero())
         .ok_or_else(|| entry.field("for", "missing; how long the destination answers so"))?;
     if let Some(reject) = &f.reject {
-        return reject_fault(entry, reject, lasts);
+        return reject_fault(entry, reject, &answers.reject, lasts);
+    }
+    if !answers.whole {
+        let (field, example) = match (&f.answer, &f.answer_after) {
+            (Some(_), _) => ("answer", ""),
+            (None, Some(_)) => ("answer_after", ""),
+            (None, None) => ("reject", "missing; "),
+        };
+        return Err(entry.field(
+            field,
+            format!(
+                "{example}a `{}` destination takes `reject: {{ fraction, {} }}` only (drill answers some writes, the rest reach the broker)",
+                destination.kind.name(),
+                answers.reject.field
+            ),
+        ));
     }
     let fault = match (&f.answer, &f.answer_after) {
         (Some(code), None) => {
@@ -1424,11 +1439,13 @@ fn destination_fault(
     })
 }
 
-/// `reject: { fraction, status }` of a destination fault: "yes, but" — that share of the
-/// records refused with `status` while the answer says yes. Given alone, with `for`.
+/// `reject: { fraction, status }` (HTTP) or `reject: { fraction, reason }` (MQTT 5) of a
+/// destination fault: "yes, but" — that share of the records refused with the code while the
+/// answer says yes. Given alone, with `for`.
 fn reject_fault(
     entry: &FaultEntry,
     reject: &Spanned<super::raw::RawReject>,
+    words: &dest::RejectWords,
     lasts: Duration,
 ) -> Result<ScheduledFault, Located> {
     let f = entry.raw;
@@ -1461,13 +1478,44 @@ fn reject_fault(
             ),
         ));
     }
-    if !matches!(r.status, 400 | 413 | 422 | 429 | 500 | 503) {
+    let codes = |good: bool| {
+        let names: Vec<&str> = words
+            .codes
+            .iter()
+            .filter(|c| c.1 == good)
+            .map(|c| c.2)
+            .collect();
+        names.join(", ")
+    };
+    let known = format!(
+        "use {} (rejected for now: resent) or {} (this record refused: counted failed)",
+        codes(false),
+        codes(true)
+    );
+    let (given, other) = match words.field {
+        "reason" => (r.reason, ("status", r.status.is_some())),
+        _ => (r.status, ("reason", r.reason.is_some())),
+    };
+    if other.1 {
         return Err(field(
-            "status",
+            other.0,
             format!(
-                "`{}` is not a status a record is rejected with; use 429, 500 or 503 (rejected for now: resent) or 400, 413 or 422 (this record refused: counted failed)",
-                r.status
+                "this destination's records are rejected with `{}`; {known}",
+                words.field
             ),
+        ));
+    }
+    let Some(code) = given else {
+        return Err(field(words.field, format!("missing; {known}")));
+    };
+    if words.for_good(code).is_none() {
+        let shown = match words.field {
+            "reason" => format!("0x{code:02X}"),
+            _ => code.to_string(),
+        };
+        return Err(field(
+            words.field,
+            format!("`{shown}` is not an answer a record is rejected with; {known}"),
         ));
     }
     Ok(ScheduledFault {
@@ -1475,7 +1523,7 @@ fn reject_fault(
         entry: entry.i,
         what: FaultAction::Answer {
             fault: AnswerFault::Reject {
-                status: r.status,
+                code,
                 per_million: ((r.fraction * 1e6).round() as u32).clamp(1, 1_000_000),
             },
             lasts,

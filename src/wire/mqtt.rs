@@ -123,6 +123,12 @@ impl Ack {
         self.code < 0x80
     }
 
+    /// An error that says "not now" rather than "not this record": 0x97 quota exceeded (the
+    /// broker's limit, not the record's fault). The record goes again; no attempt is spent.
+    pub fn not_now(&self) -> bool {
+        self.code == 0x97
+    }
+
     /// The destination's own words: reason code, name and reason string.
     pub fn describe(&self) -> String {
         let name = match self.code {

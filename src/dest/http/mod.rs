@@ -47,6 +47,23 @@ use crate::verify::WriteKeyPlace;
 /// another.
 pub const KEY_HEADER: &str = "Idempotency-Key";
 
+/// What drill's endpoint can be told to answer: a status or a delay for every request, and
+/// `reject: { fraction, status }` inside a `_bulk` answer's items (or whole, on a plain path).
+static ANSWERS: super::ScriptedAnswers = super::ScriptedAnswers {
+    whole: true,
+    reject: super::RejectWords {
+        field: "status",
+        codes: &[
+            (429, false, "429"),
+            (500, false, "500"),
+            (503, false, "503"),
+            (400, true, "400"),
+            (413, true, "413"),
+            (422, true, "422"),
+        ],
+    },
+};
+
 /// The kind's registration.
 pub static ENTRY: Entry = Entry {
     name: "http",
@@ -263,8 +280,8 @@ impl Destination for Http {
         Ok(())
     }
 
-    fn scripted_answers(&self) -> bool {
-        true
+    fn scripted_answers(&self) -> Option<&'static super::ScriptedAnswers> {
+        Some(&ANSWERS)
     }
 
     /// One request at a time: requests in flight together travel on separate connections and

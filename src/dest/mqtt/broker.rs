@@ -108,6 +108,9 @@ pub(super) async fn provision(
 ) -> Result<Provisioned, DestError> {
     let name = p.spec.link_name();
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    if p.needs.answers {
+        return provision_answering(dest, &p, &name).await;
+    }
     if let Some(ext) = &p.spec.external {
         let access = crate::verify::Access::default();
         return crate::dest::external::provision_one_link(dest, &p, ext, access, Reach::Connect)
@@ -163,6 +166,52 @@ pub(super) async fn provision(
         links: vec![link],
         running,
         notes,
+    })
+}
+
+/// The provisioning of a drill with a destination fault (`reject`): drill's embedded broker,
+/// which answers the PUBACKs, whatever is installed.
+async fn provision_answering(
+    dest: Arc<dyn Destination>,
+    p: &Provision<'_>,
+    name: &str,
+) -> Result<Provisioned, DestError> {
+    let unsupported = |why: &str| {
+        DestError::Unsupported(format!(
+            "a `reject` destination fault needs drill's embedded broker, which answers the PUBACKs itself; {why}"
+        ))
+    };
+    if p.spec.external.is_some() || !matches!(p.runtime, Runtime::Auto | Runtime::Embedded) {
+        return Err(unsupported("use runtime auto or embedded"));
+    }
+    if p.needs.message_limit.is_some() {
+        return Err(unsupported(
+            "it refuses no oversized write: remove `workload.poison` (a `reject` with reason 0x99 refuses records too)",
+        ));
+    }
+    if p.tls.is_some() {
+        return Err(unsupported("it serves no TLS: remove `destination.tls`"));
+    }
+    crate::dest::check_broker_faults(&p.needs, false, 1)?;
+    let broker = start_embedded().await?;
+    let embedded = broker.embedded.ok_or_else(|| unsupported("it did not start"))?;
+    let rejects = embedded.rejects.clone();
+    let mut running = Running::new(
+        dest,
+        vec![broker.addr],
+        broker.runtime,
+        broker.version,
+        Place::InProcess(Box::new(embedded)),
+    );
+    running.answers = Some(rejects as Arc<dyn crate::dest::AnswerControl>);
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let link = Link::start(name, any, running.addrs[0], p.links.clone()).await?;
+    Ok(Provisioned {
+        links: vec![link],
+        running,
+        notes: vec![
+            "drill's embedded broker: a `reject` fault has drill answer the PUBACKs".to_string(),
+        ],
     })
 }
 

@@ -13,6 +13,11 @@
 //! retained messages and shared subscriptions are declared unavailable in the CONNACK; an MQTT
 //! 3.1.1 client is answered "unacceptable protocol version". Poison records need a broker that
 //! refuses one oversized write, which this one never does: such drills use mosquitto.
+//!
+//! Under a `reject` destination fault ([`Rejects`]) the broker answers exactly the fault's
+//! share of QoS 1 publishes with a PUBACK carrying the fault's reason code (MQTT 5's "yes,
+//! but": the session carries on) and routes them to no one; those refused for good are kept,
+//! for the verdict to expect them failed.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -45,7 +50,85 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 /// A running embedded broker. It stops when this is dropped (or [`Embedded::stop`]).
 pub struct Embedded {
     pub addr: SocketAddr,
+    /// The `reject` fault in force, and what it refused.
+    pub rejects: Arc<Rejects>,
     stop: CancellationToken,
+}
+
+/// A `reject` destination fault on the embedded broker: which publishes it answers with an
+/// error reason, and the ones it refused for good.
+#[derive(Default)]
+pub struct Rejects {
+    inner: Mutex<RejectState>,
+}
+
+#[derive(Default)]
+struct RejectState {
+    /// The reason code and its share, per million, of QoS 1 publishes.
+    fault: Option<(u16, u32)>,
+    /// QoS 1 publishes since the fault began.
+    turn: u64,
+    /// Publishes answered with an error reason.
+    answered: u64,
+    /// Those refused for good (every reason but 0x97 quota exceeded), withheld from everyone.
+    refused: Vec<Publish>,
+}
+
+impl Rejects {
+    fn state(&self) -> std::sync::MutexGuard<'_, RejectState> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The reason this QoS 1 publish is answered with, when it is its turn to be rejected (it
+    /// is then kept, if refused for good, and routed to no one).
+    fn next(&self, publish: &Publish) -> Option<PubAckReason> {
+        let mut state = self.state();
+        let (code, per_million) = state.fault?;
+        let turn = state.turn;
+        state.turn += 1;
+        if !crate::dest::rejects_turn(turn, per_million) {
+            return None;
+        }
+        state.answered += 1;
+        let reason = reason_of(code);
+        if reason != PubAckReason::QuotaExceeded {
+            state.refused.push(publish.clone());
+        }
+        Some(reason)
+    }
+
+    /// The publishes refused for good, and how many were answered with an error reason.
+    pub fn refused(&self) -> (Vec<Publish>, u64) {
+        let state = self.state();
+        (state.refused.clone(), state.answered)
+    }
+}
+
+impl crate::dest::AnswerControl for Rejects {
+    fn set(&self, fault: Option<crate::dest::AnswerFault>) {
+        let mut state = self.state();
+        state.fault = match fault {
+            Some(crate::dest::AnswerFault::Reject { code, per_million }) => {
+                Some((code, per_million))
+            }
+            // Validation gives this broker no other fault.
+            _ => None,
+        };
+        state.turn = 0;
+    }
+}
+
+/// The PUBACK reason of an error code `reject` takes (validated: one of the table in
+/// `super::ANSWERS`).
+fn reason_of(code: u16) -> PubAckReason {
+    match code {
+        0x97 => PubAckReason::QuotaExceeded,
+        0x83 => PubAckReason::ImplementationSpecificError,
+        0x87 => PubAckReason::NotAuthorized,
+        0x90 => PubAckReason::TopicNameInvalid,
+        0x99 => PubAckReason::PayloadFormatInvalid,
+        _ => PubAckReason::UnspecifiedError,
+    }
 }
 
 impl Embedded {
@@ -55,6 +138,7 @@ impl Embedded {
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
         let router = Arc::new(Router::default());
+        let rejects = router.rejects.clone();
         let until = stop.clone();
         tokio::spawn(async move {
             let mut next_conn = 0u64;
@@ -77,7 +161,11 @@ impl Embedded {
                 });
             }
         });
-        Ok(Embedded { addr, stop })
+        Ok(Embedded {
+            addr,
+            rejects,
+            stop,
+        })
     }
 
     /// Closes the listener and every connection.
@@ -106,6 +194,7 @@ type Queue = mpsc::UnboundedSender<Publish>;
 #[derive(Default)]
 struct Router {
     inner: Mutex<Routes>,
+    rejects: Arc<Rejects>,
 }
 
 #[derive(Default)]
@@ -431,14 +520,22 @@ fn publish_from(
     if topic.is_empty() || !valid_topic(&topic) {
         return Err(Some(DisconnectReasonCode::TopicNameInvalid));
     }
-    router.route(&publish);
-    Ok((publish.qos == QoS::AtLeastOnce).then(|| {
-        Packet::PubAck(PubAck {
-            pkid: publish.pkid,
-            reason: PubAckReason::Success,
-            properties: None,
-        })
-    }))
+    if publish.qos == QoS::AtMostOnce {
+        router.route(&publish);
+        return Ok(None);
+    }
+    let reason = match router.rejects.next(&publish) {
+        Some(rejected) => rejected,
+        None => {
+            router.route(&publish);
+            PubAckReason::Success
+        }
+    };
+    Ok(Some(Packet::PubAck(PubAck {
+        pkid: publish.pkid,
+        reason,
+        properties: None,
+    })))
 }
 
 fn subscribe_to(subscribe: Subscribe, router: &Router, conn: u64) -> Packet {
@@ -613,6 +710,64 @@ mod tests {
             panic!("the fourth publish")
         };
         assert_eq!(p.payload, "4".as_bytes());
+    }
+
+    /// A `reject` fault answers exactly its share of QoS 1 publishes with its reason code and
+    /// routes them to no one; those refused for good are kept, the 0x97s are not; the rest are
+    /// acknowledged and delivered, and the fault's end answers everything again.
+    #[tokio::test]
+    async fn a_reject_fault_answers_its_share_with_the_reason_and_withholds_them() {
+        use crate::dest::{AnswerControl, AnswerFault};
+        let b = broker().await;
+        let mut sub = mqtt::connect(b.addr, "sub", LIMIT, LIMIT).await.unwrap();
+        sub.subscribe("t", LIMIT).await.unwrap();
+        let mut publisher = mqtt::connect(b.addr, "pub", LIMIT, LIMIT).await.unwrap();
+        let mut publish_all = async |from: u16, to: u16| {
+            for i in from..=to {
+                let p = mqtt::publish_with_key("t", i, format!("{i}").into(), &format!("k{i}"));
+                publisher.framed.feed(p).await.unwrap();
+            }
+            publisher.framed.flush().await.unwrap();
+            let mut codes = Vec::new();
+            while codes.len() < usize::from(to - from + 1) {
+                match next_packet(&mut publisher).await {
+                    Inbound::Ack(a) => codes.push((a.pkid, a.code)),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            codes
+        };
+        b.rejects.set(Some(AnswerFault::Reject { code: 0x99, per_million: 250_000 }));
+        let first = publish_all(1, 8).await;
+        b.rejects.set(Some(AnswerFault::Reject { code: 0x97, per_million: 500_000 }));
+        let second = publish_all(9, 12).await;
+        b.rejects.set(None);
+        let third = publish_all(13, 14).await;
+        let refused: Vec<u16> = first.iter().filter(|a| a.1 == 0x99).map(|a| a.0).collect();
+        assert_eq!(refused, [4, 8], "one in four, in arrival order: {first:?}");
+        let quota: Vec<u16> = second.iter().filter(|a| a.1 == 0x97).map(|a| a.0).collect();
+        assert_eq!(quota, [10, 12], "{second:?}");
+        assert!(third.iter().all(|a| a.1 == 0), "{third:?}");
+        let (kept, answered) = b.rejects.refused();
+        assert_eq!(answered, 4);
+        let kept: Vec<&[u8]> = kept.iter().map(|p| &p.payload[..]).collect();
+        assert_eq!(kept, [b"4".as_slice(), b"8"], "only the ones refused for good");
+        let mut delivered = Vec::new();
+        for _ in 0..10 {
+            let Inbound::Packet(Packet::Publish(p)) = next_packet(&mut sub).await else {
+                panic!("a publish")
+            };
+            delivered.push(String::from_utf8_lossy(&p.payload).to_string());
+            sub.framed
+                .send(Packet::PubAck(PubAck::new(p.pkid, None)))
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            delivered,
+            ["1", "2", "3", "5", "6", "7", "9", "11", "13", "14"],
+            "the rejected ones reach no subscriber"
+        );
     }
 
     #[tokio::test]

@@ -29,6 +29,23 @@ fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
     Arc::new(tap::MqttTaps::new(ids))
 }
 
+/// What drill's embedded broker can be told to answer: `reject: { fraction, reason }`, a PUBACK
+/// with that reason code for the share of QoS 1 publishes, withheld from every subscriber.
+static ANSWERS: super::ScriptedAnswers = super::ScriptedAnswers {
+    whole: false,
+    reject: super::RejectWords {
+        field: "reason",
+        codes: &[
+            (0x97, false, "0x97 (quota exceeded)"),
+            (0x80, true, "0x80 (unspecified error)"),
+            (0x83, true, "0x83 (implementation specific error)"),
+            (0x87, true, "0x87 (not authorized)"),
+            (0x90, true, "0x90 (topic name invalid)"),
+            (0x99, true, "0x99 (payload format invalid)"),
+        ],
+    },
+};
+
 /// The kind's registration.
 pub static ENTRY: Entry = Entry {
     name: "mqtt",
@@ -91,6 +108,10 @@ impl Destination for Mqtt {
         Kind::Mqtt
     }
 
+    fn scripted_answers(&self) -> Option<&'static super::ScriptedAnswers> {
+        Some(&ANSWERS)
+    }
+
     fn settle(&self, _shape: &Shape) -> Arc<dyn Destination> {
         Arc::new(self.clone())
     }
@@ -123,6 +144,13 @@ impl Destination for Mqtt {
     ) -> BoxFuture<'a, Result<Box<dyn ReadBack>, DestError>> {
         async move {
             let tls = at.access.client_tls().map_err(DestError::Reader)?;
+            let rejects = match &at.place {
+                super::running::Place::InProcess(any) => any
+                    .downcast_ref::<embedded::Embedded>()
+                    .map(|b| b.rejects.clone()),
+                _ => None,
+            };
+            let (decoder, t0) = (r.decoder.clone(), r.t0);
             let reader = read::Reader::start_as(
                 at.addrs[0],
                 &r.topic,
@@ -134,7 +162,15 @@ impl Destination for Mqtt {
             )
             .await
             .map_err(|e| DestError::Reader(e.to_string()))?;
-            Ok(Box::new(reader) as Box<dyn ReadBack>)
+            Ok(match rejects {
+                Some(rejects) => Box::new(read::WithRejects {
+                    reader,
+                    rejects,
+                    decoder,
+                    t0,
+                }) as Box<dyn ReadBack>,
+                None => Box::new(reader) as Box<dyn ReadBack>,
+            })
         }
         .boxed()
     }

@@ -138,3 +138,36 @@ impl ReadBack for Reader {
         self.stop().boxed()
     }
 }
+
+/// The read-back of drill's embedded broker: the subscriber's copies, and the ids of the
+/// publishes a `reject` fault refused for good (withheld from the subscriber).
+pub struct WithRejects {
+    pub reader: Reader,
+    pub rejects: Arc<super::embedded::Rejects>,
+    pub decoder: Decoder,
+    pub t0: Instant,
+}
+
+impl ReadBack for WithRejects {
+    fn count(&self) -> BoxFuture<'_, Option<usize>> {
+        let n = self.reader.count();
+        async move { Some(n) }.boxed()
+    }
+
+    fn finish(self: Box<Self>, _addrs: Vec<SocketAddr>) -> BoxFuture<'static, Received> {
+        async move {
+            let mut received = self.reader.stop().await;
+            let (refused, _) = self.rejects.refused();
+            let mut withheld = Received::default();
+            for p in &refused {
+                let meta = |name: &str| mqtt::user_property(p, name);
+                self.decoder
+                    .add(&p.payload, meta, self.t0.elapsed(), &mut withheld);
+            }
+            received.refused_by_destination =
+                withheld.arrivals.into_iter().filter_map(|a| a.id).collect();
+            received
+        }
+        .boxed()
+    }
+}

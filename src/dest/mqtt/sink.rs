@@ -3,7 +3,9 @@
 //! round trip; an idle session is probed every keepalive (and at once when an attempt has
 //! waited half the answer timeout with nothing heard), and a session silent past the answer
 //! timeout is lost (its open attempts end `possibly_sent`). A PUBACK with an error reason is
-//! the broker refusing that one record: a counted refusal.
+//! the broker refusing that one record: a counted refusal — except 0x97 (quota exceeded),
+//! which says "not now": every answer already in is recorded, then the session ends and the
+//! record goes again (no attempt spent), after the backoff.
 
 use std::time::{Duration, Instant};
 
@@ -184,15 +186,23 @@ impl Session for MqttSession {
             return Err("connection closed".to_string());
         };
         self.last_heard = Instant::now();
+        let mut not_now = None;
         for packet in packets {
             match packet {
                 Ok(mqtt::Inbound::Ack(ack)) => {
-                    let answer = if ack.accepted() {
-                        Answer::Accepted
+                    #[cfg(feature = "mutants")]
+                    if mutant::is(Mutant::PubackReasonIgnored) {
+                        // MUTANT: a PUBACK is a PUBACK: delivered, whatever its reason code.
+                        into.push((ack.pkid, Answer::Accepted));
+                        continue;
+                    }
+                    if ack.accepted() {
+                        into.push((ack.pkid, Answer::Accepted));
+                    } else if ack.not_now() {
+                        not_now.get_or_insert_with(|| format!("broker said not now: {}", ack.describe()));
                     } else {
-                        Answer::Refused(ack.describe())
-                    };
-                    into.push((ack.pkid, answer));
+                        into.push((ack.pkid, Answer::Refused(ack.describe())));
+                    }
                 }
                 Ok(mqtt::Inbound::Packet(Packet::PingResp(_))) => self.ping_out = None,
                 Ok(mqtt::Inbound::Packet(Packet::Disconnect(d))) => {
@@ -202,7 +212,7 @@ impl Session for MqttSession {
                 Err(e) => return Err(format!("connection error: {e}")),
             }
         }
-        Ok(())
+        not_now.map_or(Ok(()), Err)
     }
 
     async fn tick(&mut self, now: Instant, open: Open) -> Tick {
