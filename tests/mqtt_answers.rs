@@ -38,6 +38,8 @@ fn negative_pubacks_are_resent_or_counted_by_the_correct_engine() {
         r["attempts"]
     );
     assert_eq!(ran.number(&["ledger", "lost"]), 0);
+    // The engine's failed records are the refused ones, by id: none of them is stored.
+    assert_eq!(ran.number(&["ledger", "failed_but_stored"]), 0);
     assert!(
         ran.number(&["attempts", "possibly_sent"]) >= 50,
         "the 0x97s ended their sessions: {:#}",

@@ -112,6 +112,11 @@ pub struct Ledger {
     /// `None` where the destination confirms each write.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sent_unconfirmed_missing: Option<u64>,
+    /// Where the engine lists which records failed (drill's engine): those of them found at
+    /// the destination — counted in `delivered`, so a failed record excuses no missing one.
+    /// `None` where the engine lists none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_but_stored: Option<u64>,
     pub duplicates: u64,
     pub duplicates_same_key: u64,
     pub duplicates_other_key: u64,

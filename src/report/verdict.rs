@@ -285,15 +285,19 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
         .map(|s| (s.waiting, s.failed))
         .unwrap_or((0, 0));
     let unconfirmed = sent_unconfirmed_missing(facts);
+    // Where the engine lists which records failed, only those missing at the destination
+    // account for missing ones: a stored record the engine calls failed excuses nothing.
+    let failed_but_stored = failed_but_stored(facts);
+    let failed_missing = failed.saturating_sub(failed_but_stored.unwrap_or(0));
     // What the engine reports waiting is held and not delivered only as far as it is missing
     // at the destination: the rest was read back while the engine had no answer yet (its
     // own ledger line, never a reason the ledger fails to close).
-    let still_held = waiting.min(r.missing.saturating_sub(failed));
+    let still_held = waiting.min(r.missing.saturating_sub(failed_missing));
     let delivered_unanswered = waiting - still_held;
     let waiting = still_held;
     let lost = r
         .missing
-        .saturating_sub(waiting + failed + unconfirmed.unwrap_or(0));
+        .saturating_sub(waiting + failed_missing + unconfirmed.unwrap_or(0));
     let (mut lost_beyond_promise, duplicates_beyond_promise) = oracle::beyond(r, allowance, lost);
     if !facts.plan.destination.imp.confirms() {
         // Where the destination cannot confirm, no promise excuses a loss: what never left the
@@ -315,6 +319,7 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
             .as_ref()
             .map(|k| k.len() as u64),
         sent_unconfirmed_missing: unconfirmed,
+        failed_but_stored,
         duplicates: r.duplicates,
         duplicates_same_key: r.duplicates_same_key,
         duplicates_other_key: r.duplicates_other_key,
@@ -328,6 +333,25 @@ fn ledger(r: &Reconciliation, facts: &Facts, allowance: Allowance) -> (Ledger, u
         destroyed: r.destroyed,
     };
     (ledger, lost_beyond_promise)
+}
+
+/// The records the engine lists as failed that are at the destination all the same (`None`:
+/// it lists none). Each such record is counted twice by an engine's `failed`: once as
+/// delivered (it arrived), once as failed.
+fn failed_but_stored(facts: &Facts) -> Option<u64> {
+    let ids = facts.failed_ids.as_ref()?;
+    let arrived: HashSet<&str> = facts
+        .received
+        .arrivals
+        .iter()
+        .filter_map(|a| a.id.as_deref())
+        .collect();
+    let stored: HashSet<&str> = ids
+        .iter()
+        .map(String::as_str)
+        .filter(|id| arrived.contains(id))
+        .collect();
+    Some(stored.len() as u64)
 }
 
 /// On a destination that cannot confirm a write: the missing records the engine sent without
@@ -504,16 +528,22 @@ fn expectations(facts: &Facts, j: Judged<'_>) -> Vec<ExpectationResult> {
     // Set aside: exactly as many as the destination refused (drill's brokers refuse only the
     // planted poison records; where drill answers for the destination, also the records a
     // destination fault refused for good), so drops reported as "failed" do not pass.
+    // Where the engine lists its failed records, they must be the refused ones: a record the
+    // destination stored is never failed.
     if let Some(n) = e.failed {
         let n = n + refused_by_destination(&facts.received);
-        let ok = l.failed == n;
-        rows.push(row(
+        let stored = l.failed_but_stored.unwrap_or(0);
+        let mut failed = row(
             Check::Failed,
             "failed".into(),
             format!("= {n}"),
             l.failed,
-            ok,
-        ));
+            l.failed == n && stored == 0,
+        );
+        if stored > 0 {
+            failed.actual = format!("{} ({stored} of them stored)", l.failed);
+        }
+        rows.push(failed);
     }
     if let Some(n) = e.max_copies {
         let ok = r.max_copies <= n;

@@ -40,6 +40,7 @@ pub(crate) fn facts(plan: Plan, sent: Sent, received: Received) -> Facts {
         drain_ms: 0,
         drain_end_ms: 10_000,
         engine: None,
+        failed_ids: None,
         gives_account: false,
         system: "test".to_string(),
         engine_log: None,
@@ -313,6 +314,45 @@ fn failed_must_be_exactly_the_refused() {
         a.delivered = Some(9);
     }
     assert_eq!(failed(&f), ["failed 1"]);
+}
+
+/// Records the destination refused for good (r/k0/8, r/k0/9: withheld) and an engine that
+/// lists as failed two records the destination stored (r/k0/2, r/k0/3) while the refused two
+/// went nowhere: the counts agree (2 failed = 2 refused, 8 arrived + 2 failed = 10 held), the
+/// ids do not. Where the engine lists its failed records the verdict reads them: 2 lost, the
+/// failed row names the 2 stored, the ledger does not close. Without the list it cannot tell.
+#[test]
+fn a_failed_record_the_destination_stored_excuses_no_missing_one() {
+    let swapped = |ids: Option<[&str; 2]>| {
+        let mut f = clean("{ lost: 0, failed: 0, ledger: closes }");
+        f.received.arrivals.truncate(8);
+        f.received.refused_by_destination = vec!["r/k0/8".into(), "r/k0/9".into()];
+        if let Some(a) = f.engine.as_mut() {
+            a.failed = 2;
+            a.delivered = Some(8);
+        }
+        f.failed_ids = ids.map(|ids| ids.iter().map(|i| i.to_string()).collect());
+        f
+    };
+    let listed = swapped(Some(["r/k0/2", "r/k0/3"]));
+    assert_eq!(
+        failed(&listed),
+        [
+            "lost 2",
+            "failed 2 (2 of them stored)",
+            "ledger does not close"
+        ]
+    );
+    assert_eq!(judge(&listed).ledger.failed_but_stored, Some(2));
+    let right = swapped(Some(["r/k0/8", "r/k0/9"]));
+    assert!(failed(&right).is_empty(), "{:?}", failed(&right));
+    assert_eq!(judge(&right).ledger.failed_but_stored, Some(0));
+    let unlisted = swapped(None);
+    assert!(
+        failed(&unlisted).is_empty(),
+        "only the counts: {:?}",
+        failed(&unlisted)
+    );
 }
 
 #[test]

@@ -74,6 +74,10 @@ pub struct Facts {
     pub drain_end_ms: u64,
     /// The system's own account at the end (`None`: it gave none, or did not answer).
     pub engine: Option<Account>,
+    /// The ids of the records the engine lists as failed at the end (drill's engine: `GET
+    /// /failed`), so the verdict counts which records failed, not only how many; `None`: the
+    /// engine lists none drill can read.
+    pub failed_ids: Option<Vec<String>>,
     /// Whether the system gives an account at all (a user's engine without `stats` does not:
     /// then waiting and failed are unknown, and what is not delivered counts as lost).
     pub gives_account: bool,

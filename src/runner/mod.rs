@@ -30,7 +30,7 @@ use crate::powerfs::PowerFs;
 use crate::scenario::Plan;
 use crate::source::{FileSource, KafkaSource, OutboxSource, Source};
 use crate::sut::{Ingest, System};
-use crate::verify::Decoder;
+use crate::verify::{Decoder, Received};
 use crate::workload::{self, Ingested, Sent};
 use events::{FaultRecord, FaultTarget};
 use play::{Drill, Played};
@@ -482,6 +482,7 @@ async fn finish(
     let gives_account = system.gives_account();
     notes.extend(account_notes(gives_account, system.sees_attempts()));
     let checkpoint_stats = checkpoint_stats(plan, system).await;
+    let failed_ids = failed_ids(system, clock.run_id).await;
     system.stop(Duration::from_secs(10)).await;
     let engine_log = system.log_tail();
     let received = reader.finish(rig.running.addrs.clone()).await;
@@ -537,6 +538,7 @@ async fn finish(
         drain_ms,
         drain_end_ms,
         engine: final_stats,
+        failed_ids,
         gives_account,
         system: system.describe(),
         engine_log,
@@ -547,6 +549,18 @@ async fn finish(
         source,
         duration_ms: ms(t0.elapsed()),
     })
+}
+
+/// The ids of the records the engine lists as failed once the drain is over (drill's engine:
+/// `GET /failed`), read before drill stops it; `None` where it lists none or did not answer.
+async fn failed_ids(system: &System, run_id: &str) -> Option<Vec<String>> {
+    let data = system.account_source().failed_data().await?;
+    let decoder = Decoder::new(run_id, None);
+    let mut found = Received::default();
+    for line in &data {
+        decoder.add(line.as_bytes(), |_| None, Duration::ZERO, &mut found);
+    }
+    Some(found.arrivals.into_iter().filter_map(|a| a.id).collect())
 }
 
 /// The engine's stats as they are once the drain is over, where the file source's checkpoint

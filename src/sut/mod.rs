@@ -85,6 +85,24 @@ impl AccountSource {
             .map_err(|e| format!("the engine's stats {url}: not JSON: {e}"))
     }
 
+    /// The data of the records the engine lists as failed now: drill's engine answers `GET
+    /// /failed` beside its `/stats`; `None` for another engine, or no answer within 5 s.
+    pub async fn failed_data(&self) -> Option<Vec<String>> {
+        let AccountSource::Builtin { url } = self else {
+            return None;
+        };
+        let url = format!("{}/failed", url.strip_suffix("/stats")?);
+        let answer = reqwest::Client::new()
+            .get(&url)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .ok()?;
+        let failed: Vec<crate::engine::output::FailedRecord> = answer.json().await.ok()?;
+        Some(failed.into_iter().map(|f| f.data).collect())
+    }
+
     /// The account now, or `None` when there is none or it did not answer within 2 s.
     pub async fn fetch(&self, http: &reqwest::Client) -> Option<Account> {
         let get = |url: &str| http.get(url).timeout(Duration::from_secs(2)).send();
