@@ -100,6 +100,7 @@ fn a_bulk_answer_s_item_errors_are_resent_or_counted_by_the_correct_engine() {
     );
     assert_eq!(ran.number(&["ledger", "lost"]), 0);
     assert_eq!(ran.number(&["ledger", "duplicates"]), 0);
+    assert_eq!(ran.number(&["ledger", "failed_but_stored"]), 0);
     // The 429s ended their sessions: the records went again.
     assert!(
         ran.number(&["attempts", "possibly_sent"]) >= 50,
@@ -131,6 +132,45 @@ fn an_engine_that_reads_only_the_bulk_status_loses_the_rejected_items() {
         r["ledger"]
     );
     assert_eq!(ran.number(&["ledger", "duplicates"]), 0);
+}
+
+/// "Yes, but" while the engine batches (answers 300 ms late after a refused link, up to 8
+/// records per request): one record in twenty refused 400 for 10 s. The correct engine counts
+/// exactly the refused records failed, and the verdict checks them by id: none of its failed
+/// records is at the destination.
+#[test]
+fn the_failed_records_of_a_batched_bulk_drill_are_the_refused_ones_by_id() {
+    let ran = catalogue_drill_passes("http-bulk-off-by-one");
+    let r = &ran.report;
+    let failed = ran.number(&["ledger", "failed"]);
+    assert!(failed >= 5, "{:#}", r["ledger"]);
+    assert_eq!(ran.number(&["ledger", "failed_but_stored"]), 0);
+    assert_eq!(ran.number(&["ledger", "lost"]), 0);
+}
+
+/// The same drill against an engine that reads the items one place off
+/// (`bulk-items-off-by-one`): each refused record counted delivered, a stored neighbour
+/// failed. As many failed as refused — by the counts alone it passes; by id the failed
+/// records are all stored and the refused ones lost, as many of each.
+#[cfg(feature = "mutants")]
+#[test]
+fn an_engine_that_reads_the_bulk_items_one_place_off_fails_by_id() {
+    let ran = run_drill_with(
+        &catalogue("http-bulk-off-by-one"),
+        "http-bulk-off-by-one",
+        &[],
+        &[("DRILL_MUTANT", "bulk-items-off-by-one")],
+    );
+    ran.say("http-bulk-off-by-one (mutant bulk-items-off-by-one)");
+    let (o, r) = (&ran.output, &ran.report);
+    assert_eq!(o.status.code(), Some(1), "{}\n{r:#}", show(o));
+    let (failed, lost) = (
+        ran.number(&["ledger", "failed"]),
+        ran.number(&["ledger", "lost"]),
+    );
+    let stored = ran.number(&["ledger", "failed_but_stored"]);
+    assert!(lost >= 5, "{:#}", r["ledger"]);
+    assert_eq!((stored, failed), (lost, lost), "{:#}", r["ledger"]);
 }
 
 /// An endpoint that answers every write 4xx (401 for 10 s, then 422 for 8 s) is away, not

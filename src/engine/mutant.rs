@@ -144,6 +144,10 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "reads an Elasticsearch _bulk answer by its top-level 200 alone: every item counted delivered, the ones the answer rejected (429) or refused (400) among them",
     ),
     (
+        "bulk-items-off-by-one",
+        "reads an Elasticsearch _bulk answer's items one place off: each record gets the status of the item before it (the first the last's), so a refused record is counted delivered and a stored one failed",
+    ),
+    (
         "puback-reason-ignored",
         "reads an MQTT 5 PUBACK as delivered whatever its reason code: the publishes the broker answered 0x97 (quota exceeded) or refused (0x99) are counted delivered",
     ),
@@ -278,11 +282,17 @@ pub enum Mutant {
     /// on the embedded broker (`mqtt-puback-reject`): the publishes answered 0x97 are never
     /// resent and the ones refused 0x99 never counted failed, all lost.
     PubackReasonIgnored,
+    /// HTTP `_bulk`: `HttpSession::send_bulk` through [`off_by_one`]. Where a batch holds a
+    /// refused item, the refused record is counted delivered (lost) and a stored one failed:
+    /// the counts agree, the ids do not (`http-bulk-off-by-one`: 13 lost, the 13 failed all
+    /// stored, caught by reading the engine's failed records by id). Batches of one, as on
+    /// `http-bulk-reject` (window 1), hide it.
+    BulkItemsOffByOne,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 29] = [
+    pub const ALL: [Mutant; 30] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -311,6 +321,7 @@ impl Mutant {
         Mutant::ExpireByWallClock,
         Mutant::BackoffByWallClock,
         Mutant::BulkStatusOnly,
+        Mutant::BulkItemsOffByOne,
         Mutant::PubackReasonIgnored,
     ];
 
@@ -346,7 +357,8 @@ impl Mutant {
             | Mutant::NoDirFsync
             | Mutant::ExpireByWallClock
             | Mutant::BulkStatusOnly
-            | Mutant::PubackReasonIgnored => &[Signature::Lost],
+            | Mutant::PubackReasonIgnored
+            | Mutant::BulkItemsOffByOne => &[Signature::Lost],
             // Where drill is the destination (HTTP) or the link pairs statements with answers
             // (PostgreSQL), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
@@ -401,6 +413,7 @@ impl Mutant {
             Mutant::BackoffByWallClock => "clock-jump-back",
             Mutant::BulkStatusOnly => "http-bulk-reject",
             Mutant::PubackReasonIgnored => "mqtt-puback-reject",
+            Mutant::BulkItemsOffByOne => "http-bulk-off-by-one",
         }
     }
 
@@ -418,6 +431,15 @@ impl Mutant {
                 )
             })
     }
+}
+
+/// `bulk-items-off-by-one`: the item statuses of a `_bulk` answer, each moved one place on
+/// (the last first) — every record read with the status of the item before it.
+pub fn off_by_one(mut items: Vec<u16>) -> Vec<u16> {
+    if is(Mutant::BulkItemsOffByOne) && !items.is_empty() {
+        items.rotate_right(1);
+    }
+    items
 }
 
 /// `sent-without-writing` skips one message in this many.

@@ -336,6 +336,8 @@ impl HttpSession {
                 Ok(items) => items,
                 Err(why) => return whole(Err(why)),
             };
+            #[cfg(feature = "mutants")]
+            let items = mutant::off_by_one(items);
             for (i, tag) in tags.iter().enumerate() {
                 let outcome = match items.get(i) {
                     Some(s) => Outcome::Item(bulk::item_status(*s)),
