@@ -256,12 +256,18 @@ pub enum AnswerFault {
     /// an Elasticsearch `_bulk` answer `200` with per-item errors (a plain POST is answered
     /// `code` whole), an MQTT 5 PUBACK with an error reason (`reason: 0x97`) while the
     /// session carries on. A refused record is withheld: never stored.
-    Reject { code: u16, per_million: u32 },
+    Reject {
+        code: u16,
+        per_million: u32,
+        /// The kind's words for its answers (how `code` is written, whether it refuses the
+        /// record for good).
+        words: &'static RejectWords,
+    },
 }
 
 /// The `reject` words of a kind whose destination drill hosts: the field naming the answer
 /// and the answers it takes.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct RejectWords {
     /// `status` (HTTP) or `reason` (MQTT 5).
     pub field: &'static str,
@@ -271,6 +277,14 @@ pub struct RejectWords {
 }
 
 impl RejectWords {
+    /// How the book writes `code` (`0x97 (quota exceeded)`, `429`).
+    pub fn name(&self, code: u16) -> String {
+        self.codes
+            .iter()
+            .find(|(c, ..)| *c == code)
+            .map_or_else(|| code.to_string(), |(.., name)| (*name).to_string())
+    }
+
     /// Whether `code` refuses the record for good (`None`: not one of the kind's answers).
     pub fn for_good(&self, code: u16) -> Option<bool> {
         self.codes
@@ -305,14 +319,15 @@ impl AnswerFault {
             } => format!("answer {code} (Retry-After {}s)", r.as_secs()),
             AnswerFault::Status { code, .. } => format!("answer {code}"),
             AnswerFault::After(d) => format!("answer after {}", crate::units::Dur(*d)),
-            // An HTTP status is 100 or more; an MQTT reason code is written as MQTT writes it.
-            AnswerFault::Reject { code, per_million } => format!(
-                "reject {}% of records with {}",
+            AnswerFault::Reject {
+                code,
+                per_million,
+                words,
+            } => format!(
+                "reject {}% of records with {} {}",
                 f64::from(*per_million) / 10_000.0,
-                match code {
-                    0..0x100 => format!("reason 0x{code:02X}"),
-                    _ => format!("status {code}"),
-                }
+                words.field,
+                words.name(*code)
             ),
         }
     }

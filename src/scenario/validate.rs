@@ -1445,7 +1445,7 @@ fn destination_fault(
 fn reject_fault(
     entry: &FaultEntry,
     reject: &Spanned<super::raw::RawReject>,
-    words: &dest::RejectWords,
+    words: &'static dest::RejectWords,
     lasts: Duration,
 ) -> Result<ScheduledFault, Located> {
     let f = entry.raw;
@@ -1524,6 +1524,7 @@ fn reject_fault(
         what: FaultAction::Answer {
             fault: AnswerFault::Reject {
                 code,
+                words,
                 per_million: ((r.fraction * 1e6).round() as u32).clamp(1, 1_000_000),
             },
             lasts,

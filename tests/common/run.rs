@@ -38,6 +38,20 @@ pub struct Ran {
     pub markdown: String,
 }
 
+/// The count the verdict expected `failed` to equal (its `= N` row): the poison records plus
+/// what a destination fault refused for good.
+pub fn expected_failed(report: &serde_json::Value) -> u64 {
+    report["expectations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["check"] == "failed")
+        .and_then(|e| e["expected"].as_str())
+        .and_then(|e| e.strip_prefix("= "))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("failed is expected: {:#}", report["expectations"]))
+}
+
 impl Ran {
     /// A count of the JSON report at `path` (`["ledger", "lost"]`).
     pub fn number(&self, path: &[&str]) -> u64 {

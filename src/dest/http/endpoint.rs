@@ -153,7 +153,10 @@ impl Inner {
     /// Under a `reject` fault, the status this record is refused with when it is its turn:
     /// exactly the fault's share of the records, counted in the order they arrive.
     fn rejects_next(&mut self) -> Option<u16> {
-        let Some(AnswerFault::Reject { code, per_million }) = self.fault else {
+        let Some(AnswerFault::Reject {
+            code, per_million, ..
+        }) = self.fault
+        else {
             return None;
         };
         let turn = self.reject_turn;
@@ -811,12 +814,12 @@ mod tests {
         let poison = format!("{{\"create\":{{\"_id\":\"p\"}}}}\n{}\n{{\"delete\":{{\"_id\":\"k1\"}}}}\n", "x".repeat(101));
         let (_, v) = bulk(poison).await;
         assert_eq!(items(&v), [400, 400], "poison, and an action not taken");
-        s.set(Some(AnswerFault::Reject { code: 400, per_million: 250_000 }));
+        s.set(Some(AnswerFault::Reject { code: 400, per_million: 250_000, words: &super::super::ANSWERS.reject }));
         let body: String = (10..18).map(|i| pair("create", i)).collect();
         let (status, v) = bulk(body).await;
         assert_eq!(status, 200);
         assert_eq!(items(&v), [201, 201, 201, 400, 201, 201, 201, 400], "every fourth");
-        s.set(Some(AnswerFault::Reject { code: 429, per_million: 500_000 }));
+        s.set(Some(AnswerFault::Reject { code: 429, per_million: 500_000, words: &super::super::ANSWERS.reject }));
         let (_, v) = bulk(format!("{}{}", pair("create", 20), pair("create", 21))).await;
         assert_eq!(items(&v), [201, 429]);
         s.set(None);
@@ -836,7 +839,7 @@ mod tests {
         // A plain POST path takes a `reject` as a status for the whole request.
         let plain = store(Dedupe::Off, None);
         let (paddr, pstop) = serve(plain.clone()).await.unwrap();
-        plain.set(Some(AnswerFault::Reject { code: 422, per_million: 500_000 }));
+        plain.set(Some(AnswerFault::Reject { code: 422, per_million: 500_000, words: &super::super::ANSWERS.reject }));
         let mut codes = Vec::new();
         for i in 0..4 {
             codes.push(post(&client, paddr, &format!("k{i}"), "{\"id\":1}").await.status().as_u16());

@@ -49,7 +49,7 @@ pub const KEY_HEADER: &str = "Idempotency-Key";
 
 /// What drill's endpoint can be told to answer: a status or a delay for every request, and
 /// `reject: { fraction, status }` inside a `_bulk` answer's items (or whole, on a plain path).
-static ANSWERS: super::ScriptedAnswers = super::ScriptedAnswers {
+pub(crate) static ANSWERS: super::ScriptedAnswers = super::ScriptedAnswers {
     whole: true,
     reject: super::RejectWords {
         field: "status",

@@ -90,11 +90,10 @@ impl Rejects {
             return None;
         }
         state.answered += 1;
-        let reason = reason_of(code);
-        if reason != PubAckReason::QuotaExceeded {
+        if super::ANSWERS.reject.for_good(code) != Some(false) {
             state.refused.push(publish.clone());
         }
-        Some(reason)
+        Some(reason_of(code))
     }
 
     /// The publishes refused for good, and how many were answered with an error reason.
@@ -108,7 +107,9 @@ impl crate::dest::AnswerControl for Rejects {
     fn set(&self, fault: Option<crate::dest::AnswerFault>) {
         let mut state = self.state();
         state.fault = match fault {
-            Some(crate::dest::AnswerFault::Reject { code, per_million }) => {
+            Some(crate::dest::AnswerFault::Reject {
+                code, per_million, ..
+            }) => {
                 Some((code, per_million))
             }
             // Validation gives this broker no other fault.
@@ -737,9 +738,9 @@ mod tests {
             }
             codes
         };
-        b.rejects.set(Some(AnswerFault::Reject { code: 0x99, per_million: 250_000 }));
+        b.rejects.set(Some(AnswerFault::Reject { code: 0x99, per_million: 250_000, words: &super::super::ANSWERS.reject }));
         let first = publish_all(1, 8).await;
-        b.rejects.set(Some(AnswerFault::Reject { code: 0x97, per_million: 500_000 }));
+        b.rejects.set(Some(AnswerFault::Reject { code: 0x97, per_million: 500_000, words: &super::super::ANSWERS.reject }));
         let second = publish_all(9, 12).await;
         b.rejects.set(None);
         let third = publish_all(13, 14).await;

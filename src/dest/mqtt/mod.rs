@@ -31,7 +31,7 @@ fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
 
 /// What drill's embedded broker can be told to answer: `reject: { fraction, reason }`, a PUBACK
 /// with that reason code for the share of QoS 1 publishes, withheld from every subscriber.
-static ANSWERS: super::ScriptedAnswers = super::ScriptedAnswers {
+pub(crate) static ANSWERS: super::ScriptedAnswers = super::ScriptedAnswers {
     whole: false,
     reject: super::RejectWords {
         field: "reason",
