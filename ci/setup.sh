@@ -24,6 +24,11 @@ if ! compgen -G "/usr/lib/*/faketime/libfaketime.so.1" >/dev/null \
   && [ ! -f /usr/lib/faketime/libfaketime.so.1 ]; then
   need_apt+=(faketime)
 fi
+# RabbitMQ (the amqp destination, src/dest/amqp/): drill runs its own node from the package's
+# binaries (its own node name, cookie, data folder, ports and epmd), never the system one.
+if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+  need_apt+=(rabbitmq-server)
+fi
 # OpenSSL's headers for the `kafka-tls` feature (librdkafka speaks TLS only through OpenSSL;
 # the test suite links the system's).
 if ! { command -v pkg-config >/dev/null 2>&1 && pkg-config --exists openssl; }; then

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const TAGS: [&str; 10] = [
+const TAGS: [&str; 11] = [
     "ci",
     "full",
     "long",
@@ -17,6 +17,7 @@ const TAGS: [&str; 10] = [
     "http",
     "postgres",
     "tls",
+    "amqp",
 ];
 
 fn catalogue() -> Vec<drill::scenario::Plan> {

@@ -62,6 +62,11 @@ const LINES: &[Line] = &[
         destination: "runtime: process",
         unanswered_is_possibly_sent: true,
     },
+    Line {
+        kind: "amqp",
+        destination: "topic: drill.contract",
+        unanswered_is_possibly_sent: true,
+    },
 ];
 
 fn line(kind: &str) -> &'static Line {
@@ -196,6 +201,11 @@ fn kafka_keeps_the_kind_contract() {
 #[test]
 fn http_keeps_the_kind_contract() {
     keeps_the_contract("http");
+}
+
+#[test]
+fn amqp_keeps_the_kind_contract() {
+    keeps_the_contract("amqp");
 }
 
 #[test]

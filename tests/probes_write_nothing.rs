@@ -312,3 +312,29 @@ async fn syslog_probes_write_nothing() {
     assert_eq!(answered, 30);
     assert_eq!((copies, distinct), (150, 150));
 }
+
+/// AMQP: the probe is the handshake, `confirm.select` and a passive declare of the queue; it
+/// publishes nothing, so the queue holds exactly the 150 records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amqp_probes_write_nothing() {
+    use drill::dest::amqp::{broker, queue};
+    let dir = tempfile::tempdir().unwrap();
+    let server = broker::start(None)
+        .await
+        .expect("RabbitMQ is installed (ci/setup.sh)");
+    queue::declare(server.addr, "probe").await.unwrap();
+    let link = link_to(server.addr).await;
+    let answered = probes_during_an_outage(
+        dir.path(),
+        &link,
+        OutputConfig::new("amqp", "amqp", link.listen_addr(), "probe"),
+    )
+    .await;
+    let ids = queue::drain_ids(server.addr, "probe").await.unwrap();
+    let (copies, distinct) = exactly_once(ids.into_iter());
+    println!(
+        "amqp: {answered} probes answered during the outage; {copies} messages of {distinct} records in the queue"
+    );
+    assert_eq!(answered, 30);
+    assert_eq!((copies, distinct), (150, 150));
+}

@@ -1,5 +1,5 @@
 //! Destination kinds, one folder each: `mqtt/`, `nats/`, `kafka/`, `syslog/`, `http/`,
-//! `postgres/`.
+//! `postgres/`, `amqp/`.
 //!
 //! A kind's folder holds all that is that kind's, as vector's `src/sinks/<name>/` does:
 //!
@@ -146,6 +146,7 @@ kinds! {
     Syslog => syslog,
     Http => http,
     Postgres => postgres,
+    Amqp => amqp,
 }
 
 impl Kind {

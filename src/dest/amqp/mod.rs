@@ -1,0 +1,140 @@
+//! AMQP 0-9-1 (RabbitMQ): a durable quorum queue, `destination: { kind: amqp }`.
+//!
+//! - **The broker** ([`broker`]): Debian's RabbitMQ started by drill as a local process with a
+//!   node name, cookie, data folder, ports and `epmd` of its own (the epmd as drill's child).
+//! - **The queue**: `topic` names it (default `drill`); drill declares it durable, of type
+//!   quorum (a replicated log fsynced before a confirm), before the first record. The built-in
+//!   engine publishes to it through the default exchange, `mandatory`, persistent.
+//! - **Write key**: the `message_id` property. AMQP has no deduplication: a publish whose
+//!   confirm was lost is stored again, so the kind keeps `at_least_once` at most, whatever the
+//!   engine declares.
+//! - **The reader** ([`read`]): a consumer on the queue from before the first record, straight
+//!   from the node; each message timed by its receipt.
+//! - **Links**: one plain TCP link named `amqp`.
+//! - **Not yet**: `runtime: container` and `external`, TLS, an AMQP-aware tap, the alarm and
+//!   queue-deleted faults (issue 47).
+
+pub mod broker;
+pub mod queue;
+pub mod read;
+pub mod sink;
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::{
+    DestError, Destination, Entry, Kind, Own, Provision, Provisioned, ReadBack, ReaderSpec,
+    Running, Section, Shape,
+};
+use super::Runtime;
+use crate::located::{Located, at};
+use crate::promise::Promise;
+use crate::verify::WriteKeyPlace;
+
+/// Why AMQP keeps `at_least_once` at most.
+const NO_DEDUPE: &str = "AMQP has no deduplication: a publish whose confirm was lost is stored again when it is published again";
+
+/// The kind's registration.
+pub static ENTRY: Entry = Entry {
+    name: "amqp",
+    sink: &sink::AmqpSink,
+    fields: <AmqpFields as schemars::JsonSchema>::json_schema,
+    tls: false,
+    external_field: None,
+    sasl_mechanisms: &[],
+    write_key_field: ("amqp_message_id", "boolean"),
+    embedded: false,
+    broker_tls: false,
+    validate,
+    no_terminating_link: None,
+    external_tls: false,
+    no_remote_link: None,
+    starter: super::Starter {
+        topic: |d| Some(format!("drill.{d}")),
+        write_key: |_| "{ amqp_message_id: true }".to_string(),
+    },
+    bench: None,
+    link_bench: None,
+    taps: None,
+};
+
+/// An AMQP destination: the queue the records go to.
+#[derive(Debug, Clone)]
+pub struct Amqp {
+    pub queue: String,
+}
+
+own_fields! {
+    /// AMQP has no fields of its own yet: `topic` names the queue.
+    struct AmqpFields {}
+}
+
+fn validate(section: &Section) -> Result<Own, Located> {
+    let _own: AmqpFields = section.own()?;
+    if matches!(
+        section.runtime,
+        Runtime::External | Runtime::Container | Runtime::Embedded
+    ) {
+        return Err(at(
+            section.anchor(),
+            "field `destination.runtime`: amqp runs RabbitMQ as a local process only, for now (container and external are not built yet); leave `runtime` out or write `runtime: process`",
+        ));
+    }
+    Ok(Own {
+        imp: Arc::new(Amqp {
+            queue: section.topic().unwrap_or("drill").to_string(),
+        }),
+        external: section.external(None, &[])?,
+    })
+}
+
+impl Destination for Amqp {
+    fn kind(&self) -> Kind {
+        Kind::Amqp
+    }
+
+    fn promise_bound(&self) -> Option<(Promise, &'static str)> {
+        Some((Promise::AtLeastOnce, NO_DEDUPE))
+    }
+
+    fn settle(&self, _shape: &Shape) -> Arc<dyn Destination> {
+        Arc::new(self.clone())
+    }
+
+    fn builtin_write_key(&self) -> WriteKeyPlace {
+        WriteKeyPlace::Meta(read::MESSAGE_ID.to_string())
+    }
+
+    fn write_key_place(&self, value: &serde_json::Value) -> Result<WriteKeyPlace, String> {
+        match value {
+            serde_json::Value::Bool(true) => Ok(WriteKeyPlace::Meta(read::MESSAGE_ID.to_string())),
+            _ => Err(
+                "`amqp_message_id: true` (the engine sets the message_id property to the write key)"
+                    .to_string(),
+            ),
+        }
+    }
+
+    fn provision<'a>(&'a self, p: Provision<'a>) -> BoxFuture<'a, Result<Provisioned, DestError>> {
+        broker::provision(Arc::new(self.clone()), self, p).boxed()
+    }
+
+    fn reader<'a>(
+        &'a self,
+        at: &'a Running,
+        r: ReaderSpec,
+    ) -> BoxFuture<'a, Result<Box<dyn ReadBack>, DestError>> {
+        async move {
+            Ok(Box::new(read::QueueReader::start(
+                at.addrs[0],
+                &self.queue,
+                r.decoder,
+                r.t0,
+                r.cancel,
+            )) as Box<dyn ReadBack>)
+        }
+        .boxed()
+    }
+}
