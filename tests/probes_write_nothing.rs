@@ -322,7 +322,9 @@ async fn amqp_probes_write_nothing() {
     let server = broker::start(None)
         .await
         .expect("RabbitMQ is installed (ci/setup.sh)");
-    queue::declare(server.addr, "probe").await.unwrap();
+    queue::declare(server.addr, "probe", queue::QueueType::Quorum)
+        .await
+        .unwrap();
     let link = link_to(server.addr).await;
     let answered = probes_during_an_outage(
         dir.path(),

@@ -264,6 +264,9 @@ pub enum AnswerFault {
         /// record for good).
         words: &'static RejectWords,
     },
+    /// The broker itself put in a state for a while (`broker: alarm`): one of the kind's
+    /// [`ScriptedAnswers::states`], by its word. Its answers are the broker's own.
+    Broker { state: &'static str },
 }
 
 /// The `reject` words of a kind whose destination drill hosts: the field naming the answer
@@ -301,6 +304,9 @@ pub struct ScriptedAnswers {
     /// `answer: STATUS` and `answer_after: DELAY`: a status or a delay for every write.
     pub whole: bool,
     pub reject: RejectWords,
+    /// `broker: WORD`: the states drill can put the broker in for a while, each with what it
+    /// does (AMQP: `alarm`, `nack`, `queue_deleted`).
+    pub states: &'static [(&'static str, &'static str)],
 }
 
 /// Under a `reject` fault, whether the record of turn `turn` (counted from 0 in arrival order
@@ -330,6 +336,7 @@ impl AnswerFault {
                 words.field,
                 words.name(*code)
             ),
+            AnswerFault::Broker { state } => format!("broker {state}"),
         }
     }
 }

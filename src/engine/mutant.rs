@@ -151,6 +151,14 @@ pub const MUTANTS: &[(&str, &str)] = &[
         "puback-reason-ignored",
         "reads an MQTT 5 PUBACK as delivered whatever its reason code: the publishes the broker answered 0x97 (quota exceeded) or refused (0x99) are counted delivered",
     ),
+    (
+        "nack-as-confirm",
+        "AMQP: reads a basic.nack as a confirm: the publishes the broker did not take (a reject-publish overflow) are counted delivered",
+    ),
+    (
+        "no-mandatory",
+        "AMQP: publishes without `mandatory` and probes with the handshake alone: while the queue is missing, every publish is unroutable, confirmed and dropped",
+    ),
 ];
 
 /// One deliberately broken behaviour. Each variant says where its switch is and how a drill
@@ -288,11 +296,18 @@ pub enum Mutant {
     /// stored, caught by reading the engine's failed records by id). Batches of one, as on
     /// `http-bulk-reject` (window 1), hide it.
     BulkItemsOffByOne,
+    /// AMQP: `classify` in `src/dest/amqp/sink.rs`. Caught by `broker: nack` on a classic
+    /// queue (`amqp-nack`): every nacked publish counted delivered, lost.
+    NackAsConfirm,
+    /// AMQP: `AmqpSession::send` and `connect_and_probe` in `src/dest/amqp/sink.rs`. Caught by
+    /// `broker: queue_deleted` (`amqp-queue-deleted`): the publishes made while the queue is
+    /// gone are confirmed and dropped, lost.
+    NoMandatory,
 }
 
 impl Mutant {
     /// In the order of [`MUTANTS`].
-    pub const ALL: [Mutant; 30] = [
+    pub const ALL: [Mutant; 32] = [
         Mutant::AckBeforeWrite,
         Mutant::AckBeforeFdatasync,
         Mutant::MemoryOnly,
@@ -323,6 +338,8 @@ impl Mutant {
         Mutant::BulkStatusOnly,
         Mutant::BulkItemsOffByOne,
         Mutant::PubackReasonIgnored,
+        Mutant::NackAsConfirm,
+        Mutant::NoMandatory,
     ];
 
     fn index(self) -> usize {
@@ -358,7 +375,9 @@ impl Mutant {
             | Mutant::ExpireByWallClock
             | Mutant::BulkStatusOnly
             | Mutant::PubackReasonIgnored
-            | Mutant::BulkItemsOffByOne => &[Signature::Lost],
+            | Mutant::BulkItemsOffByOne
+            | Mutant::NackAsConfirm
+            | Mutant::NoMandatory => &[Signature::Lost],
             // Where drill is the destination (HTTP) or the link pairs statements with answers
             // (PostgreSQL), the second attempt itself is seen.
             Mutant::ResendOnTimer | Mutant::SecondAttemptWhileOpen => {
@@ -414,6 +433,8 @@ impl Mutant {
             Mutant::BulkStatusOnly => "http-bulk-reject",
             Mutant::PubackReasonIgnored => "mqtt-puback-reject",
             Mutant::BulkItemsOffByOne => "http-bulk-off-by-one",
+            Mutant::NackAsConfirm => "amqp-nack",
+            Mutant::NoMandatory => "amqp-queue-deleted",
         }
     }
 

@@ -233,6 +233,11 @@ pub(super) struct RawFault {
     #[serde(default)]
     #[schemars(with = "Option<RawReject>")]
     pub(super) reject: Option<Spanned<RawReject>>,
+    /// `target: destination`: the broker put in a state for `for` (amqp: `alarm` — publishers
+    /// blocked; `nack` — every publish nacked; `queue_deleted` — the drill's queue gone).
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    pub(super) broker: Option<Spanned<String>>,
     /// `bad_certificate`: which certificate the link presents: `other_ca` (default: one from a
     /// CA nobody trusts) or `expired` (the broker's own, from the drill's CA, expired).
     #[serde(default)]

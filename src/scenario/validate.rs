@@ -1349,7 +1349,7 @@ fn destination_fault(
         return Err(entry.field(
             "target",
             format!(
-                "a `{}` destination's answers are its broker's own; destination faults (answer, answer_after, reject) need a destination drill answers for: kind http, or kind mqtt (reject, on drill's embedded broker)",
+                "a `{}` destination's answers are its broker's own; destination faults (answer, answer_after, reject) need a destination drill answers for or sets: kind http, kind mqtt (reject, on drill's embedded broker), or kind amqp (broker: alarm, nack, queue_deleted)",
                 destination.kind.name()
             ),
         ));
@@ -1368,6 +1368,9 @@ fn destination_fault(
         .map(|d| d.0)
         .filter(|d| !d.is_zero())
         .ok_or_else(|| entry.field("for", "missing; how long the destination answers so"))?;
+    if f.broker.is_some() || !answers.states.is_empty() {
+        return broker_state_fault(entry, answers, destination, lasts);
+    }
     if let Some(reject) = &f.reject {
         return reject_fault(entry, reject, &answers.reject, lasts);
     }
@@ -1436,6 +1439,67 @@ fn destination_fault(
         at: f.at.0,
         entry: entry.i,
         what: FaultAction::Answer { fault, lasts },
+    })
+}
+
+/// `broker: WORD` of a destination fault: the broker put in one of its kind's states for
+/// `for`. Given alone.
+fn broker_state_fault(
+    entry: &FaultEntry,
+    answers: &'static dest::ScriptedAnswers,
+    destination: &Spec,
+    lasts: Duration,
+) -> Result<ScheduledFault, Located> {
+    let f = entry.raw;
+    let words: Vec<&str> = answers.states.iter().map(|(w, _)| *w).collect();
+    let Some(word) = &f.broker else {
+        let (field, given) = destination_fields(f)
+            .into_iter()
+            .find(|(_, given)| *given)
+            .unwrap_or(("broker", false));
+        let missing = if given { "" } else { "missing; " };
+        return Err(entry.field(
+            field,
+            format!(
+                "{missing}a `{}` destination's faults put its broker in a state: `broker:` one of {}",
+                destination.kind.name(),
+                words.join(", ")
+            ),
+        ));
+    };
+    if words.is_empty() {
+        return Err(entry.field(
+            "broker",
+            format!(
+                "a `{}` destination has no broker states drill can set; it takes `answer`, `answer_after` or `reject`",
+                destination.kind.name()
+            ),
+        ));
+    }
+    if let Some((other, _)) = destination_fields(f)
+        .into_iter()
+        .find(|(n, given)| *given && *n != "broker")
+    {
+        return Err(entry.field(other, "give `broker` alone, with `for`"));
+    }
+    let Some(&(state, _)) = answers.states.iter().find(|(w, _)| *w == word.value) else {
+        return Err(at(
+            &word.referenced,
+            format!(
+                "field `faults[{}].broker`: `{}` is not a state drill can put this broker in; use one of {}",
+                entry.i,
+                word.value,
+                words.join(", ")
+            ),
+        ));
+    };
+    Ok(ScheduledFault {
+        at: f.at.0,
+        entry: entry.i,
+        what: FaultAction::Answer {
+            fault: AnswerFault::Broker { state },
+            lasts,
+        },
     })
 }
 
@@ -1660,12 +1724,13 @@ fn process_fields(f: &RawFault) -> [(&'static str, bool); 16] {
 }
 
 /// The fields only a destination fault takes.
-fn destination_fields(f: &RawFault) -> [(&'static str, bool); 4] {
+fn destination_fields(f: &RawFault) -> [(&'static str, bool); 5] {
     [
         ("answer", f.answer.is_some()),
         ("answer_after", f.answer_after.is_some()),
         ("retry_after", f.retry_after.is_some()),
         ("reject", f.reject.is_some()),
+        ("broker", f.broker.is_some()),
     ]
 }
 

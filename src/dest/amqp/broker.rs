@@ -204,13 +204,14 @@ pub(super) async fn provision(
         ));
     }
     let server = start(p.needs.message_limit).await?;
-    super::queue::declare(server.addr, &amqp.queue)
+    super::queue::declare(server.addr, &amqp.queue, amqp.queue_type)
         .await
         .map_err(|e| DestError::Reader(format!("declaring the queue {}: {e}", amqp.queue)))?;
     let (addr, version) = (server.addr, server.version.clone());
     let note = format!(
-        "RabbitMQ node {} with its own epmd; durable quorum queue `{}`{}",
+        "RabbitMQ node {} with its own epmd; durable {} queue `{}`{}",
         server.cluster.node,
+        amqp.queue_type.name(),
         amqp.queue,
         p.needs
             .message_limit
@@ -218,13 +219,15 @@ pub(super) async fn provision(
                 ", max_message_size {l} bytes (poison records are refused with a 406 channel close)"
             ))
     );
-    let running = Running::new(
+    let states = super::states::BrokerStates::start(server.cluster.clone(), addr, amqp.clone());
+    let mut running = Running::new(
         dest,
         vec![addr],
         "process",
         version,
         Place::Nodes(vec![server.into_node()]),
     );
+    running.answers = Some(Arc::new(states));
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let link = Link::start(&p.spec.link_name(), any, addr, p.links.clone()).await?;
     Ok(Provisioned {

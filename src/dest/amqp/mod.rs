@@ -18,6 +18,7 @@ pub mod broker;
 pub mod queue;
 pub mod read;
 pub mod sink;
+pub mod states;
 
 use std::sync::Arc;
 
@@ -35,6 +36,17 @@ use crate::verify::WriteKeyPlace;
 
 /// Why AMQP keeps `at_least_once` at most.
 const NO_DEDUPE: &str = "AMQP has no deduplication: a publish whose confirm was lost is stored again when it is published again";
+
+/// What drill can make its node do: `broker: alarm | nack | queue_deleted` for a while; it
+/// forges no answer (`reject` is not built for AMQP).
+pub(crate) static ANSWERS: super::ScriptedAnswers = super::ScriptedAnswers {
+    whole: false,
+    reject: super::RejectWords {
+        field: "reason",
+        codes: &[],
+    },
+    states: states::STATES,
+};
 
 /// The kind's registration.
 pub static ENTRY: Entry = Entry {
@@ -64,15 +76,20 @@ pub static ENTRY: Entry = Entry {
 #[derive(Debug, Clone)]
 pub struct Amqp {
     pub queue: String,
+    pub queue_type: queue::QueueType,
 }
 
 own_fields! {
-    /// AMQP has no fields of its own yet: `topic` names the queue.
-    struct AmqpFields {}
+    /// AMQP's own field of `destination:` (`topic` names the queue).
+    struct AmqpFields {
+        /// The drill's queue: `quorum` (default) or `classic` (where a transient publish is
+        /// lost at a restart).
+        queue_type: Option<queue::QueueType>,
+    }
 }
 
 fn validate(section: &Section) -> Result<Own, Located> {
-    let _own: AmqpFields = section.own()?;
+    let own: AmqpFields = section.own()?;
     if matches!(
         section.runtime,
         Runtime::External | Runtime::Container | Runtime::Embedded
@@ -85,6 +102,7 @@ fn validate(section: &Section) -> Result<Own, Located> {
     Ok(Own {
         imp: Arc::new(Amqp {
             queue: section.topic().unwrap_or("drill").to_string(),
+            queue_type: own.queue_type.unwrap_or_default(),
         }),
         external: section.external(None, &[])?,
     })
@@ -97,6 +115,10 @@ impl Destination for Amqp {
 
     fn promise_bound(&self) -> Option<(Promise, &'static str)> {
         Some((Promise::AtLeastOnce, NO_DEDUPE))
+    }
+
+    fn scripted_answers(&self) -> Option<&'static super::ScriptedAnswers> {
+        Some(&ANSWERS)
     }
 
     fn settle(&self, _shape: &Shape) -> Arc<dyn Destination> {

@@ -38,16 +38,40 @@ pub fn version_in(log: &str) -> String {
         .unwrap_or_else(|| "RabbitMQ".to_string())
 }
 
-/// The arguments of the drill's queue: a quorum queue (replicated log, fsynced before a
-/// confirm), kept whole: no length limit, no expiry.
-fn quorum() -> FieldTable {
+/// The type of the drill's queue (`destination.queue_type`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueType {
+    /// A replicated log, fsynced before a confirm; every message persistent whatever the
+    /// publisher asked (the default).
+    #[default]
+    Quorum,
+    /// A classic durable queue: a message published transient (`delivery_mode` 1) is kept in
+    /// memory only and gone after a restart, confirmed or not.
+    Classic,
+}
+
+impl QueueType {
+    pub fn name(self) -> &'static str {
+        match self {
+            QueueType::Quorum => "quorum",
+            QueueType::Classic => "classic",
+        }
+    }
+}
+
+/// The arguments of the drill's queue: its type, kept whole: no length limit, no expiry.
+fn arguments(kind: QueueType) -> FieldTable {
     let mut args = FieldTable::default();
-    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(kind.name().into()),
+    );
     args
 }
 
-/// Declares the drill's durable quorum queue (no harm if it is there).
-pub async fn declare(addr: SocketAddr, queue: &str) -> Result<(), String> {
+/// Declares the drill's durable queue (no harm if it is there).
+pub async fn declare(addr: SocketAddr, queue: &str, kind: QueueType) -> Result<(), String> {
     let connection = connect(addr).await?;
     let channel = connection
         .create_channel()
@@ -60,7 +84,7 @@ pub async fn declare(addr: SocketAddr, queue: &str) -> Result<(), String> {
                 durable: true,
                 ..QueueDeclareOptions::default()
             },
-            quorum(),
+            arguments(kind),
         )
         .await
         .map_err(|e| e.to_string())?;

@@ -35,6 +35,19 @@ use crate::engine::output::Answer;
 use crate::engine::sink::{Answers, Attempts, Connect, Open, Session, Sink, Tick};
 use crate::promise::Promise;
 
+#[cfg(feature = "mutants")]
+use crate::engine::mutant::{self, Mutant};
+
+/// Whether publishes go out `mandatory` (not under the `no-mandatory` mutant).
+fn mandatory() -> bool {
+    #[cfg(feature = "mutants")]
+    if mutant::is(Mutant::NoMandatory) {
+        // MUTANT: an unroutable publish is confirmed and dropped.
+        return false;
+    }
+    true
+}
+
 /// The AMQP sink (stateless: everything is in the output's config).
 #[derive(Clone, Copy)]
 pub struct AmqpSink;
@@ -85,6 +98,10 @@ pub async fn connect_and_probe(
             .confirm_select(ConfirmSelectOptions::default())
             .await
             .map_err(|e| format!("confirm.select: {e}"))?;
+        if !mandatory() {
+            // MUTANT `no-mandatory`: "connected" is enough; the queue is never asked for.
+            return Ok((connection, channel));
+        }
         channel
             .queue_declare(
                 cfg.topic.as_str().into(),
@@ -167,6 +184,11 @@ fn classify(confirmed: lapin::Result<Confirmation>) -> Outcome {
             "returned {} {}: no queue took it (not now)",
             returned.reply_code, returned.reply_text
         )),
+        #[cfg(feature = "mutants")]
+        Ok(Confirmation::Nack(_)) if mutant::is(Mutant::NackAsConfirm) => {
+            // MUTANT: a nack read as a confirm.
+            Outcome::Answer(Answer::Accepted)
+        }
         Ok(Confirmation::Nack(_)) => {
             Outcome::Away("nacked: the broker did not take it (not now)".to_string())
         }
@@ -200,17 +222,22 @@ impl Session for AmqpSession {
                 .with_delivery_mode(2)
                 .with_content_type("application/json".into());
             let options = BasicPublishOptions {
-                mandatory: true,
+                mandatory: mandatory(),
                 immediate: false,
             };
             let body = record.data.as_bytes();
             let publish =
                 self.channel
                     .basic_publish("".into(), self.queue.clone(), options, body, properties);
-            let confirm = tokio::time::timeout(limit, publish)
-                .await
-                .map_err(|_| format!("a publish not written within {limit:?}"))?
-                .map_err(|e| format!("publish: {e}"))?;
+            // Blocked by an alarm, the client holds the publish back: waiting is the answer.
+            let mut publish = std::pin::pin!(publish);
+            let confirm = loop {
+                match tokio::time::timeout(limit, publish.as_mut()).await {
+                    Ok(published) => break published.map_err(|e| format!("publish: {e}"))?,
+                    Err(_) if self.connection.status().blocked() => {}
+                    Err(_) => return Err(format!("a publish not written within {limit:?}")),
+                }
+            };
             let (size, order) = (body.len(), self.sent);
             self.sent += 1;
             self.confirms

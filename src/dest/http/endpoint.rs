@@ -286,7 +286,7 @@ async fn answer(
             return status(code, retry_after);
         }
         Some(AnswerFault::After(d)) => Some(d),
-        Some(AnswerFault::Reject { .. }) | None => None,
+        Some(AnswerFault::Reject { .. } | AnswerFault::Broker { .. }) | None => None,
     };
     if store.dedupe == Dedupe::Conflict && attempt.as_ref().is_some_and(|a| a.overlapped) {
         store.lock().conflicts += 1;

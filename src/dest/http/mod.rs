@@ -62,6 +62,7 @@ pub(crate) static ANSWERS: super::ScriptedAnswers = super::ScriptedAnswers {
             (422, true, "422"),
         ],
     },
+    states: &[],
 };
 
 /// The kind's registration.

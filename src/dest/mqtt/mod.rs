@@ -44,6 +44,7 @@ pub(crate) static ANSWERS: super::ScriptedAnswers = super::ScriptedAnswers {
             (0x99, true, "0x99 (payload format invalid)"),
         ],
     },
+    states: &[],
 };
 
 /// The kind's registration.
