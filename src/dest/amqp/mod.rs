@@ -160,3 +160,51 @@ impl Destination for Amqp {
         .boxed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::dest::AnswerFault;
+    use crate::promise::Promise;
+    use crate::scenario::{FaultAction, parse};
+
+    const DRILL: &str = "name: a\ndestination: { kind: amqp }\nworkload: { rate: 10/s, duration: 20s }\nfaults:\n  - { at: 4s, target: destination, broker: nack, for: 6s }\n";
+
+    fn err(text: &str) -> String {
+        parse(Path::new("a.yaml"), text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn an_amqp_drill_keeps_at_least_once_and_takes_broker_states() {
+        let plan = parse(Path::new("a.yaml"), DRILL).unwrap();
+        assert_eq!(plan.engine.promise, Promise::AtLeastOnce);
+        assert!(matches!(
+            plan.faults[0].what,
+            FaultAction::Answer {
+                fault: AnswerFault::Broker { state: "nack" },
+                ..
+            }
+        ));
+        let e = err(&DRILL.replace("broker: nack", "broker: flood"));
+        assert!(
+            e.contains("`flood` is not a state") && e.contains("alarm, nack, queue_deleted"),
+            "{e}"
+        );
+        let e = err(&DRILL.replace("broker: nack", "answer: 503"));
+        assert!(e.contains("`broker:` one of alarm, nack, queue_deleted"), "{e}");
+        let e = err(&DRILL.replace("broker: nack", "broker: nack, answer: 503"));
+        assert!(e.contains("give `broker` alone"), "{e}");
+        let e = err(&DRILL.replace("kind: amqp", "kind: http"));
+        assert!(e.contains("has no broker states"), "{e}");
+        let e = err(&DRILL.replace("kind: amqp }", "kind: amqp, runtime: container }"));
+        assert!(e.contains("as a local process only"), "{e}");
+        let e = err(&DRILL.replace("kind: amqp }", "kind: amqp, queue_type: stream }"));
+        assert!(e.contains("queue_type"), "{e}");
+        let e = err(&DRILL.replace(
+            "workload:",
+            "system: { builtin: { promise: effectively_once } }\nworkload:",
+        ));
+        assert!(e.contains("AMQP has no deduplication"), "{e}");
+    }
+}
