@@ -493,7 +493,7 @@ proptest! {
             // Noise that is no id of this run (no `fuzz/` in it).
             wire.extend(noise.iter().map(|b| if b.is_ascii_alphanumeric() { b'.' } else { *b }));
         }
-        let maker = drill::dest::syslog::tap::SyslogTaps::new(RUN);
+        let maker = drill::dest::syslog::tap::taps(RUN);
         let log = TapLog::default();
         let mut tap = maker.tap();
         for chunk in chunks(&wire, &cuts) {

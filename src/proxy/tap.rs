@@ -22,6 +22,8 @@ use std::time::Instant;
 
 use rustc_hash::FxBuildHasher;
 
+pub mod text;
+
 /// A harness id as a tap holds it: `<run>/k<key>/<seq>`, the run implied by the tap's
 /// [`IdFinder`]. Two numbers, so noting a record costs no allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

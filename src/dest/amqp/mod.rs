@@ -11,8 +11,10 @@
 //! - **The reader** ([`read`]): a consumer on the queue from before the first record, straight
 //!   from the node; each message timed by its receipt.
 //! - **Links**: one plain TCP link named `amqp`.
-//! - **Not yet**: `runtime: container` and `external`, TLS, an AMQP-aware tap, the alarm and
-//!   queue-deleted faults (issue 47).
+//! - **The tap**: bodies cross in plain text; the link's tap reads which records left the engine
+//!   and went on (`proxy::tap::text`); it reads no confirm yet.
+//! - **Not yet**: `runtime: container` and `external`, TLS, a tap that reads confirms and
+//!   nacks, a forged `reject` fraction (issue 47).
 
 pub mod broker;
 pub mod queue;
@@ -69,8 +71,17 @@ pub static ENTRY: Entry = Entry {
     },
     bench: None,
     link_bench: None,
-    taps: None,
+    taps: Some(taps),
 };
+
+/// The kind's tap for the ids of run `run`: a message body crosses in plain text, so the tap
+/// reads which records left the engine and went on to the node; it reads no confirm yet.
+fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
+    Arc::new(crate::proxy::tap::text::TextTaps::new(
+        run,
+        "AMQP message bodies (publishes; confirms not read)",
+    ))
+}
 
 /// An AMQP destination: the queue the records go to.
 #[derive(Debug, Clone)]

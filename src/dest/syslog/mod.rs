@@ -115,7 +115,7 @@ pub static ENTRY: Entry = Entry {
 
 /// The kind's tap for the ids of run `run`.
 fn taps(run: &str) -> Arc<dyn crate::proxy::tap::TapMaker> {
-    Arc::new(tap::SyslogTaps::new(run))
+    Arc::new(tap::taps(run))
 }
 
 /// A syslog destination: its transport and, for a receiver the user runs, the file it writes.

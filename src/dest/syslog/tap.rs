@@ -12,88 +12,24 @@
 //! read from the engine was never written, and is *lost before sending*
 //! (`report::verdict`).
 
-use crate::proxy::tap::{IdFinder, Tap, TapId, TapLog, TapMaker};
+use crate::proxy::tap::text::TextTaps;
 
-/// Makes syslog taps that find ids of one run.
-pub struct SyslogTaps {
-    pub ids: IdFinder,
-    /// The run's id: an id is at most this plus `/k<u32>/<u64>` long, which is what a chunk's
-    /// tail must keep.
-    pub carry: usize,
-}
+/// What the syslog tap reads, for the report.
+pub const PROTOCOL: &str = "syslog messages (RELP, TCP, UDP)";
 
-impl SyslogTaps {
-    pub fn new(run: &str) -> SyslogTaps {
-        SyslogTaps {
-            ids: IdFinder::new(run),
-            // `<run>/k` + 10 digits + `/` + 20 digits, and one byte to see where it ends.
-            carry: run.len() + 3 + 10 + 20 + 1,
-        }
-    }
-}
-
-impl TapMaker for SyslogTaps {
-    fn protocol(&self) -> &'static str {
-        "syslog messages (RELP, TCP, UDP)"
-    }
-
-    fn tap(&self) -> Box<dyn Tap> {
-        Box::new(SyslogTap {
-            ids: self.ids.clone(),
-            carry: self.carry,
-            left: Vec::new(),
-            up: Vec::new(),
-        })
-    }
-}
-
-struct SyslogTap {
-    ids: IdFinder,
-    carry: usize,
-    /// The tail of what was read from the engine so far.
-    left: Vec<u8>,
-    /// The tail of what was written to the receiver so far.
-    up: Vec<u8>,
-}
-
-/// The ids in `tail` + `bytes`, keeping the last `carry` bytes as the next tail. Digits at the
-/// very end may go on in the next chunk (`k1/4` of `k1/40`): they are read next time.
-fn scan(ids: &IdFinder, tail: &mut Vec<u8>, carry: usize, bytes: &[u8]) -> Vec<TapId> {
-    tail.extend_from_slice(bytes);
-    let digits = tail.iter().rev().take_while(|b| b.is_ascii_digit()).count();
-    let found = ids.ids(&tail[..tail.len() - digits]);
-    let keep = tail.len().min(carry);
-    let cut = tail.len() - keep;
-    // Found again next time (it sits in what is kept): a set downstream makes it once.
-    tail.drain(..cut);
-    found
-}
-
-impl Tap for SyslogTap {
-    fn left(&mut self, bytes: &[u8], log: &TapLog) {
-        let found = scan(&self.ids, &mut self.left, self.carry, bytes);
-        if !found.is_empty() {
-            log.left(&found);
-        }
-    }
-
-    fn up(&mut self, bytes: &[u8], log: &TapLog) {
-        let found = scan(&self.ids, &mut self.up, self.carry, bytes);
-        if !found.is_empty() {
-            log.sent(&found);
-        }
-    }
-
-    fn down(&mut self, _bytes: &[u8], _log: &TapLog) {}
+/// Makes syslog taps that find ids of one run: syslog is plain text on every transport.
+pub fn taps(run: &str) -> TextTaps {
+    TextTaps::new(run, PROTOCOL)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::tap::{TapId, TapLog, TapMaker};
 
     #[test]
     fn every_id_is_read_whole_however_the_stream_is_cut() {
-        let taps = SyslogTaps::new("run-7");
+        let taps = taps("run-7");
         let stream: Vec<u8> = (1..=40u64)
             .flat_map(|i| {
                 crate::wire::syslog::octet_counted(&format!(
