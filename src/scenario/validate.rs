@@ -1375,19 +1375,7 @@ fn destination_fault(
         return reject_fault(entry, reject, &answers.reject, lasts);
     }
     if !answers.whole {
-        let (field, example) = match (&f.answer, &f.answer_after) {
-            (Some(_), _) => ("answer", ""),
-            (None, Some(_)) => ("answer_after", ""),
-            (None, None) => ("reject", "missing; "),
-        };
-        return Err(entry.field(
-            field,
-            format!(
-                "{example}a `{}` destination takes `reject: {{ fraction, {} }}` only (drill answers some writes, the rest reach the broker)",
-                destination.kind.name(),
-                answers.reject.field
-            ),
-        ));
+        return Err(reject_only(entry, destination, answers));
     }
     let fault = match (&f.answer, &f.answer_after) {
         (Some(code), None) => {
@@ -1440,6 +1428,24 @@ fn destination_fault(
         entry: entry.i,
         what: FaultAction::Answer { fault, lasts },
     })
+}
+
+/// The error for `answer` or `answer_after` on a destination that takes `reject` only (MQTT).
+fn reject_only(entry: &FaultEntry, destination: &Spec, answers: &dest::ScriptedAnswers) -> Located {
+    let f = entry.raw;
+    let (field, example) = match (&f.answer, &f.answer_after) {
+        (Some(_), _) => ("answer", ""),
+        (None, Some(_)) => ("answer_after", ""),
+        (None, None) => ("reject", "missing; "),
+    };
+    entry.field(
+        field,
+        format!(
+            "{example}a `{}` destination takes `reject: {{ fraction, {} }}` only (drill answers some writes, the rest reach the broker)",
+            destination.kind.name(),
+            answers.reject.field
+        ),
+    )
 }
 
 /// `broker: WORD` of a destination fault: the broker put in one of its kind's states for
