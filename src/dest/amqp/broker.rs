@@ -341,9 +341,11 @@ async fn run(cluster: &Cluster, port: u16) -> Result<(LocalProcess, String), Str
     c.env("RABBITMQ_NODE_IP_ADDRESS", "127.0.0.1")
         .env("RABBITMQ_NODE_PORT", port.to_string())
         .env("RABBITMQ_DIST_PORT", cluster.dist_port.to_string())
+        // One scheduler, none spinning while idle: a drill's node shares the machine with the
+        // engine, the proxy and other drills (RabbitMQ's own advice for shared hosts).
         .env(
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS",
-            "-start_epmd false -kernel inet_dist_use_interface {127,0,0,1}",
+            "-start_epmd false -kernel inet_dist_use_interface {127,0,0,1} +S 1:1 +sbwt none +sbwtdcpu none +sbwtdio none",
         )
         .current_dir(&cluster.dir);
     c.process_group(0);
