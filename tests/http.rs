@@ -79,8 +79,10 @@ fn a_bulk_answer_s_item_errors_are_resent_or_counted_by_the_correct_engine() {
     let r = &ran.report;
     let failed = ran.number(&["ledger", "failed"]);
     assert_eq!(expected_failed(r), failed, "{:#}", r["expectations"]);
-    // 5% of the ~400 records written in the 400 window.
-    assert!((15..=35).contains(&failed), "{:#}", r["ledger"]);
+    // 5% of the records that crossed the endpoint in the 4 s window of 400s: ~20 when the
+    // workload flows evenly; under load it crosses in bursts and fewer land in the window
+    // (CI on cfd90f5: 14, all counted failed as they should be).
+    assert!((5..=35).contains(&failed), "{:#}", r["ledger"]);
     assert_eq!(
         ran.number(&["attempts", "refused"]),
         failed,
