@@ -50,6 +50,49 @@ pub struct LocalNode {
     pub halts: Halts,
 }
 
+impl LocalNode {
+    /// A server drill runs as a local process (`process`, listening at `addr`) that broker
+    /// faults halt and `run(port)` starts again on the same port and data; `what` names it in
+    /// an error (`PostgreSQL (/usr/lib/postgresql/15/bin)`).
+    pub fn restartable(
+        name: &str,
+        addr: SocketAddr,
+        process: Option<LocalProcess>,
+        halts: Halts,
+        what: String,
+        run: impl Fn(u16) -> BoxFuture<'static, Result<LocalProcess, String>> + Send + Sync + 'static,
+    ) -> LocalNode {
+        let run = std::sync::Arc::new(run);
+        LocalNode {
+            name: name.to_string(),
+            addr,
+            spawn: Box::new(move || {
+                let (run, what) = (run.clone(), what.clone());
+                Box::pin(async move {
+                    run(addr.port()).await.map_err(|why| {
+                        DestError::Start(crate::process::StartError {
+                            what: format!("{what} again"),
+                            why,
+                        })
+                    })
+                })
+            }),
+            process,
+            halts,
+        }
+    }
+}
+
+/// `why`, with the last line `who` wrote to its log at `log` when there is one: what a server
+/// that failed to start said of it.
+pub fn with_last_line(why: String, log: &std::path::Path, who: &str) -> String {
+    let said = std::fs::read_to_string(log).unwrap_or_default();
+    match said.lines().rfind(|l| !l.trim().is_empty()) {
+        Some(line) => format!("{why} ({who} said: {})", line.trim()),
+        None => why,
+    }
+}
+
 /// The signals a node's kill, stop and crash send, and how long each may take before SIGKILL.
 #[derive(Debug, Clone, Copy)]
 pub struct Halts {

@@ -152,25 +152,18 @@ impl Server {
     /// The node as one broker faults can halt and start again: the same folder and ports.
     fn into_node(mut self) -> LocalNode {
         let cluster = self.cluster.clone();
-        let addr = self.addr;
-        LocalNode {
-            name: "rabbitmq".to_string(),
-            addr,
-            spawn: Box::new(move || {
+        let what = format!("RabbitMQ ({})", cluster.bin.display());
+        LocalNode::restartable(
+            "rabbitmq",
+            self.addr,
+            self.process.take(),
+            HALTS,
+            what,
+            move |port| {
                 let cluster = cluster.clone();
-                async move {
-                    let (process, _) =
-                        run(&cluster, addr.port()).await.map_err(|why| StartError {
-                            what: format!("RabbitMQ ({}) again", cluster.bin.display()),
-                            why,
-                        })?;
-                    Ok(process)
-                }
-                .boxed()
-            }),
-            process: self.process.take(),
-            halts: HALTS,
-        }
+                async move { run(&cluster, port).await.map(|(process, _)| process) }.boxed()
+            },
+        )
     }
 }
 
@@ -364,11 +357,7 @@ async fn run(cluster: &Cluster, port: u16) -> Result<(LocalProcess, String), Str
         }
         Err(e) => {
             process.signal(HALTS.kill, Duration::ZERO).await;
-            let said = std::fs::read_to_string(&log_path).unwrap_or_default();
-            Err(match said.lines().rfind(|l| !l.trim().is_empty()) {
-                Some(line) => format!("{e} (rabbitmq-server said: {})", line.trim()),
-                None => e,
-            })
+            Err(crate::dest::running::with_last_line(e, &log_path, "rabbitmq-server"))
         }
     }
 }

@@ -103,25 +103,18 @@ impl Server {
     /// same folder, the same port.
     fn into_node(mut self) -> LocalNode {
         let cluster = self.cluster.clone();
-        let addr = self.addr;
-        LocalNode {
-            name: "postgres".to_string(),
-            addr,
-            spawn: Box::new(move || {
+        let what = format!("PostgreSQL ({})", cluster.bin.display());
+        LocalNode::restartable(
+            "postgres",
+            self.addr,
+            self.process.take(),
+            HALTS,
+            what,
+            move |port| {
                 let cluster = cluster.clone();
-                async move {
-                    let (process, _) =
-                        run(&cluster, addr.port()).await.map_err(|why| StartError {
-                            what: format!("PostgreSQL ({}) again", cluster.bin.display()),
-                            why,
-                        })?;
-                    Ok(process)
-                }
-                .boxed()
-            }),
-            process: self.process.take(),
-            halts: HALTS,
-        }
+                async move { run(&cluster, port).await.map(|(process, _)| process) }.boxed()
+            },
+        )
     }
 }
 
@@ -435,11 +428,7 @@ async fn run(cluster: &Cluster, port: u16) -> Result<(LocalProcess, String), Str
         Ok(version) => Ok((process, version)),
         Err(e) => {
             process.signal(HALTS.kill, Duration::ZERO).await;
-            let said = std::fs::read_to_string(&log_path).unwrap_or_default();
-            Err(match said.lines().rfind(|l| !l.trim().is_empty()) {
-                Some(line) => format!("{e} (postgres said: {})", line.trim()),
-                None => e,
-            })
+            Err(crate::dest::running::with_last_line(e, &log_path, "postgres"))
         }
     }
 }
