@@ -5,6 +5,7 @@
 mod common;
 
 mod agent;
+mod amqp;
 mod catalogue;
 mod clock;
 mod command_engine;
